@@ -1,0 +1,519 @@
+"""The bus: typed publish and group consumption over any transport.
+
+Encoding, validation, dead-lettering, middleware (tracing) and the commit policy live
+here, once, so the Kafka and in-memory transports behave the same.
+
+Delivery is at-least-once and ordered per key. A message's offset is committed only
+after its handler returned (or after it was dead-lettered), in batches every
+``commit_interval_s`` and whenever partitions are taken away or the subscription
+closes; so a consumer that dies loses nothing, and its successor may see a few messages
+again. Handlers therefore have to be idempotent (keyed by request id).
+
+Example::
+
+    bus = Bus(MemoryTransport())
+    await bus.start()
+    await bus.publish(REQUESTS, request)
+    async with bus.subscribe(REQUESTS, group="scheduler") as sub:
+        async for delivery in sub:
+            await schedule(delivery.message)  # committed once this body completes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from switchyard.bus import codec
+from switchyard.bus.middleware import BusMiddleware
+from switchyard.bus.records import (
+    ClusterInfo,
+    Envelope,
+    OutgoingRecord,
+    RecordMetadata,
+    TopicPartition,
+)
+from switchyard.bus.transport import Transport, TransportConsumer
+from switchyard.contracts.base import Message
+from switchyard.contracts.messages import DeadLetter
+from switchyard.contracts.topics import ALL_TOPICS, DEAD_LETTERS, Topic
+from switchyard.errors import DecodeError, TransportError, is_retriable
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+_FETCH_TIMEOUT_S = 0.2  # how long one fetch waits; bounds how fast a stop is noticed
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery(Generic[M]):
+    """A decoded message and where it came from."""
+
+    message: M
+    envelope: Envelope
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Backoff:
+    initial_s: float
+    max_s: float
+
+    def delay_s(self, attempt: int) -> float:
+        return float(min(self.max_s, self.initial_s * 2 ** max(0, attempt - 1)))
+
+
+class Bus:
+    """Typed publishing and consumer-group subscriptions over a :class:`Transport`.
+
+    Args:
+        transport: the Kafka or in-memory transport.
+        topic_prefix: prepended to every topic name (several stacks on one cluster).
+        partitions: partition count of the topics the bus creates.
+        middlewares: wrap every publish and every handled message, outermost first.
+        commit_interval_s: how often handled offsets are committed.
+        client_id: names this process's producer and consumers on the broker.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        topic_prefix: str = "",
+        partitions: int = 4,
+        middlewares: Sequence[BusMiddleware] = (),
+        commit_interval_s: float = 0.2,
+        client_id: str = "switchyard",
+        retry_initial_s: float = 0.1,
+        retry_max_s: float = 5.0,
+        max_batch: int = 500,
+    ) -> None:
+        self.transport = transport
+        self.topic_prefix = topic_prefix
+        self.partitions = partitions
+        self.middlewares = tuple(middlewares)
+        self.commit_interval_s = commit_interval_s
+        self.client_id = client_id
+        self.backoff = _Backoff(retry_initial_s, retry_max_s)
+        self.max_batch = max_batch
+        self._ensured: set[str] = set()
+        self._subscriptions: set[Subscription[Any]] = set()
+        self._started = False
+
+    def topic_name(self, topic: Topic[Any]) -> str:
+        """The topic's name on the broker, with this bus's prefix."""
+        return self.topic_prefix + topic.name
+
+    async def start(self) -> None:
+        """Connect and create every Switchyard topic that does not exist yet."""
+        if self._started:
+            return
+        await self.transport.start()
+        self._started = True
+        try:
+            await self.ensure_topics(ALL_TOPICS)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Close open subscriptions (committing what they handled), then disconnect."""
+        for subscription in list(self._subscriptions):
+            await subscription.close()
+        if self._started:
+            self._started = False
+            await self.transport.stop()
+
+    async def __aenter__(self) -> Bus:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def ensure_topics(self, topics: Iterable[Topic[Any]]) -> None:
+        names = [self.topic_name(t) for t in topics if self.topic_name(t) not in self._ensured]
+        if names:
+            await self.transport.ensure_topics(names, self.partitions)
+            self._ensured.update(names)
+
+    async def ping(self) -> ClusterInfo:
+        """What the broker says about itself; raises a retriable error when it is unreachable."""
+        return await self.transport.cluster_info()
+
+    # -- publishing ------------------------------------------------------------------
+
+    async def send(
+        self,
+        topic: Topic[M],
+        message: M,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, bytes] | None = None,
+    ) -> Awaitable[RecordMetadata]:
+        """Queue ``message``; the result resolves when the broker acknowledged it.
+
+        Use this to have many messages in flight at once; use :meth:`publish` to wait
+        for each. ``key`` defaults to the topic's key for the message (e.g. request id).
+        """
+        if not isinstance(message, topic.message_type):
+            raise TypeError(
+                f"{topic.name} carries {topic.message_type.__name__}, not {type(message).__name__}"
+            )
+        value, header_list = codec.encode(message)
+        if headers:
+            header_list.extend(headers.items())
+        name = self.topic_name(topic)
+        record_key = (key if key is not None else topic.key_of(message)).encode()
+        with _enter_all(
+            mw.publishing(name, message.MESSAGE_TYPE, header_list) for mw in self.middlewares
+        ):
+            record = OutgoingRecord(name, value, record_key, tuple(header_list))
+            return await self.transport.send(record)
+
+    async def publish(
+        self,
+        topic: Topic[M],
+        message: M,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, bytes] | None = None,
+    ) -> RecordMetadata:
+        """Publish ``message`` and wait until the broker stored it (acks=all on Kafka)."""
+        return await (await self.send(topic, message, key=key, headers=headers))
+
+    async def publish_bytes(
+        self,
+        topic: Topic[Any],
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> RecordMetadata:
+        """Publish raw bytes as they are: for replaying dead letters and for tests."""
+        record = OutgoingRecord(self.topic_name(topic), value, key, tuple(headers))
+        return await (await self.transport.send(record))
+
+    # -- consuming -------------------------------------------------------------------
+
+    def subscribe(
+        self, topic: Topic[M], *, group: str, stopping: asyncio.Event | None = None
+    ) -> Subscription[M]:
+        """A subscription to ``topic`` as a member of consumer group ``group``.
+
+        Members of one group share the topic's partitions; each group sees every message.
+        Iteration ends once ``stopping`` is set (after the message in hand is finished).
+        """
+        return Subscription(self, topic, group=group, stopping=stopping)
+
+    async def consume(
+        self,
+        topic: Topic[M],
+        *,
+        group: str,
+        handler: Callable[[Delivery[M]], Awaitable[None]],
+        stopping: asyncio.Event,
+    ) -> None:
+        """Run ``handler`` on each message until ``stopping`` is set, then drain and return.
+
+        A retriable failure (broker or Redis outage) is retried with backoff for as long
+        as it takes, keeping the message's place; a non-retriable one sends the message to
+        the dead-letter topic with the error, and consumption goes on.
+        """
+        try:
+            async with self.subscribe(topic, group=group, stopping=stopping) as subscription:
+                async for delivery in subscription:
+                    await subscription.handle(delivery, handler)
+        except Exception as exc:
+            if not (stopping.is_set() and is_retriable(exc)):
+                raise
+            # Stopped while an outage kept a message from being handled: it stays
+            # uncommitted and is delivered again to whoever consumes next.
+            log.warning("stopped with an unhandled message on %s: %s", topic.name, exc)
+
+    async def _dead_letter(self, envelope: Envelope, group: str, kind: str, reason: str) -> None:
+        letter = DeadLetter(
+            source_topic=envelope.topic,
+            source_partition=envelope.partition,
+            source_offset=envelope.offset,
+            consumer_group=group,
+            reason_kind=kind,
+            reason=reason[:4000],
+            key_b64=None if envelope.key is None else base64.b64encode(envelope.key).decode(),
+            value_b64=base64.b64encode(envelope.value).decode(),
+            headers=[(k, base64.b64encode(v).decode()) for k, v in envelope.headers],
+            dead_lettered_at_s=time.time(),
+        )
+        await self.publish(DEAD_LETTERS, letter)
+        log.warning(
+            "dead-lettered %s[%d]@%d: %s",
+            envelope.topic,
+            envelope.partition,
+            envelope.offset,
+            reason,
+            extra={"reason_kind": kind, "consumer_group": group},
+        )
+        for mw in self.middlewares:
+            mw.dead_lettered(envelope, group, kind)
+
+
+class Subscription(Generic[M]):
+    """A consumer-group member reading one topic; use with ``async with`` and ``async for``.
+
+    Each message is decoded before it is yielded; one that cannot be decoded is
+    dead-lettered and skipped, without holding back the rest of its partition. A message
+    counts as handled when the loop body that received it completes; if the body raises,
+    the exception leaves the loop and the message is not committed, so it will be
+    delivered again.
+    """
+
+    def __init__(
+        self, bus: Bus, topic: Topic[M], *, group: str, stopping: asyncio.Event | None
+    ) -> None:
+        self._bus = bus
+        self.topic = topic
+        self.group = group
+        self._stopping = stopping
+        self._consumer: TransportConsumer | None = None
+        self._buffer: deque[Envelope] = deque()
+        self._handled: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._last_commit_s = time.monotonic()
+        self._current: tuple[Envelope, list[AbstractContextManager[None]]] | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self._bus.ensure_topics([self.topic])
+        self._consumer = await self._bus.transport.consumer(
+            [self._bus.topic_name(self.topic)],
+            group=self.group,
+            client_id=f"{self._bus.client_id}-{self.group}",
+            on_revoke=self._on_revoke,
+        )
+        self._bus._subscriptions.add(self)
+
+    async def __aenter__(self) -> Subscription[M]:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # A body that raised leaves its message unhandled: it will be delivered again.
+        self._finish_current(exc, handled=exc is None)
+        await self.close()
+
+    async def close(self) -> None:
+        """Commit what was handled and leave the group."""
+        if self._closed:
+            return
+        self._finish_current(None, handled=False)
+        try:
+            await self._commit(force=True)
+        finally:
+            await self._leave()
+
+    async def abort(self) -> None:
+        """Leave the group without committing anything more, as a crashed consumer would."""
+        if not self._closed:
+            self._finish_current(None, handled=False)
+            await self._leave()
+
+    async def _leave(self) -> None:
+        self._closed = True
+        self._bus._subscriptions.discard(self)
+        if self._consumer is not None:
+            await self._consumer.close()
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        """The partitions this member owns now."""
+        return self._consumer.assignment() if self._consumer is not None else frozenset()
+
+    # -- iteration -------------------------------------------------------------------
+
+    def __aiter__(self) -> Subscription[M]:
+        return self
+
+    async def __anext__(self) -> Delivery[M]:
+        self._finish_current(None, handled=True)
+        while True:
+            await self._commit(force=False)
+            if self._closed or (self._stopping is not None and self._stopping.is_set()):
+                raise StopAsyncIteration
+            envelope = await self._next_envelope()
+            if envelope is None:
+                continue
+            try:
+                message = codec.decode(envelope, self.topic.message_type)
+            except DecodeError as exc:
+                await self._dead_letter_and_mark(envelope, exc.kind, str(exc))
+                continue
+            managers = [
+                mw.consuming(envelope, self.group, self.topic.message_type.MESSAGE_TYPE)
+                for mw in self._bus.middlewares
+            ]
+            entered: list[AbstractContextManager[None]] = []
+            try:
+                for manager in managers:
+                    manager.__enter__()
+                    entered.append(manager)
+            except BaseException as exc:
+                _exit_all(entered, exc)
+                raise
+            self._current = (envelope, entered)
+            return Delivery(message, envelope, self.group)
+
+    async def handle(
+        self, delivery: Delivery[M], handler: Callable[[Delivery[M]], Awaitable[None]]
+    ) -> None:
+        """Run ``handler`` on ``delivery`` with the bus's retry and dead-letter policy.
+
+        Retriable errors are retried with backoff until they pass or the subscription is
+        told to stop (then the error propagates and the message stays uncommitted).
+        Other errors dead-letter the message with the error as the reason.
+        """
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await handler(delivery)
+                return
+            except Exception as exc:
+                if is_retriable(exc):
+                    stopping = self._stopping is not None and self._stopping.is_set()
+                    if stopping:
+                        raise
+                    delay_s = self._bus.backoff.delay_s(attempt)
+                    log.warning(
+                        "handler for %s failed (attempt %d), retrying in %.2fs: %s",
+                        self.topic.name,
+                        attempt,
+                        delay_s,
+                        exc,
+                    )
+                    await self._sleep_unless_stopping(delay_s)
+                    continue
+                reason = f"handler failed: {type(exc).__name__}: {exc}"
+                envelope, entered = self._current or (delivery.envelope, [])
+                self._current = None
+                _exit_all(entered, exc)
+                await self._dead_letter_and_mark(envelope, "handler", reason)
+                return
+
+    async def _sleep_unless_stopping(self, delay_s: float) -> None:
+        if self._stopping is None:
+            await asyncio.sleep(delay_s)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), delay_s)
+
+    async def _next_envelope(self) -> Envelope | None:
+        if not self._buffer:
+            consumer = self._require_consumer()
+            self._buffer.extend(await consumer.fetch(_FETCH_TIMEOUT_S, self._bus.max_batch))
+        return self._buffer.popleft() if self._buffer else None
+
+    def _require_consumer(self) -> TransportConsumer:
+        if self._consumer is None:
+            raise TransportError("subscription is not open: use `async with`", retriable=False)
+        return self._consumer
+
+    def _finish_current(self, exc: BaseException | None, *, handled: bool) -> None:
+        if self._current is None:
+            return
+        envelope, entered = self._current
+        self._current = None
+        _exit_all(entered, exc)
+        if handled:
+            self._mark(envelope)
+
+    def _mark(self, envelope: Envelope) -> None:
+        tp = envelope.topic_partition
+        if self._consumer is not None and tp in self._consumer.assignment():
+            self._handled[tp] = envelope.offset + 1
+
+    async def _dead_letter_and_mark(self, envelope: Envelope, kind: str, reason: str) -> None:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self._bus._dead_letter(envelope, self.group, kind, reason)
+                break
+            except Exception as exc:
+                if not is_retriable(exc) or (
+                    self._stopping is not None and self._stopping.is_set()
+                ):
+                    raise
+                await self._sleep_unless_stopping(self._bus.backoff.delay_s(attempt))
+        self._mark(envelope)
+
+    async def _commit(self, *, force: bool, only: frozenset[TopicPartition] | None = None) -> None:
+        pending = {
+            tp: offset
+            for tp, offset in self._handled.items()
+            if self._committed.get(tp) != offset and (only is None or tp in only)
+        }
+        if not pending or self._consumer is None:
+            return
+        now_s = time.monotonic()
+        if not force and now_s - self._last_commit_s < self._bus.commit_interval_s:
+            return
+        self._last_commit_s = now_s
+        try:
+            await self._consumer.commit(pending)
+        except TransportError as exc:
+            # Not fatal: the messages will be delivered again to whoever owns the partition.
+            log.warning("commit of %s for group %s failed: %s", pending, self.group, exc)
+            return
+        self._committed.update(pending)
+
+    async def _on_revoke(self, partitions: frozenset[TopicPartition]) -> None:
+        await self._commit(force=True, only=partitions)
+        self._buffer = deque(e for e in self._buffer if e.topic_partition not in partitions)
+        for tp in partitions:
+            self._handled.pop(tp, None)
+            self._committed.pop(tp, None)
+
+
+class _enter_all(AbstractContextManager[None]):  # noqa: N801 - used like contextlib helpers
+    """Enter several context managers in order and exit them in reverse."""
+
+    def __init__(self, managers: Iterable[AbstractContextManager[None]]) -> None:
+        self._managers = list(managers)
+        self._entered: list[AbstractContextManager[None]] = []
+
+    def __enter__(self) -> None:
+        for manager in self._managers:
+            manager.__enter__()
+            self._entered.append(manager)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _exit_all(self._entered, exc)
+
+
+def _exit_all(entered: list[AbstractContextManager[None]], exc: BaseException | None) -> None:
+    for manager in reversed(entered):
+        if exc is None:
+            manager.__exit__(None, None, None)
+        else:
+            manager.__exit__(type(exc), exc, exc.__traceback__)

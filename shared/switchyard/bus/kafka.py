@@ -1,0 +1,273 @@
+"""The Kafka transport, on aiokafka.
+
+The producer waits for every in-sync replica (``acks=all``) and is idempotent, so a
+retried send never writes a record twice. Consumers never auto-commit: the bus commits
+the offsets of messages whose handlers finished, and commits them again, for the
+partitions being taken away, when the group rebalances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+
+from switchyard.bus.records import (
+    ClusterInfo,
+    Envelope,
+    OutgoingRecord,
+    RecordMetadata,
+    TopicPartition,
+)
+from switchyard.bus.transport import RevokeCallback
+from switchyard.errors import TransportError
+
+log = logging.getLogger(__name__)
+
+
+class _RevokeListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, on_revoke: RevokeCallback) -> None:
+        self._on_revoke = on_revoke
+
+    async def on_partitions_revoked(self, revoked: Iterable[KafkaTopicPartition]) -> None:
+        partitions = frozenset(TopicPartition(tp.topic, tp.partition) for tp in revoked)
+        if partitions:
+            await self._on_revoke(partitions)
+
+    async def on_partitions_assigned(self, assigned: Iterable[KafkaTopicPartition]) -> None:
+        return None
+
+
+class _KafkaConsumer:
+    def __init__(self, consumer: AIOKafkaConsumer, bootstrap: str) -> None:
+        self._consumer = consumer
+        self._bootstrap = bootstrap
+
+    async def fetch(self, timeout_s: float, max_records: int) -> list[Envelope]:
+        try:
+            batches = await self._consumer.getmany(
+                timeout_ms=int(timeout_s * 1000), max_records=max_records
+            )
+        except KafkaError as exc:
+            raise TransportError(f"fetch from Kafka at {self._bootstrap} failed: {exc}") from exc
+        records: list[Envelope] = []
+        for tp, batch in batches.items():
+            for r in batch:
+                records.append(
+                    Envelope(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        offset=r.offset,
+                        key=r.key,
+                        value=r.value if r.value is not None else b"",
+                        headers=tuple(r.headers or ()),
+                        timestamp_ms=r.timestamp,
+                    )
+                )
+        return records
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        try:
+            await self._consumer.commit(
+                {KafkaTopicPartition(tp.topic, tp.partition): o for tp, o in offsets.items()}
+            )
+        except KafkaError as exc:
+            raise TransportError(f"commit to Kafka at {self._bootstrap} failed: {exc}") from exc
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        return frozenset(
+            TopicPartition(tp.topic, tp.partition) for tp in self._consumer.assignment()
+        )
+
+    async def close(self) -> None:
+        await self._consumer.stop()
+
+
+class KafkaTransport:
+    """A :class:`~switchyard.bus.transport.Transport` over a Kafka cluster.
+
+    Args:
+        bootstrap: ``host:port[,host:port]`` of the brokers.
+        client_id: prefix of the producer's and consumers' client ids (shown by the broker).
+        linger_ms: how long the producer waits to batch records; 0 sends at once.
+        heartbeat_interval_ms / session_timeout_ms: group membership timing; a consumer
+            that dies without leaving loses its partitions after ``session_timeout_ms``.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        client_id: str = "switchyard",
+        linger_ms: int = 0,
+        max_batch_bytes: int = 256 * 1024,
+        request_timeout_ms: int = 30_000,
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 1_000,
+        fetch_max_wait_ms: int = 200,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self._client_id = client_id
+        self._linger_ms = linger_ms
+        self._max_batch_bytes = max_batch_bytes
+        self._request_timeout_ms = request_timeout_ms
+        self._session_timeout_ms = session_timeout_ms
+        self._heartbeat_interval_ms = heartbeat_interval_ms
+        self._fetch_max_wait_ms = fetch_max_wait_ms
+        self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+
+    def _fail(self, what: str, exc: BaseException) -> TransportError:
+        return TransportError(
+            f"{what} on Kafka at {self.bootstrap} failed: {exc or type(exc).__name__}"
+        )
+
+    async def start(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            client_id=f"{self._client_id}-producer",
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=self._linger_ms,
+            max_batch_size=self._max_batch_bytes,
+            request_timeout_ms=self._request_timeout_ms,
+        )
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap,
+            client_id=f"{self._client_id}-admin",
+            request_timeout_ms=self._request_timeout_ms,
+        )
+        try:
+            await producer.start()
+            await admin.start()
+        except (KafkaError, OSError) as exc:
+            await producer.stop()
+            await admin.close()
+            raise self._fail("connecting", exc) from exc
+        self._producer, self._admin = producer, admin
+
+    async def stop(self) -> None:
+        producer, admin = self._producer, self._admin
+        self._producer = self._admin = None
+        if producer is not None:
+            await producer.stop()  # flushes records still queued
+        if admin is not None:
+            await admin.close()
+
+    def _require_started(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
+        if self._producer is None or self._admin is None:
+            raise TransportError("Kafka transport is not started", retriable=False)
+        return self._producer, self._admin
+
+    async def ensure_topics(self, names: Iterable[str], partitions: int) -> None:
+        _, admin = self._require_started()
+        wanted = sorted(set(names))
+        try:
+            existing = set(await admin.list_topics())
+            missing = [n for n in wanted if n not in existing]
+            if not missing:
+                return
+            brokers = (await admin.describe_cluster())["brokers"]
+            replication = max(1, min(3, len(brokers)))
+            response = await admin.create_topics(
+                [
+                    NewTopic(n, num_partitions=partitions, replication_factor=replication)
+                    for n in missing
+                ]
+            )
+        except KafkaError as exc:
+            raise self._fail("creating topics", exc) from exc
+        for name, code, *rest in response.topic_errors:
+            if code not in (0, TopicAlreadyExistsError.errno):
+                message = rest[0] if rest else ""
+                raise TransportError(f"creating topic {name!r} failed: error {code} {message}")
+        await self._wait_for_metadata(missing)
+
+    async def _wait_for_metadata(self, names: list[str]) -> None:
+        # A freshly created topic may take a moment to have leaders; producing before that
+        # only costs retries, but consumers joining a group need its partition count.
+        producer, _ = self._require_started()
+        for name in names:
+            for _ in range(50):
+                if producer.client.cluster.partitions_for_topic(name):
+                    break
+                await producer.client.force_metadata_update()
+                await asyncio.sleep(0.05)
+
+    async def delete_topics(self, names: Iterable[str]) -> None:
+        _, admin = self._require_started()
+        try:
+            await admin.delete_topics(list(names))
+        except UnknownTopicOrPartitionError:
+            return
+        except KafkaError as exc:
+            raise self._fail("deleting topics", exc) from exc
+
+    async def send(self, record: OutgoingRecord) -> Awaitable[RecordMetadata]:
+        producer, _ = self._require_started()
+        try:
+            sent = await producer.send(
+                record.topic, value=record.value, key=record.key, headers=list(record.headers)
+            )
+        except KafkaError as exc:
+            raise self._fail(f"publishing to {record.topic}", exc) from exc
+        return asyncio.ensure_future(self._acknowledged(sent, record.topic))
+
+    async def _acknowledged(self, sent: Awaitable[Any], topic: str) -> RecordMetadata:
+        try:
+            meta = await sent
+        except KafkaError as exc:
+            raise self._fail(f"publishing to {topic}", exc) from exc
+        return RecordMetadata(meta.topic, meta.partition, meta.offset)
+
+    async def consumer(
+        self,
+        topics: Iterable[str],
+        *,
+        group: str,
+        client_id: str,
+        on_revoke: RevokeCallback,
+    ) -> _KafkaConsumer:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            client_id=client_id,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=self._session_timeout_ms,
+            heartbeat_interval_ms=self._heartbeat_interval_ms,
+            fetch_max_wait_ms=self._fetch_max_wait_ms,
+            request_timeout_ms=self._request_timeout_ms,
+        )
+        consumer.subscribe(topics=list(topics), listener=_RevokeListener(on_revoke))
+        try:
+            await consumer.start()
+        except (KafkaError, OSError) as exc:
+            await consumer.stop()
+            raise self._fail(f"joining group {group!r}", exc) from exc
+        return _KafkaConsumer(consumer, self.bootstrap)
+
+    async def partitions_for(self, topic: str) -> int:
+        producer, _ = self._require_started()
+        partitions = await producer.partitions_for(topic)
+        return len(partitions)
+
+    async def cluster_info(self) -> ClusterInfo:
+        _, admin = self._require_started()
+        try:
+            cluster = await admin.describe_cluster()
+            topics = await admin.list_topics()
+        except KafkaError as exc:
+            raise self._fail("describing the cluster", exc) from exc
+        return ClusterInfo(
+            cluster_id=cluster.get("cluster_id"),
+            broker_ids=tuple(sorted(int(b["node_id"]) for b in cluster["brokers"])),
+            controller_id=cluster.get("controller_id"),
+            topics=frozenset(topics),
+        )

@@ -1,0 +1,247 @@
+"""The in-memory transport: Kafka's semantics inside one process.
+
+Used by the embedded default (every service in one process) and by the fast test tier.
+It keeps what the services rely on: partitions chosen by key hash (Kafka's murmur2),
+per-partition order, consumer groups that split partitions between their members,
+committed offsets per group, and redelivery from the last committed offset when a member
+leaves without committing. Records are kept for the life of the broker object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from switchyard.bus.partitioner import partition_for_key
+from switchyard.bus.records import (
+    ClusterInfo,
+    Envelope,
+    OutgoingRecord,
+    RecordMetadata,
+    TopicPartition,
+)
+from switchyard.bus.transport import RevokeCallback
+from switchyard.errors import TransportError
+
+
+@dataclass(eq=False)
+class _Member:
+    member_id: str
+    topics: frozenset[str]
+    on_revoke: RevokeCallback
+    positions: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Group:
+    members: dict[str, _Member] = field(default_factory=dict)
+    committed: dict[TopicPartition, int] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class MemoryBroker:
+    """The shared log: topics, partitions and consumer groups.
+
+    Several :class:`MemoryTransport` objects may share one broker, as separate services
+    in one process share one Kafka cluster.
+    """
+
+    def __init__(self) -> None:
+        self._partitions: dict[str, list[list[Envelope]]] = {}
+        self._groups: dict[str, _Group] = {}
+        self._arrived = asyncio.Event()
+        self._round_robin = itertools.count()
+        self._member_ids = itertools.count(1)
+
+    # -- topics ----------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        if name not in self._partitions:
+            self._partitions[name] = [[] for _ in range(partitions)]
+
+    def delete_topic(self, name: str) -> None:
+        self._partitions.pop(name, None)
+
+    def partition_count(self, name: str) -> int:
+        try:
+            return len(self._partitions[name])
+        except KeyError:
+            raise TransportError(f"unknown topic {name!r}", retriable=False) from None
+
+    def topics(self) -> frozenset[str]:
+        return frozenset(self._partitions)
+
+    def append(self, record: OutgoingRecord, default_partitions: int) -> RecordMetadata:
+        self.create_topic(record.topic, default_partitions)
+        partitions = self._partitions[record.topic]
+        if record.key is None:
+            index = next(self._round_robin) % len(partitions)
+        else:
+            index = partition_for_key(record.key, len(partitions))
+        log = partitions[index]
+        log.append(
+            Envelope(
+                topic=record.topic,
+                partition=index,
+                offset=len(log),
+                key=record.key,
+                value=record.value,
+                headers=record.headers,
+                timestamp_ms=int(time.time() * 1000),
+            )
+        )
+        self._wake()
+        return RecordMetadata(record.topic, index, len(log) - 1)
+
+    def _wake(self) -> None:
+        # Swap the event so that waiters woken now and waiters arriving later never share
+        # a set event.
+        arrived, self._arrived = self._arrived, asyncio.Event()
+        arrived.set()
+
+    # -- groups ----------------------------------------------------------------------
+
+    async def join(
+        self, group_id: str, topics: frozenset[str], on_revoke: RevokeCallback
+    ) -> _Member:
+        group = self._groups.setdefault(group_id, _Group())
+        member = _Member(f"member-{next(self._member_ids)}", topics, on_revoke)
+        async with group.lock:
+            group.members[member.member_id] = member
+            await self._rebalance(group)
+        return member
+
+    async def leave(self, group_id: str, member: _Member) -> None:
+        group = self._groups[group_id]
+        async with group.lock:
+            if group.members.pop(member.member_id, None) is not None:
+                member.positions.clear()
+                await self._rebalance(group)
+
+    async def _rebalance(self, group: _Group) -> None:
+        """Spread the partitions of the group's topics round-robin over its members."""
+        wanted: dict[str, set[TopicPartition]] = {m: set() for m in group.members}
+        for topic in sorted(set().union(*(m.topics for m in group.members.values()))):
+            subscribers = sorted(m for m, member in group.members.items() if topic in member.topics)
+            for index in range(len(self._partitions.get(topic, []))):
+                wanted[subscribers[index % len(subscribers)]].add(TopicPartition(topic, index))
+        for member_id, member in group.members.items():
+            lost = frozenset(tp for tp in member.positions if tp not in wanted[member_id])
+            if lost:
+                await member.on_revoke(lost)
+                for tp in lost:
+                    del member.positions[tp]
+        for member_id, member in group.members.items():
+            for tp in wanted[member_id]:
+                if tp not in member.positions:
+                    member.positions[tp] = group.committed.get(tp, 0)
+        self._wake()
+
+    def commit(self, group_id: str, member: _Member, offsets: Mapping[TopicPartition, int]) -> None:
+        group = self._groups[group_id]
+        for tp, offset in offsets.items():
+            if tp in member.positions:  # a member may commit only what it owns
+                group.committed[tp] = offset
+
+    async def fetch(self, member: _Member, timeout_s: float, max_records: int) -> list[Envelope]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            arrived = self._arrived
+            records = self._take(member, max_records)
+            if records:
+                return records
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            try:
+                await asyncio.wait_for(arrived.wait(), remaining)
+            except TimeoutError:
+                return []
+
+    def _take(self, member: _Member, max_records: int) -> list[Envelope]:
+        taken: list[Envelope] = []
+        for tp in sorted(member.positions):
+            log = self._partitions.get(tp.topic)
+            if log is None:
+                continue
+            start = member.positions[tp]
+            batch = log[tp.partition][start : start + max_records - len(taken)]
+            if batch:
+                taken.extend(batch)
+                member.positions[tp] = start + len(batch)
+            if len(taken) >= max_records:
+                break
+        return taken
+
+
+class _MemoryConsumer:
+    def __init__(self, broker: MemoryBroker, group_id: str, member: _Member) -> None:
+        self._broker = broker
+        self._group_id = group_id
+        self._member = member
+        self._closed = False
+
+    async def fetch(self, timeout_s: float, max_records: int) -> list[Envelope]:
+        if self._closed:
+            raise TransportError("consumer is closed", retriable=False)
+        return await self._broker.fetch(self._member, timeout_s, max_records)
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        self._broker.commit(self._group_id, self._member, offsets)
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        return frozenset(self._member.positions)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._broker.leave(self._group_id, self._member)
+
+
+class MemoryTransport:
+    """A :class:`~switchyard.bus.transport.Transport` over a :class:`MemoryBroker`."""
+
+    def __init__(self, broker: MemoryBroker | None = None, *, default_partitions: int = 4) -> None:
+        self.broker = broker if broker is not None else MemoryBroker()
+        self._default_partitions = default_partitions
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def ensure_topics(self, names: Iterable[str], partitions: int) -> None:
+        for name in names:
+            self.broker.create_topic(name, partitions)
+
+    async def delete_topics(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.broker.delete_topic(name)
+
+    async def send(self, record: OutgoingRecord) -> Awaitable[RecordMetadata]:
+        done: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        done.set_result(self.broker.append(record, self._default_partitions))
+        return done
+
+    async def consumer(
+        self,
+        topics: Iterable[str],
+        *,
+        group: str,
+        client_id: str,
+        on_revoke: RevokeCallback,
+    ) -> _MemoryConsumer:
+        member = await self.broker.join(group, frozenset(topics), on_revoke)
+        return _MemoryConsumer(self.broker, group, member)
+
+    async def partitions_for(self, topic: str) -> int:
+        return self.broker.partition_count(topic)
+
+    async def cluster_info(self) -> ClusterInfo:
+        return ClusterInfo(
+            cluster_id="memory", broker_ids=(0,), controller_id=0, topics=self.broker.topics()
+        )

@@ -1,0 +1,84 @@
+"""The byte-level seam under the bus: Kafka and in-memory implement these Protocols.
+
+A transport moves :class:`OutgoingRecord` bytes to partitions and hands
+:class:`Envelope` batches to group consumers. It knows nothing of message types,
+validation, dead letters or tracing; :class:`switchyard.bus.Bus` does that once for
+every transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Protocol
+
+from switchyard.bus.records import (
+    ClusterInfo,
+    Envelope,
+    OutgoingRecord,
+    RecordMetadata,
+    TopicPartition,
+)
+
+RevokeCallback = Callable[[frozenset[TopicPartition]], Awaitable[None]]
+"""Called before partitions are taken from a consumer, so it can commit what it handled."""
+
+
+class TransportConsumer(Protocol):
+    """One member of a consumer group."""
+
+    async def fetch(self, timeout_s: float, max_records: int) -> list[Envelope]:
+        """Up to ``max_records`` records from assigned partitions, in offset order per
+        partition; an empty list when nothing arrived within ``timeout_s``."""
+        ...
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Commit, for each partition, the offset of the next record to read."""
+        ...
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        """The partitions this member owns now."""
+        ...
+
+    async def close(self) -> None:
+        """Leave the group without committing anything further."""
+        ...
+
+
+class Transport(Protocol):
+    """A broker connection: a producer, consumers and topic administration."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def ensure_topics(self, names: Iterable[str], partitions: int) -> None:
+        """Create the topics that do not exist yet; existing ones are left as they are."""
+        ...
+
+    async def delete_topics(self, names: Iterable[str]) -> None: ...
+
+    async def send(self, record: OutgoingRecord) -> Awaitable[RecordMetadata]:
+        """Queue a record; the returned awaitable resolves once the broker acknowledged it.
+
+        Awaiting ``send`` itself only waits for room in the producer's buffer, so a caller
+        may queue many records before awaiting their acknowledgements.
+        """
+        ...
+
+    async def consumer(
+        self,
+        topics: Iterable[str],
+        *,
+        group: str,
+        client_id: str,
+        on_revoke: RevokeCallback,
+    ) -> TransportConsumer:
+        """Join consumer group ``group`` on ``topics``; reading starts at the group's
+        committed offsets, or at the earliest record when there are none."""
+        ...
+
+    async def partitions_for(self, topic: str) -> int:
+        """Number of partitions of an existing topic."""
+        ...
+
+    async def cluster_info(self) -> ClusterInfo: ...

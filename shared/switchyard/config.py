@@ -1,0 +1,152 @@
+"""Configuration from environment variables (``SWITCHYARD_*``).
+
+Every service reads one :class:`Settings` object at start. Bad values stop the
+process with a message that names each offending variable (see
+:func:`load_settings`), never with a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from switchyard.errors import ConfigError
+
+ENV_PREFIX = "SWITCHYARD_"
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """What a Switchyard process is configured with. One field per ``SWITCHYARD_*`` variable."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
+    )
+
+    instance_id: str = Field(
+        default_factory=_default_instance_id,
+        description="Name of this replica in logs, traces and consumer client ids.",
+    )
+
+    bus: Literal["memory", "kafka"] = Field(
+        default="memory", description="Message bus: in-process memory, or Kafka."
+    )
+    kafka_bootstrap: str = Field(
+        default="127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,host:port]."
+    )
+    topic_prefix: str = Field(
+        default="",
+        description="Prefix of every topic name, so several stacks can share one Kafka cluster.",
+    )
+    topic_partitions: int = Field(
+        default=4, ge=1, le=1024, description="Partitions of each topic Switchyard creates."
+    )
+    commit_interval_s: float = Field(
+        default=0.2,
+        gt=0,
+        le=60,
+        description="How often consumers commit the offsets of handled messages.",
+    )
+    kafka_linger_ms: int = Field(
+        default=0, ge=0, le=1000, description="Producer linger: batch wait before sending."
+    )
+
+    state: Literal["memory", "redis"] = Field(
+        default="memory", description="State store: in-process memory, or Redis."
+    )
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0", description="Redis URL, redis://host:port/db."
+    )
+    state_prefix: str = Field(
+        default="switchyard:", description="Prefix of every Redis key Switchyard writes."
+    )
+
+    health_host: str = Field(
+        default="127.0.0.1", description="Address of the health and readiness endpoint."
+    )
+    health_port: int = Field(
+        default=8081, ge=0, le=65535, description="Port of the health endpoint; 0 picks a free one."
+    )
+    drain_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="How long a stopping service may take to finish in-flight work.",
+    )
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Least severe log level written."
+    )
+    log_format: Literal["json", "text"] = Field(
+        default="json", description="json: one JSON object a line; text: for people."
+    )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description=(
+            "OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318); traces and metrics "
+            "are exported only when set. OTEL_EXPORTER_OTLP_ENDPOINT is honoured too."
+        ),
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        for server in value.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"expected host:port[,host:port], got {server.strip()!r}")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected a redis://, rediss:// or unix:// URL")
+        return value
+
+    def effective_otlp_endpoint(self) -> str | None:
+        """The OTLP endpoint to export to: ours first, then OpenTelemetry's standard variable."""
+        return self.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """Read :class:`Settings` from the environment (or ``env``), naming every bad variable.
+
+    Args:
+        env: variables to read instead of ``os.environ`` (tests pass their own).
+        overrides: field values that win over the environment.
+
+    Raises:
+        ConfigError: one line per invalid variable, e.g.
+            ``SWITCHYARD_HEALTH_PORT='http': Input should be a valid integer``.
+    """
+    source = os.environ if env is None else env
+    values: dict[str, object] = {}
+    for name in Settings.model_fields:
+        raw = source.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            values[name] = raw
+    values.update(overrides)
+    try:
+        # Values are passed explicitly so that `env` fully replaces os.environ.
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            shown = values.get(field, "<unset>")
+            message = error["msg"].removeprefix("Value error, ")
+            lines.append(f"{ENV_PREFIX}{field.upper()}={shown!r}: {message}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None

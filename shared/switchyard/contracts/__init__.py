@@ -1,0 +1,50 @@
+"""Message contracts: the pydantic models that cross the bus and the topics they use."""
+
+from switchyard.contracts.base import Message, SchemaVersionError, new_message_id
+from switchyard.contracts.messages import (
+    AccuracyEstimate,
+    Assignment,
+    ClassificationPayload,
+    ClassificationResult,
+    Completion,
+    CompletionStatus,
+    DeadLetter,
+    Heartbeat,
+    InferenceRequest,
+    LLMPayload,
+    LLMResult,
+    Migration,
+    RequestKind,
+    RequestTimeline,
+    ResourceVector,
+    ServiceTimePrediction,
+    WorkerDown,
+    WorkloadType,
+)
+from switchyard.contracts.topics import ALL_TOPICS, Topic
+
+__all__ = [
+    "ALL_TOPICS",
+    "AccuracyEstimate",
+    "Assignment",
+    "ClassificationPayload",
+    "ClassificationResult",
+    "Completion",
+    "CompletionStatus",
+    "DeadLetter",
+    "Heartbeat",
+    "InferenceRequest",
+    "LLMPayload",
+    "LLMResult",
+    "Message",
+    "Migration",
+    "RequestKind",
+    "RequestTimeline",
+    "ResourceVector",
+    "SchemaVersionError",
+    "ServiceTimePrediction",
+    "Topic",
+    "WorkerDown",
+    "WorkloadType",
+    "new_message_id",
+]

@@ -1,0 +1,307 @@
+"""Every message that crosses the bus, as pydantic models.
+
+Times are wall-clock epoch seconds (``_s``) stamped by the service that observed the
+event, so a completion carries the whole timeline of its request and a latency
+breakdown (scheduling, queueing, execution) needs no join. Durations are ``_s`` too.
+"""
+
+from __future__ import annotations
+
+import base64
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, model_validator
+
+from switchyard.contracts.base import Message
+
+Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
+"""Ids and names that end up in keys, topics and logs: no spaces or control characters."""
+
+
+class _Part(BaseModel):
+    """A nested part of a message: frozen, unknown fields ignored like the message itself."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class RequestKind(StrEnum):
+    LLM = "llm"
+    CLASSIFICATION = "classification"
+
+
+class WorkloadType(StrEnum):
+    """The workload class of an LLM request, as in the Azure traces."""
+
+    CODE = "code"
+    CONVERSATION = "conversation"
+    OTHER = "other"
+
+
+class LLMPayload(_Part):
+    """What an LLM completion request asks for."""
+
+    kind: Literal[RequestKind.LLM] = RequestKind.LLM
+    model: Identifier
+    prompt_tokens: Annotated[int, Field(ge=1, le=10_000_000)]
+    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)]
+    output_tokens_hint: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        default=None, description="Expected output length when the client knows it."
+    )
+    workload: WorkloadType = WorkloadType.OTHER
+    prompt: str | None = Field(default=None, description="Prompt text, when the client sent text.")
+    stream: bool = False
+
+
+class ClassificationPayload(_Part):
+    """What a classification request asks for: one feature vector for an application."""
+
+    kind: Literal[RequestKind.CLASSIFICATION] = RequestKind.CLASSIFICATION
+    features: Annotated[list[float], Field(min_length=1, max_length=1_000_000)]
+
+
+Payload = Annotated[LLMPayload | ClassificationPayload, Field(discriminator="kind")]
+
+
+class InferenceRequest(Message):
+    """A client's request, accepted by an ingress replica.
+
+    ``deadline_s`` is absolute (epoch seconds); ``reply_to`` names the ingress replica
+    waiting for the answer, so completions can be routed back to it.
+    """
+
+    MESSAGE_TYPE = "inference-request"
+
+    request_id: Identifier
+    app: Identifier
+    payload: Payload
+    arrival_s: float = Field(description="When the ingress accepted the request.")
+    deadline_s: float | None = None
+    priority: Annotated[int, Field(ge=0, le=1000)] = 0
+    tenant: Identifier | None = None
+    reply_to: Identifier | None = None
+
+    @model_validator(mode="after")
+    def _deadline_after_arrival(self) -> InferenceRequest:
+        if self.deadline_s is not None and self.deadline_s < self.arrival_s:
+            raise ValueError("deadline_s is before arrival_s")
+        return self
+
+
+class ServiceTimePrediction(Message):
+    """The predictor's estimate of a request's service time, with its calibration.
+
+    ``calibrated_s = predicted_s + beta*mae_s + gamma*predicted_s*mape`` and the adaptive
+    deadline is ``(1 + eps) * calibrated_s`` after arrival.
+    """
+
+    MESSAGE_TYPE = "service-time-prediction"
+
+    request_id: Identifier
+    predicted_s: NonNegativeFloat
+    calibrated_s: NonNegativeFloat
+    deadline_s: float | None = None
+    by_worker_type_s: dict[str, NonNegativeFloat] = Field(
+        default_factory=dict, description="Calibrated service time per worker type."
+    )
+    mae_s: NonNegativeFloat = 0.0
+    mape: NonNegativeFloat = 0.0
+    predictor: Identifier
+    predicted_at_s: float
+
+
+class AccuracyEstimate(Message):
+    """SneakPeek's data-aware estimate for a classification request.
+
+    ``theta`` holds the posterior class frequencies; ``expected_accuracy`` maps each
+    model variant to sum_c theta_c * recall_c.
+    """
+
+    MESSAGE_TYPE = "accuracy-estimate"
+
+    request_id: Identifier
+    app: Identifier
+    theta: Annotated[list[NonNegativeFloat], Field(min_length=1)]
+    expected_accuracy: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]]
+    predicted_label: NonNegativeInt | None = None
+    neighbours: NonNegativeInt = 0
+    estimated_at_s: float
+
+
+class Assignment(Message):
+    """The scheduler's decision: which worker and model variant serve a request, in what order.
+
+    ``epoch`` grows each time a request is (re)assigned, so a worker and the completion
+    handler can drop a stale copy of an older decision.
+    """
+
+    MESSAGE_TYPE = "assignment"
+
+    request: InferenceRequest
+    worker_id: Identifier
+    variant: Identifier
+    order: float = Field(description="Position in the worker's queue: lower runs first.")
+    policy: Identifier
+    epoch: NonNegativeInt = 0
+    predicted_s: NonNegativeFloat | None = None
+    deadline_s: float | None = None
+    assigned_at_s: float
+
+
+class Migration(Message):
+    """The rebalancer's decision to move a queued or running request to another worker."""
+
+    MESSAGE_TYPE = "migration"
+
+    request_id: Identifier
+    from_worker_id: Identifier
+    to_worker_id: Identifier
+    epoch: NonNegativeInt
+    reason: str = Field(max_length=500)
+    expected_gain_s: float
+    cost_s: NonNegativeFloat
+    kv_cache_bytes: NonNegativeInt = 0
+    decided_at_s: float
+
+
+class CompletionStatus(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+class RequestTimeline(_Part):
+    """When each step of a request happened (epoch seconds; None when it did not happen)."""
+
+    arrival_s: float
+    assigned_s: float | None = None
+    started_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+
+    def scheduling_s(self) -> float | None:
+        """Arrival to assignment: time spent deciding (and waiting for a prediction)."""
+        return None if self.assigned_s is None else self.assigned_s - self.arrival_s
+
+    def queueing_s(self) -> float | None:
+        """Assignment to start on the worker: time spent in the worker's queue."""
+        if self.assigned_s is None or self.started_s is None:
+            return None
+        return self.started_s - self.assigned_s
+
+    def execution_s(self) -> float | None:
+        """Start to finish on the worker."""
+        if self.started_s is None or self.finished_s is None:
+            return None
+        return self.finished_s - self.started_s
+
+
+class LLMResult(_Part):
+    kind: Literal[RequestKind.LLM] = RequestKind.LLM
+    output_tokens: NonNegativeInt
+    text: str | None = None
+
+
+class ClassificationResult(_Part):
+    kind: Literal[RequestKind.CLASSIFICATION] = RequestKind.CLASSIFICATION
+    label: NonNegativeInt
+    probabilities: list[NonNegativeFloat] = Field(default_factory=list)
+
+
+Result = Annotated[LLMResult | ClassificationResult, Field(discriminator="kind")]
+
+
+class Completion(Message):
+    """A worker's report that it finished (or gave up on) a request.
+
+    ``emulated`` is True when the backend spent modelled time instead of running a model:
+    such latencies are a performance model's output, not a measurement.
+    """
+
+    MESSAGE_TYPE = "completion"
+
+    request_id: Identifier
+    app: Identifier
+    worker_id: Identifier
+    worker_type: Identifier
+    variant: Identifier
+    epoch: NonNegativeInt = 0
+    status: CompletionStatus
+    result: Result | None = None
+    error: str | None = Field(default=None, max_length=2000)
+    timeline: RequestTimeline
+    deadline_s: float | None = None
+    emulated: bool = False
+    reply_to: Identifier | None = None
+
+
+class ResourceVector(_Part):
+    """CPU cores, GPU share (1.0 = one whole GPU) and memory in bytes."""
+
+    cpu: NonNegativeFloat = 0.0
+    gpu: NonNegativeFloat = 0.0
+    mem_bytes: NonNegativeInt = 0
+
+
+class Heartbeat(Message):
+    """A worker's periodic report of its queue, load and resources."""
+
+    MESSAGE_TYPE = "heartbeat"
+
+    worker_id: Identifier
+    worker_type: Identifier
+    sequence: NonNegativeInt
+    interval_s: Annotated[float, Field(gt=0)]
+    queue_length: NonNegativeInt
+    queued_work_s: NonNegativeFloat
+    running: NonNegativeInt
+    utilization: Annotated[float, Field(ge=0.0, le=1.0)]
+    resident_models: list[Identifier] = Field(default_factory=list)
+    capacity: ResourceVector = Field(default_factory=ResourceVector)
+    free: ResourceVector = Field(default_factory=ResourceVector)
+    kv_cache_free_bytes: NonNegativeInt | None = None
+    emulated: bool = False
+    sent_at_s: float
+
+
+class WorkerDown(Message):
+    """The monitor's verdict that a worker stopped sending heartbeats (or left on purpose)."""
+
+    MESSAGE_TYPE = "worker-down"
+
+    worker_id: Identifier
+    reason: Literal["heartbeat-timeout", "drained", "failed"]
+    last_heartbeat_s: float | None = None
+    detected_at_s: float
+    orphaned_request_ids: list[Identifier] = Field(default_factory=list)
+
+
+class DeadLetter(Message):
+    """A message that could not be handled, kept with its original bytes and the reason.
+
+    ``reason_kind`` is one of ``bad_bytes`` (not JSON), ``schema_version``, ``validation``,
+    ``message_type`` or ``handler`` (the handler failed and will not succeed on retry).
+    """
+
+    MESSAGE_TYPE = "dead-letter"
+
+    source_topic: str
+    source_partition: NonNegativeInt
+    source_offset: NonNegativeInt
+    consumer_group: str
+    reason_kind: str
+    reason: str = Field(max_length=4000)
+    key_b64: str | None = None
+    value_b64: str
+    headers: list[tuple[str, str]] = Field(
+        default_factory=list, description="Original headers, values base64-encoded."
+    )
+    dead_lettered_at_s: float
+
+    def original_value(self) -> bytes:
+        """The original message bytes, exactly as they were on the source topic."""
+        return base64.b64decode(self.value_b64)
+
+    def original_key(self) -> bytes | None:
+        return None if self.key_b64 is None else base64.b64decode(self.key_b64)

@@ -1,0 +1,257 @@
+"""One contract suite for the bus, run against the in-memory and the Kafka transport.
+
+What a service relies on: order per key, consumer groups that share partitions, redelivery
+of whatever a consumer did not finish, and dead-lettering of records that cannot be
+decoded without holding back the rest of their partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from switchyard.bus import Delivery
+from switchyard.bus.partitioner import partition_for_key
+from switchyard.contracts.messages import DeadLetter, InferenceRequest
+from switchyard.contracts.topics import DEAD_LETTERS, HEARTBEATS, REQUESTS
+from switchyard.errors import SwitchyardError
+
+from tests.support.bus import (
+    BusFactory,
+    bus_factory,
+    collect,
+    drain_for,
+    make_request,
+    wait_for_assignment,
+)
+
+pytestmark = pytest.mark.contract
+
+
+@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.integration)])
+async def make_bus(request: pytest.FixtureRequest, unique_prefix: str) -> AsyncIterator[BusFactory]:
+    bootstrap = request.getfixturevalue("kafka_bootstrap") if request.param == "kafka" else None
+    async with bus_factory(request.param, prefix=unique_prefix, kafka_bootstrap=bootstrap) as make:
+        yield make
+
+
+async def test_round_trip_keeps_message_and_describes_it(make_bus: BusFactory) -> None:
+    bus = make_bus()
+    await bus.start()
+    sent = make_request("req-1")
+    meta = await bus.publish(REQUESTS, sent)
+    assert meta.topic == bus.topic_name(REQUESTS)
+    async with bus.subscribe(REQUESTS, group="g") as sub:
+        (delivery,) = await collect(sub, 1)
+    assert delivery.message == sent
+    assert delivery.envelope.key == b"req-1"
+    assert delivery.envelope.header("sy-type") == b"inference-request"
+    assert delivery.envelope.header("sy-schema") == b"1"
+    assert (delivery.envelope.partition, delivery.envelope.offset) == (meta.partition, meta.offset)
+
+
+async def test_key_picks_the_partition_kafka_would(make_bus: BusFactory) -> None:
+    bus = make_bus()
+    await bus.start()
+    for key in ("21", "worker-7", "req-abc"):
+        meta = await bus.publish(REQUESTS, make_request(key))
+        assert meta.partition == partition_for_key(key.encode(), 4)
+
+
+async def test_order_is_kept_per_key(make_bus: BusFactory) -> None:
+    bus = make_bus()
+    await bus.start()
+    keys = [f"worker-{i}" for i in range(5)]
+    pending = [
+        await bus.send(REQUESTS, make_request(f"r{seq}-{key}", seq=seq), key=key)
+        for seq in range(40)
+        for key in keys
+    ]
+    await asyncio.gather(*pending)
+    async with bus.subscribe(REQUESTS, group="g") as sub:
+        deliveries = await collect(sub, 200)
+    by_key: dict[bytes, list[int]] = {}
+    for d in deliveries:
+        assert d.envelope.key is not None
+        by_key.setdefault(d.envelope.key, []).append(d.message.priority)
+    assert sorted(by_key) == sorted(k.encode() for k in keys)
+    for sequence in by_key.values():
+        assert sequence == list(range(40))
+
+
+async def test_group_members_share_partitions_and_groups_each_see_everything(
+    make_bus: BusFactory,
+) -> None:
+    first, second, other = make_bus(), make_bus(), make_bus()
+    for bus in (first, second, other):
+        await bus.start()
+    async with (
+        first.subscribe(REQUESTS, group="scheduler") as a,
+        second.subscribe(REQUESTS, group="scheduler") as b,
+        other.subscribe(REQUESTS, group="audit") as c,
+    ):
+        await wait_for_assignment([a, b], partitions=4)
+        assert a.assignment().isdisjoint(b.assignment())
+        await asyncio.gather(
+            *[await first.send(REQUESTS, make_request(f"r{i}")) for i in range(100)]
+        )
+        audit = await collect(c, 100)
+        got_a, got_b = await asyncio.gather(drain_for(a, 2.0), drain_for(b, 2.0))
+    ids_a = {d.message.request_id for d in got_a}
+    ids_b = {d.message.request_id for d in got_b}
+    assert ids_a, "the first member should have received a share"
+    assert ids_b, "the second member should have received a share"
+    assert ids_a.isdisjoint(ids_b)
+    assert ids_a | ids_b == {f"r{i}" for i in range(100)}
+    assert {d.message.request_id for d in audit} == ids_a | ids_b
+
+
+async def test_consumer_that_dies_before_committing_has_its_messages_redelivered(
+    make_bus: BusFactory,
+) -> None:
+    # Commits are held back for an hour, so nothing the first member handles gets committed.
+    crashing = make_bus(commit_interval_s=3600)
+    successor = make_bus()
+    await crashing.start()
+    await successor.start()
+    await asyncio.gather(*[await crashing.send(REQUESTS, make_request(f"r{i}")) for i in range(20)])
+    sub = crashing.subscribe(REQUESTS, group="worker")
+    await sub.open()
+    handled = await collect(sub, 10)
+    await sub.abort()  # leaves the group without committing, as a killed process would
+    async with successor.subscribe(REQUESTS, group="worker") as after:
+        redelivered = await collect(after, 20)
+    assert {d.message.request_id for d in handled} <= {d.message.request_id for d in redelivered}
+    assert len({d.message.request_id for d in redelivered}) == 20
+
+
+async def test_consumer_that_stops_cleanly_commits_what_it_handled(make_bus: BusFactory) -> None:
+    first, second = make_bus(commit_interval_s=3600), make_bus()
+    await first.start()
+    await second.start()
+    key = "one-partition"
+    await asyncio.gather(
+        *[await first.send(REQUESTS, make_request(f"r{i}", seq=i), key=key) for i in range(10)]
+    )
+    async with first.subscribe(REQUESTS, group="worker") as sub:
+        handled = await collect(sub, 4)
+    async with second.subscribe(REQUESTS, group="worker") as after:
+        rest = await collect(after, 6)
+    assert [d.message.priority for d in handled] == [0, 1, 2, 3]
+    assert [d.message.priority for d in rest] == [4, 5, 6, 7, 8, 9]
+
+
+async def test_a_body_that_raises_leaves_its_message_for_redelivery(make_bus: BusFactory) -> None:
+    bus = make_bus()
+    await bus.start()
+    await bus.publish(REQUESTS, make_request("r-fails", seq=1), key="k")
+    await bus.publish(REQUESTS, make_request("r-next", seq=2), key="k")
+
+    async def fail_on_first() -> None:
+        async with bus.subscribe(REQUESTS, group="g") as sub:
+            async for _ in sub:
+                raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await fail_on_first()
+    async with bus.subscribe(REQUESTS, group="g") as again:
+        got = await collect(again, 2)
+    assert [d.message.request_id for d in got] == ["r-fails", "r-next"]
+
+
+async def _dead_letters(bus_maker: BusFactory, count: int) -> list[DeadLetter]:
+    reader = bus_maker()
+    await reader.start()
+    async with reader.subscribe(DEAD_LETTERS, group="dlq-reader") as sub:
+        return [d.message for d in await collect(sub, count)]
+
+
+async def test_undecodable_records_are_dead_lettered_without_holding_back_the_partition(
+    make_bus: BusFactory,
+) -> None:
+    bus = make_bus()
+    await bus.start()
+    key = b"same-partition"
+    good = make_request("r-good-1")
+    await bus.publish(REQUESTS, good, key=key.decode())
+    bad = await bus.publish_bytes(REQUESTS, b"\xff\xfe not json", key=key)
+    await bus.publish(REQUESTS, make_request("r-good-2"), key=key.decode())
+    async with bus.subscribe(REQUESTS, group="g") as sub:
+        got = await collect(sub, 2)
+    assert [d.message.request_id for d in got] == ["r-good-1", "r-good-2"]
+    (letter,) = await _dead_letters(make_bus, 1)
+    assert letter.reason_kind == "bad_bytes"
+    assert letter.original_value() == b"\xff\xfe not json"
+    assert letter.original_key() == key
+    assert (letter.source_topic, letter.source_partition, letter.source_offset) == (
+        bad.topic,
+        bad.partition,
+        bad.offset,
+    )
+    assert letter.consumer_group == "g"
+
+
+async def test_wrong_schema_version_and_invalid_fields_are_dead_lettered_with_reasons(
+    make_bus: BusFactory,
+) -> None:
+    bus = make_bus()
+    await bus.start()
+    future = json.loads(make_request("r-v2").model_dump_json())
+    future["schema_version"] = 2
+    await bus.publish_bytes(REQUESTS, json.dumps(future).encode(), key=b"k")
+    missing = json.loads(make_request("r-missing").model_dump_json())
+    del missing["app"]
+    await bus.publish_bytes(REQUESTS, json.dumps(missing).encode(), key=b"k")
+    heartbeat_bytes = make_request("r-typed").model_dump_json().encode()
+    await bus.publish_bytes(
+        REQUESTS, heartbeat_bytes, key=b"k", headers=[("sy-type", b"heartbeat")]
+    )
+    await bus.publish(REQUESTS, make_request("r-ok"), key="k")
+    async with bus.subscribe(REQUESTS, group="g") as sub:
+        (ok,) = await collect(sub, 1)
+    assert ok.message.request_id == "r-ok"
+    letters = await _dead_letters(make_bus, 3)
+    kinds = [letter.reason_kind for letter in letters]
+    assert kinds == ["schema_version", "validation", "message_type"]
+    assert "version 2" in letters[0].reason
+    assert "app" in letters[1].reason
+    assert "heartbeat" in letters[2].reason
+
+
+async def test_handler_failures_retry_when_retriable_and_dead_letter_otherwise(
+    make_bus: BusFactory,
+) -> None:
+    bus = make_bus()
+    await bus.start()
+    for name in ("r-flaky", "r-poison", "r-fine"):
+        await bus.publish(REQUESTS, make_request(name), key="k")
+    attempts: dict[str, int] = {}
+    handled: list[str] = []
+    stopping = asyncio.Event()
+
+    async def handler(delivery: Delivery[InferenceRequest]) -> None:
+        request_id = delivery.message.request_id
+        attempts[request_id] = attempts.get(request_id, 0) + 1
+        if request_id == "r-flaky" and attempts[request_id] < 3:
+            raise ConnectionError("redis went away")
+        if request_id == "r-poison":
+            raise SwitchyardError("cannot schedule: unknown application")
+        handled.append(request_id)
+        if request_id == "r-fine":
+            stopping.set()
+
+    await asyncio.wait_for(bus.consume(REQUESTS, group="g", handler=handler, stopping=stopping), 30)
+    assert handled == ["r-flaky", "r-fine"]
+    assert attempts == {"r-flaky": 3, "r-poison": 1, "r-fine": 1}
+    (letter,) = await _dead_letters(make_bus, 1)
+    assert letter.reason_kind == "handler"
+    assert "unknown application" in letter.reason
+
+
+async def test_a_message_of_the_wrong_type_is_refused_at_publish(make_bus: BusFactory) -> None:
+    bus = make_bus()
+    await bus.start()
+    with pytest.raises(TypeError, match="carries Heartbeat"):
+        await bus.publish(HEARTBEATS, make_request("r1"))  # type: ignore[misc]
