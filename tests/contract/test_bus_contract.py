@@ -108,6 +108,39 @@ async def test_group_members_share_partitions_and_groups_each_see_everything(
     assert {d.message.request_id for d in audit} == ids_a | ids_b
 
 
+async def test_a_member_joining_mid_stream_makes_no_message_go_missing(
+    make_bus: BusFactory,
+) -> None:
+    first, second, producer = make_bus(), make_bus(), make_bus()
+    for bus in (first, second, producer):
+        await bus.start()
+    seen: list[str] = []
+    stopping = asyncio.Event()
+
+    async def record(delivery: Delivery[InferenceRequest]) -> None:
+        seen.append(delivery.message.request_id)
+
+    early = asyncio.create_task(
+        first.consume(REQUESTS, group="g", handler=record, stopping=stopping)
+    )
+    for i in range(60):
+        await producer.publish(REQUESTS, make_request(f"r{i}"))
+        if i == 20:
+            # Joins while the first member is waiting in a fetch: a rebalance mid-stream.
+            late = asyncio.create_task(
+                second.consume(REQUESTS, group="g", handler=record, stopping=stopping)
+            )
+        await asyncio.sleep(0.01)
+    expected = {f"r{i}" for i in range(60)}
+    for _ in range(600):
+        if expected <= set(seen):
+            break
+        await asyncio.sleep(0.05)
+    stopping.set()
+    await asyncio.gather(early, late)
+    assert expected - set(seen) == set(), "at-least-once: nothing may go missing"
+
+
 async def test_consumer_that_dies_before_committing_has_its_messages_redelivered(
     make_bus: BusFactory,
 ) -> None:

@@ -90,29 +90,21 @@ async def collect(
 ) -> list[Delivery[M]]:
     """Read ``count`` deliveries (each handled, so committed later) or fail after ``timeout_s``."""
     got: list[Delivery[M]] = []
-
-    async def read() -> None:
-        async for delivery in subscription:
-            got.append(delivery)
-            if len(got) >= count:
-                return
-
-    try:
-        await asyncio.wait_for(read(), timeout_s)
-    except TimeoutError:
-        raise AssertionError(f"got {len(got)} of {count} messages in {timeout_s}s") from None
+    deadline_s = time.monotonic() + timeout_s
+    while len(got) < count:
+        delivery = await subscription.next_within(max(0.0, deadline_s - time.monotonic()))
+        if delivery is None:
+            raise AssertionError(f"got {len(got)} of {count} messages in {timeout_s}s")
+        got.append(delivery)
     return got
 
 
 async def drain_for(subscription: Subscription[M], quiet_s: float) -> list[Delivery[M]]:
     """Everything that arrives until nothing has arrived for ``quiet_s``."""
     got: list[Delivery[M]] = []
-    iterator = subscription.__aiter__()
-    while True:
-        try:
-            got.append(await asyncio.wait_for(iterator.__anext__(), quiet_s))
-        except (TimeoutError, StopAsyncIteration):
-            return got
+    while (delivery := await subscription.next_within(quiet_s)) is not None:
+        got.append(delivery)
+    return got
 
 
 def make_request(request_id: str, *, app: str = "digits", seq: int = 0) -> InferenceRequest:

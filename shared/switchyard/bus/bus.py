@@ -290,6 +290,9 @@ class Subscription(Generic[M]):
         self._committed: dict[TopicPartition, int] = {}
         self._last_commit_s = time.monotonic()
         self._current: tuple[Envelope, list[AbstractContextManager[None]]] | None = None
+        # The task iterating: middleware contexts (trace context) must be left in the task
+        # that entered them, so a close from another task leaves them to it.
+        self._owner: asyncio.Task[Any] | None = None
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -350,12 +353,30 @@ class Subscription(Generic[M]):
         return self
 
     async def __anext__(self) -> Delivery[M]:
+        delivery = await self._next(deadline_s=None)
+        if delivery is None:
+            raise StopAsyncIteration
+        return delivery
+
+    async def next_within(self, timeout_s: float) -> Delivery[M] | None:
+        """The next delivery, or None when none arrived within ``timeout_s`` (or the
+        subscription stopped). Like one step of ``async for``: the previous delivery
+        counts as handled.
+
+        Use this rather than ``asyncio.wait_for(anext(subscription))``, which would run the
+        step in another task and split its trace context.
+        """
+        return await self._next(deadline_s=time.monotonic() + timeout_s)
+
+    async def _next(self, deadline_s: float | None) -> Delivery[M] | None:
         self._finish_current(None, handled=True)
         while True:
             await self._commit(force=False)
             if self._closed or (self._stopping is not None and self._stopping.is_set()):
-                raise StopAsyncIteration
-            envelope = await self._next_envelope()
+                return None
+            if deadline_s is not None and time.monotonic() >= deadline_s and not self._buffer:
+                return None
+            envelope = await self._next_envelope(deadline_s)
             if envelope is None:
                 continue
             try:
@@ -376,6 +397,7 @@ class Subscription(Generic[M]):
                 _exit_all(entered, exc)
                 raise
             self._current = (envelope, entered)
+            self._owner = asyncio.current_task()
             return Delivery(message, envelope, self.group)
 
     async def handle(
@@ -422,10 +444,17 @@ class Subscription(Generic[M]):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), delay_s)
 
-    async def _next_envelope(self) -> Envelope | None:
+    async def _next_envelope(self, deadline_s: float | None) -> Envelope | None:
         if not self._buffer:
             consumer = self._require_consumer()
-            self._buffer.extend(await consumer.fetch(_FETCH_TIMEOUT_S, self._bus.max_batch))
+            wait_s = _FETCH_TIMEOUT_S
+            if deadline_s is not None:
+                wait_s = max(0.0, min(wait_s, deadline_s - time.monotonic()))
+            records = await consumer.fetch(wait_s, self._bus.max_batch)
+            # Partitions may have been revoked while the fetch waited: their records now
+            # belong to another member, which reads them from the committed offset.
+            owned = consumer.assignment()
+            self._buffer.extend(r for r in records if r.topic_partition in owned)
         return self._buffer.popleft() if self._buffer else None
 
     def _require_consumer(self) -> TransportConsumer:
@@ -434,7 +463,7 @@ class Subscription(Generic[M]):
         return self._consumer
 
     def _finish_current(self, exc: BaseException | None, *, handled: bool) -> None:
-        if self._current is None:
+        if self._current is None or asyncio.current_task() is not self._owner:
             return
         envelope, entered = self._current
         self._current = None
@@ -461,6 +490,9 @@ class Subscription(Generic[M]):
                     raise
                 await self._sleep_unless_stopping(self._bus.backoff.delay_s(attempt))
         self._mark(envelope)
+        # Commit at once: a dead letter is a side effect that should not repeat because a
+        # later crash sent its record round again.
+        await self._commit(force=True)
 
     async def _commit(self, *, force: bool, only: frozenset[TopicPartition] | None = None) -> None:
         pending = {
@@ -484,7 +516,9 @@ class Subscription(Generic[M]):
 
     async def _on_revoke(self, partitions: frozenset[TopicPartition]) -> None:
         await self._commit(force=True, only=partitions)
-        self._buffer = deque(e for e in self._buffer if e.topic_partition not in partitions)
+        kept = [e for e in self._buffer if e.topic_partition not in partitions]
+        self._buffer.clear()
+        self._buffer.extend(kept)
         for tp in partitions:
             self._handled.pop(tp, None)
             self._committed.pop(tp, None)

@@ -1,0 +1,1 @@
+"""Switchyard's load generator: trace readers, and (with the live stack) replay."""

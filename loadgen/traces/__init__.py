@@ -1,0 +1,1 @@
+"""Trace readers: real request traces turned into typed arrivals."""

@@ -1,0 +1,188 @@
+"""The ``switchyard`` command.
+
+Subcommands read the same SWITCHYARD_* configuration as the services. A bad
+configuration or an unreachable broker ends the command with a one-line message and a
+non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+
+from switchyard import __version__
+from switchyard.config import Settings, load_settings
+from switchyard.errors import ConfigError, SwitchyardError
+
+EXIT_CONFIG = 2
+EXIT_UNAVAILABLE = 1
+
+
+def _cmd_config(settings: Settings, args: argparse.Namespace) -> int:
+    shown = settings.model_dump()
+    if "redis_url" in shown:
+        shown["redis_url"] = _mask_password(settings.redis_url)
+    print(json.dumps(shown, indent=2, sort_keys=True))
+    return 0
+
+
+def _mask_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{host}"
+
+
+async def _check(settings: Settings) -> int:
+    from switchyard.bus import bus_from_settings
+    from switchyard.state import state_from_settings
+
+    failures = 0
+    bus = bus_from_settings(settings)
+    try:
+        await bus.start()
+        info = await bus.ping()
+        where = settings.kafka_bootstrap if settings.bus == "kafka" else "in-process"
+        print(
+            f"bus ({settings.bus}) at {where}: ok, cluster {info.cluster_id}, brokers {list(info.broker_ids)}"
+        )
+    except SwitchyardError as exc:
+        failures += 1
+        print(f"bus ({settings.bus}): unavailable: {exc}", file=sys.stderr)
+    finally:
+        await bus.stop()
+    state = state_from_settings(settings)
+    try:
+        await state.ping()
+        where = _mask_password(settings.redis_url) if settings.state == "redis" else "in-process"
+        print(f"state ({settings.state}) at {where}: ok")
+    except SwitchyardError as exc:
+        failures += 1
+        print(f"state ({settings.state}): unavailable: {exc}", file=sys.stderr)
+    finally:
+        await state.close()
+    return EXIT_UNAVAILABLE if failures else 0
+
+
+def _cmd_check(settings: Settings, args: argparse.Namespace) -> int:
+    return asyncio.run(_check(settings))
+
+
+async def _topics(settings: Settings) -> int:
+    from switchyard.bus import bus_from_settings
+    from switchyard.contracts.topics import ALL_TOPICS
+
+    bus = bus_from_settings(settings)
+    try:
+        await bus.start()  # creates the topics that are missing
+        for topic in ALL_TOPICS:
+            name = bus.topic_name(topic)
+            partitions = await bus.transport.partitions_for(name)
+            print(
+                f"{name:45} {partitions:4d} partitions  {topic.message_type.__name__:22} {topic.description}"
+            )
+    finally:
+        await bus.stop()
+    return 0
+
+
+def _cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
+    return asyncio.run(_topics(settings))
+
+
+async def _dead_letters(settings: Settings, limit: int, idle_s: float) -> int:
+    from switchyard.bus import bus_from_settings
+    from switchyard.contracts.topics import DEAD_LETTERS
+
+    bus = bus_from_settings(settings)
+    shown = 0
+    try:
+        await bus.start()
+        # A fresh group reads the topic from its start and leaves everyone else's offsets be.
+        group = f"switchyard-cli-{uuid.uuid4().hex[:8]}"
+        async with bus.subscribe(DEAD_LETTERS, group=group) as subscription:
+            while shown < limit:
+                delivery = await subscription.next_within(idle_s)
+                if delivery is None:
+                    break
+                letter = delivery.message
+                print(
+                    json.dumps(
+                        {
+                            "source": f"{letter.source_topic}[{letter.source_partition}]@{letter.source_offset}",
+                            "group": letter.consumer_group,
+                            "reason_kind": letter.reason_kind,
+                            "reason": letter.reason,
+                            "bytes": len(letter.original_value()),
+                        }
+                    )
+                )
+                shown += 1
+    finally:
+        await bus.stop()
+    print(f"{shown} dead letter(s)", file=sys.stderr)
+    return 0
+
+
+def _cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
+    return asyncio.run(_dead_letters(settings, args.limit, args.idle_s))
+
+
+def _cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from switchyard.demo import run_demo
+
+    return asyncio.run(run_demo(settings, requests=args.requests))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="switchyard",
+        description="Switchyard: a scheduling control plane for multi-model inference.",
+    )
+    parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(
+        name: str, func: Callable[[Settings, argparse.Namespace], int], help_text: str
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(func=func)
+        return sub
+
+    add("config", _cmd_config, "Print the effective configuration (from SWITCHYARD_* variables).")
+    add("check", _cmd_check, "Check that the configured bus and state store answer.")
+    add("topics", _cmd_topics, "Create the Switchyard topics that are missing and list them.")
+    dead = add(
+        "dead-letters", _cmd_dead_letters, "Print dead letters: messages no consumer could handle."
+    )
+    dead.add_argument("--limit", type=int, default=100, help="most letters to print (default 100)")
+    dead.add_argument(
+        "--idle-s", type=float, default=3.0, help="stop after this long without a new letter"
+    )
+    demo = add("demo", _cmd_demo, "Replay the bundled trace sample through the embedded stack.")
+    demo.add_argument("--requests", type=int, default=2000, help="requests to replay")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"switchyard {args.command}: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    try:
+        code = args.func(settings, args)
+    except SwitchyardError as exc:
+        print(f"switchyard {args.command}: {exc}", file=sys.stderr)
+        code = EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
