@@ -1,0 +1,46 @@
+# Shared helpers for the deploy/local scripts. Sourced, not run.
+
+SWITCHYARD_CACHE_DIR="${SWITCHYARD_CACHE_DIR:-$HOME/.cache/switchyard}"
+
+say() { printf '%s: %s\n' "$SCRIPT_NAME" "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+is_local_host() {
+  case "$1" in
+    127.*|localhost|::1|"[::1]") return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
+# port_open HOST PORT: true when something accepts TCP connections there.
+port_open() {
+  (exec 3<>"/dev/tcp/$1/$2") >/dev/null 2>&1
+}
+
+# wait_for SECONDS COMMAND...: run COMMAND every 0.2 s until it succeeds or time runs out.
+wait_for() {
+  local seconds=$1; shift
+  local tries=$((seconds * 5))
+  while ((tries-- > 0)); do
+    "$@" && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+pid_gone() { ! kill -0 "$1" 2>/dev/null; }
+
+# stop_pid PIDFILE SECONDS: SIGTERM, wait, then SIGKILL.
+stop_pid() {
+  local pidfile=$1 seconds=$2 pid
+  [[ -f "$pidfile" ]] || return 0
+  pid=$(cat "$pidfile")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    if ! wait_for "$seconds" pid_gone "$pid"; then
+      say "pid $pid did not stop in ${seconds}s; killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$pidfile"
+}
