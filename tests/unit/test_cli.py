@@ -1,0 +1,57 @@
+"""The `switchyard` command as an operator meets it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+
+def _switchyard(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "switchyard", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_config_prints_the_effective_configuration_with_the_password_hidden() -> None:
+    done = _switchyard("config", SWITCHYARD_REDIS_URL="redis://app:s3cret@cache:6379/2")
+    assert done.returncode == 0
+    assert '"redis_url": "redis://app:***@cache:6379/2"' in done.stdout
+    assert "s3cret" not in done.stdout
+
+
+def test_bad_configuration_is_one_clear_message_and_exit_2() -> None:
+    done = _switchyard("config", SWITCHYARD_TOPIC_PARTITIONS="zero")
+    assert done.returncode == 2
+    assert "SWITCHYARD_TOPIC_PARTITIONS='zero'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_check_on_the_embedded_default_reports_both_parts_ok() -> None:
+    done = _switchyard("check")
+    assert done.returncode == 0
+    assert "bus (memory)" in done.stdout
+    assert "state (memory)" in done.stdout
+
+
+def test_check_names_an_unreachable_broker_and_exits_1() -> None:
+    done = _switchyard("check", SWITCHYARD_BUS="kafka", SWITCHYARD_KAFKA_BOOTSTRAP="127.0.0.1:1")
+    assert done.returncode == 1
+    assert "127.0.0.1:1" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_demo_answers_every_request_exactly_once_despite_the_crash() -> None:
+    done = _switchyard("demo", "--requests", "300")
+    assert done.returncode == 0, done.stderr
+    assert "completions (one per request)   300   missing 0, doubled 0" in done.stdout
+    assert "requests traced end to end      300" in done.stdout
+    assert "bad_bytes" in done.stdout
