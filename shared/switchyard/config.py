@@ -12,8 +12,7 @@ import socket
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from switchyard.errors import ConfigError
 
@@ -24,12 +23,13 @@ def _default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class Settings(BaseSettings):
-    """What a Switchyard process is configured with. One field per ``SWITCHYARD_*`` variable."""
+class Settings(BaseModel):
+    """What a Switchyard process is configured with: one field per ``SWITCHYARD_*`` variable.
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
-    )
+    Build it with :func:`load_settings`, which reads the environment.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     instance_id: str = Field(
         default_factory=_default_instance_id,
@@ -140,7 +140,6 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
             values[name] = raw
     values.update(overrides)
     try:
-        # Values are passed explicitly so that `env` fully replaces os.environ.
         return Settings.model_validate(values)
     except ValidationError as exc:
         lines = []

@@ -258,6 +258,10 @@ async def run_demo(settings: Settings, *, requests: int = 2000, speedup: float =
 
 
 def _progress(done: int, total: int, completed: int) -> None:
+    if not sys.stdout.isatty():
+        if done == total or done % 500 == 1:
+            print(f"  {done}/{total} published, {completed} completed")
+        return
     width = 40
     filled = int(width * done / total)
     sys.stdout.write(
