@@ -33,8 +33,10 @@ from typing import Any
 from switchyard.bus import Bus, Delivery
 from switchyard.bus.kafka import KafkaTransport
 from switchyard.bus.records import OutgoingRecord
+from switchyard.config import load_settings
 from switchyard.contracts.messages import InferenceRequest, LLMPayload
 from switchyard.contracts.topics import ALL_TOPICS, REQUESTS
+from switchyard.telemetry import TracingMiddleware, configure_telemetry
 
 PROMPT_1KB = "x" * 760  # with the other fields the JSON body is about 1,000 bytes
 
@@ -54,10 +56,9 @@ def _bootstrap() -> str:
 def _make_bus(prefix: str, *, tracing: bool) -> Bus:
     middlewares: list[Any] = []
     if tracing:
-        from opentelemetry.sdk.trace import TracerProvider
-        from switchyard.telemetry import TracingMiddleware
-
-        middlewares.append(TracingMiddleware(TracerProvider()))
+        # As a service runs it: spans are recorded only when SWITCHYARD_OTLP_ENDPOINT is set.
+        telemetry = configure_telemetry("bench", load_settings(), install_global=False)
+        middlewares.append(TracingMiddleware(telemetry.tracer_provider, telemetry.meter_provider))
     return Bus(
         KafkaTransport(_bootstrap(), client_id=f"bench-{prefix}"),
         topic_prefix=prefix,
@@ -210,28 +211,42 @@ async def latency(rate_per_s: float, seconds: float) -> list[Figure]:
 
 
 async def main_async(args: argparse.Namespace) -> list[Figure]:
-    figures = [
-        await throughput(args.messages, typed=False),
-        await throughput(args.messages, typed=True),
-    ]
-    figures.extend(await latency(args.rate, args.seconds))
-    return figures
+    """Each scenario ``--repeat`` times; a figure is the median of its runs."""
+    runs: list[list[Figure]] = []
+    for _ in range(args.repeat):
+        figures = [
+            await throughput(args.messages, typed=False),
+            await throughput(args.messages, typed=True),
+        ]
+        figures.extend(await latency(args.rate, args.seconds))
+        runs.append(figures)
+    merged = []
+    for column in zip(*runs, strict=True):
+        values = [f.value for f in column]
+        spread = f"; {len(values)} runs, {min(values):,.1f} to {max(values):,.1f}"
+        first = column[0]
+        merged.append(
+            Figure(first.name, statistics.median(values), first.unit, first.detail + spread)
+        )
+    return merged
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", dest="json_out", default=None)
     args = parser.parse_args()
     figures = asyncio.run(main_async(args))
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    print(f"\nBus benchmark on Kafka at {_bootstrap()} ({machine})\n")
-    print("| figure | value | detail |\n|---|---|---|")
+    print(f"\nBus benchmark on Kafka at {_bootstrap()} ({machine}); medians\n")
+    print("| figure | median | detail |\n|---|---|---|")
     for f in figures:
         print(f"| {f.name} | {f.value:,.1f} {f.unit} | {f.detail} |")
     if args.json_out:
+        os.makedirs(os.path.dirname(args.json_out) or ".", exist_ok=True)
         with open(args.json_out, "w") as out:
             json.dump({"machine": machine, "figures": [asdict(f) for f in figures]}, out, indent=2)
 

@@ -58,6 +58,16 @@ class Settings(BaseModel):
     kafka_linger_ms: int = Field(
         default=0, ge=0, le=1000, description="Producer linger: batch wait before sending."
     )
+    kafka_fetch_max_wait_ms: int = Field(
+        default=20,
+        ge=1,
+        le=10_000,
+        description=(
+            "Longest a consumer's fetch waits on the broker when there is nothing new. Lower "
+            "cuts tail latency (the broker's long poll wakes late); idle consumers then ask "
+            "more often."
+        ),
+    )
 
     state: Literal["memory", "redis"] = Field(
         default="memory", description="State store: in-process memory, or Redis."

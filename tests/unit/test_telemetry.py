@@ -53,7 +53,7 @@ def _metric_points(reader: InMemoryMetricReader) -> dict[str, list[object]]:
 def test_a_consumer_span_is_the_child_of_the_producer_span_through_headers(
     telemetry: tuple[Telemetry, InMemorySpanExporter, InMemoryMetricReader],
 ) -> None:
-    made, spans, _ = telemetry
+    made, spans, reader = telemetry
     tracing = TracingMiddleware(made.tracer_provider, made.meter_provider)
     headers: list[tuple[str, bytes]] = [("sy-type", b"inference-request")]
     with tracing.publishing("switchyard.requests", "inference-request", headers):
@@ -61,6 +61,8 @@ def test_a_consumer_span_is_the_child_of_the_producer_span_through_headers(
     assert [k for k, _ in headers] == ["sy-type", "traceparent"]
     with tracing.consuming(_envelope(headers), "scheduler", "inference-request"):
         pass
+    published = _metric_points(reader)["switchyard.bus.published"]
+    assert [p.value for p in published] == [1]  # type: ignore[attr-defined]
     producer, consumer = spans.get_finished_spans()
     assert producer.kind is SpanKind.PRODUCER
     assert consumer.kind is SpanKind.CONSUMER
@@ -87,9 +89,8 @@ def test_a_handler_error_marks_the_span_and_still_propagates(
     assert span.status.status_code is StatusCode.ERROR
     assert span.events[0].name == "exception"
     points = _metric_points(reader)
-    consumed = points["switchyard.bus.consumed"]
-    assert [p.attributes["outcome"] for p in consumed] == ["error"]  # type: ignore[attr-defined]
-    assert "switchyard.bus.handler.duration" in points
+    handled = points["switchyard.bus.handler.duration"]
+    assert [(p.attributes["outcome"], p.count) for p in handled] == [("error", 1)]  # type: ignore[attr-defined]
 
 
 def test_the_consuming_context_may_be_entered_and_left_in_separate_steps(

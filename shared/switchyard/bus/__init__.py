@@ -57,6 +57,7 @@ def bus_from_settings(
             settings.kafka_bootstrap,
             client_id=f"switchyard-{settings.instance_id}",
             linger_ms=settings.kafka_linger_ms,
+            fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
         )
     else:
         transport = MemoryTransport(memory_broker, default_partitions=settings.topic_partitions)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Generator, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -32,21 +32,28 @@ log = logging.getLogger(__name__)
 
 
 class _RevokeListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Passes revocations on to the bus and keeps the member's assignment at hand."""
+
     def __init__(self, on_revoke: RevokeCallback) -> None:
         self._on_revoke = on_revoke
+        self.assignment: frozenset[TopicPartition] = frozenset()
 
     async def on_partitions_revoked(self, revoked: Iterable[KafkaTopicPartition]) -> None:
         partitions = frozenset(TopicPartition(tp.topic, tp.partition) for tp in revoked)
         if partitions:
             await self._on_revoke(partitions)
+        self.assignment -= partitions
 
     async def on_partitions_assigned(self, assigned: Iterable[KafkaTopicPartition]) -> None:
-        return None
+        self.assignment = frozenset(TopicPartition(tp.topic, tp.partition) for tp in assigned)
 
 
 class _KafkaConsumer:
-    def __init__(self, consumer: AIOKafkaConsumer, bootstrap: str) -> None:
+    def __init__(
+        self, consumer: AIOKafkaConsumer, listener: _RevokeListener, bootstrap: str
+    ) -> None:
         self._consumer = consumer
+        self._listener = listener
         self._bootstrap = bootstrap
 
     async def fetch(self, timeout_s: float, max_records: int) -> list[Envelope]:
@@ -81,12 +88,34 @@ class _KafkaConsumer:
             raise TransportError(f"commit to Kafka at {self._bootstrap} failed: {exc}") from exc
 
     def assignment(self) -> frozenset[TopicPartition]:
-        return frozenset(
-            TopicPartition(tp.topic, tp.partition) for tp in self._consumer.assignment()
-        )
+        # Asked once per handled message: the listener's copy costs nothing to read.
+        return self._listener.assignment
 
     async def close(self) -> None:
+        self._listener.assignment = frozenset()
         await self._consumer.stop()
+
+
+class _Acknowledgement:
+    """Awaits the broker's acknowledgement of one record.
+
+    A plain awaitable rather than a task: one is made per published message, and a task
+    per message would cost more than the send itself.
+    """
+
+    __slots__ = ("_sent", "_topic", "_transport")
+
+    def __init__(self, sent: asyncio.Future[Any], transport: KafkaTransport, topic: str) -> None:
+        self._sent = sent
+        self._transport = transport
+        self._topic = topic
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        try:
+            meta = yield from self._sent.__await__()
+        except KafkaError as exc:
+            raise self._transport._fail(f"publishing to {self._topic}", exc) from exc
+        return RecordMetadata(meta.topic, meta.partition, meta.offset)
 
 
 class KafkaTransport:
@@ -98,6 +127,7 @@ class KafkaTransport:
         linger_ms: how long the producer waits to batch records; 0 sends at once.
         heartbeat_interval_ms / session_timeout_ms: group membership timing; a consumer
             that dies without leaving loses its partitions after ``session_timeout_ms``.
+        fetch_max_wait_ms: how long a fetch waits on the broker for new records.
     """
 
     def __init__(
@@ -110,7 +140,7 @@ class KafkaTransport:
         request_timeout_ms: int = 30_000,
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 1_000,
-        fetch_max_wait_ms: int = 200,
+        fetch_max_wait_ms: int = 20,
     ) -> None:
         self.bootstrap = bootstrap
         self._client_id = client_id
@@ -217,14 +247,7 @@ class KafkaTransport:
             )
         except KafkaError as exc:
             raise self._fail(f"publishing to {record.topic}", exc) from exc
-        return asyncio.ensure_future(self._acknowledged(sent, record.topic))
-
-    async def _acknowledged(self, sent: Awaitable[Any], topic: str) -> RecordMetadata:
-        try:
-            meta = await sent
-        except KafkaError as exc:
-            raise self._fail(f"publishing to {topic}", exc) from exc
-        return RecordMetadata(meta.topic, meta.partition, meta.offset)
+        return _Acknowledgement(sent, self, record.topic)
 
     async def consumer(
         self,
@@ -245,13 +268,14 @@ class KafkaTransport:
             fetch_max_wait_ms=self._fetch_max_wait_ms,
             request_timeout_ms=self._request_timeout_ms,
         )
-        consumer.subscribe(topics=list(topics), listener=_RevokeListener(on_revoke))
+        listener = _RevokeListener(on_revoke)
+        consumer.subscribe(topics=list(topics), listener=listener)
         try:
             await consumer.start()
         except (KafkaError, OSError) as exc:
             await consumer.stop()
             raise self._fail(f"joining group {group!r}", exc) from exc
-        return _KafkaConsumer(consumer, self.bootstrap)
+        return _KafkaConsumer(consumer, listener, self.bootstrap)
 
     async def partitions_for(self, topic: str) -> int:
         producer, _ = self._require_started()
