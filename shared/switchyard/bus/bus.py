@@ -289,6 +289,7 @@ class Subscription(Generic[M]):
         self._handled: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._last_commit_s = time.monotonic()
+        self._commit_in_flight: asyncio.Task[None] | None = None
         self._current: tuple[Envelope, list[AbstractContextManager[None]]] | None = None
         # The task iterating: middleware contexts (trace context) must be left in the task
         # that entered them, so a close from another task leaves them to it.
@@ -335,6 +336,8 @@ class Subscription(Generic[M]):
         """Leave the group without committing anything more, as a crashed consumer would."""
         if not self._closed:
             self._finish_current(None, handled=False)
+            if self._commit_in_flight is not None:
+                self._commit_in_flight.cancel()
             await self._leave()
 
     async def _leave(self) -> None:
@@ -502,17 +505,38 @@ class Subscription(Generic[M]):
         }
         if not pending or self._consumer is None:
             return
+        if force:
+            # Never wait for a background commit here: during a rebalance it waits for the
+            # rebalance, which waits for this revoke callback. Its offsets are in `pending`.
+            in_flight, self._commit_in_flight = self._commit_in_flight, None
+            if in_flight is not None and not in_flight.done():
+                in_flight.cancel()
+                await asyncio.wait([in_flight])
+            await self._send_commit(pending)
+            return
+        if self._commit_in_flight is not None and not self._commit_in_flight.done():
+            return
         now_s = time.monotonic()
-        if not force and now_s - self._last_commit_s < self._bus.commit_interval_s:
+        if now_s - self._last_commit_s < self._bus.commit_interval_s:
             return
         self._last_commit_s = now_s
+        # In the background: waiting for the broker's answer here would stall the next
+        # message by a round trip several times a second.
+        self._commit_in_flight = asyncio.create_task(self._send_commit(pending))
+
+    async def _send_commit(self, pending: dict[TopicPartition, int]) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
         try:
-            await self._consumer.commit(pending)
-        except TransportError as exc:
+            await consumer.commit(pending)
+        except Exception as exc:
             # Not fatal: the messages will be delivered again to whoever owns the partition.
             log.warning("commit of %s for group %s failed: %s", pending, self.group, exc)
             return
-        self._committed.update(pending)
+        for tp, offset in pending.items():
+            if tp in self._handled:  # not revoked meanwhile
+                self._committed[tp] = offset
 
     async def _on_revoke(self, partitions: frozenset[TopicPartition]) -> None:
         await self._commit(force=True, only=partitions)

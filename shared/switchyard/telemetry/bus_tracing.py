@@ -4,35 +4,61 @@ Publishing starts a PRODUCER span and writes its ``traceparent`` (and ``tracesta
 into the record's headers; handling a message starts a CONSUMER span whose parent is the
 context read back from those headers. One request is therefore one trace across every
 service it passes through, whatever the transport.
+
+Metrics (one set per meter provider, shared by every middleware built on it):
+
+* ``switchyard.bus.published`` — messages published; attributes ``topic``, ``message_type``.
+* ``switchyard.bus.consumed`` — messages handled; attributes ``topic``, ``group``,
+  ``outcome`` (``ok`` | ``error``).
+* ``switchyard.bus.handler.duration`` — seconds from a message's hand-over to the handler
+  until the handler finished; same attributes as ``consumed``.
+* ``switchyard.bus.dead_lettered`` — messages sent to the dead-letter topic; attributes
+  ``topic``, ``group``, ``reason``.
+
+The two per-message counters are observable counters fed from plain dictionaries: a
+synchronous ``Counter.add`` costs about as much as creating an unsampled span, a dict
+increment a fortieth of that.
+
+This module never imports aiokafka: the middleware works the same over every transport.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from contextvars import Token
+from types import TracebackType
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.propagators.textmap import Getter, Setter
-from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from switchyard import __version__
 from switchyard.bus.records import Envelope, Headers
 
+_INSTRUMENTATION_NAME = "switchyard.bus"
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class _HeaderListSetter(Setter[list[tuple[str, bytes]]]):
+    """Writes a header into a publish's header list, replacing an earlier value of it."""
+
     def set(self, carrier: list[tuple[str, bytes]], key: str, value: str) -> None:
         carrier[:] = [(k, v) for k, v in carrier if k != key]
-        carrier.append((key, value.encode()))
+        carrier.append((key, value.encode("utf-8")))
 
 
 class _HeaderTupleGetter(Getter[Headers]):
+    """Reads headers from a delivered record's ``((name, bytes), ...)``."""
+
     def get(self, carrier: Headers, key: str) -> list[str] | None:
         found = [v.decode("utf-8", errors="replace") for k, v in carrier if k == key]
         return found or None
@@ -46,17 +72,213 @@ _GETTER = _HeaderTupleGetter()
 
 
 def extract_context(headers: Headers) -> Context:
-    """The trace context carried by a record's headers (empty when there is none)."""
+    """The trace context carried by a record's headers (an empty context when none)."""
     return _PROPAGATOR.extract(headers, getter=_GETTER)
+
+
+class _BusInstruments:
+    """The bus instruments of one meter provider, and the counts its observers report."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.published: Counter[tuple[str, str]] = Counter()
+        self.consumed: Counter[tuple[str, str, str]] = Counter()
+        meter.create_observable_counter(
+            "switchyard.bus.published",
+            callbacks=[self._observe_published],
+            unit="{message}",
+            description="Messages published.",
+        )
+        meter.create_observable_counter(
+            "switchyard.bus.consumed",
+            callbacks=[self._observe_consumed],
+            unit="{message}",
+            description="Messages handled, by outcome.",
+        )
+        self.dead_lettered = meter.create_counter(
+            "switchyard.bus.dead_lettered",
+            unit="{message}",
+            description="Messages sent to the dead-letter topic.",
+        )
+        self.handler_duration_s = meter.create_histogram(
+            "switchyard.bus.handler.duration",
+            unit="s",
+            description="Time from a message's hand-over to its handler until it finished.",
+        )
+
+    def _observe_published(self, options: CallbackOptions) -> Iterable[Observation]:
+        for (topic, message_type), count in list(self.published.items()):
+            yield Observation(count, {"topic": topic, "message_type": message_type})
+
+    def _observe_consumed(self, options: CallbackOptions) -> Iterable[Observation]:
+        for (topic, group, outcome), count in list(self.consumed.items()):
+            yield Observation(count, {"topic": topic, "group": group, "outcome": outcome})
+
+
+# A meter provider hands out one meter per instrumentation scope, and registering an
+# observable counter a second time on it silently keeps the first callback only: every
+# middleware on one provider must therefore share one set of instruments and counts.
+_INSTRUMENTS: weakref.WeakKeyDictionary[object, _BusInstruments] = weakref.WeakKeyDictionary()
+_INSTRUMENTS_LOCK = threading.Lock()
+
+
+def _instruments_for(meter_provider: MeterProvider | None) -> _BusInstruments:
+    provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+    with _INSTRUMENTS_LOCK:
+        found = _INSTRUMENTS.get(provider)
+        if found is None:
+            meter = metrics.get_meter(_INSTRUMENTATION_NAME, __version__, provider)
+            found = _BusInstruments(meter)
+            _INSTRUMENTS[provider] = found
+        return found
+
+
+def _mark_failed(span: Span, exc: BaseException) -> None:
+    if span.is_recording():
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+class _PublishScope(AbstractContextManager[None]):
+    """One publish: a current PRODUCER span whose context is injected into the headers."""
+
+    __slots__ = ("_headers", "_message_type", "_middleware", "_span", "_token", "_topic")
+
+    def __init__(
+        self,
+        middleware: TracingMiddleware,
+        topic: str,
+        message_type: str,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        self._middleware = middleware
+        self._topic = topic
+        self._message_type = message_type
+        self._headers = headers
+        self._span: Span = trace.INVALID_SPAN
+        self._token: Token[Context] | None = None
+
+    def __enter__(self) -> None:
+        if self._token is not None:
+            raise RuntimeError("a publishing scope is entered once")
+        middleware = self._middleware
+        span = middleware._tracer.start_span(f"{self._topic} publish", kind=SpanKind.PRODUCER)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "messaging.system": middleware._messaging_system,
+                    "messaging.destination.name": self._topic,
+                    "messaging.operation.type": "send",
+                    "messaging.operation.name": "publish",
+                    "switchyard.message_type": self._message_type,
+                }
+            )
+        span_context = trace.set_span_in_context(span)
+        self._span = span
+        self._token = otel_context.attach(span_context)
+        _PROPAGATOR.inject(self._headers, context=span_context, setter=_SETTER)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        token, self._token = self._token, None
+        if token is None:
+            raise RuntimeError("a publishing scope is left only after it was entered")
+        if exc is not None:
+            _mark_failed(self._span, exc)
+        otel_context.detach(token)
+        self._span.end()
+        if exc is None:
+            self._middleware._instruments.published[self._topic, self._message_type] += 1
+
+
+class _ConsumeScope(AbstractContextManager[None]):
+    """The handling of one message: a current CONSUMER span, child of the producer's.
+
+    ``__enter__`` and ``__exit__`` may run in separate calls (the bus enters it in one
+    ``__anext__`` of a subscription and leaves it in the next), as long as both run in the
+    same asyncio task, so that the context attached on entry is the one detached on exit.
+    """
+
+    __slots__ = (
+        "_envelope",
+        "_group",
+        "_message_type",
+        "_middleware",
+        "_span",
+        "_started_s",
+        "_token",
+    )
+
+    def __init__(
+        self, middleware: TracingMiddleware, envelope: Envelope, group: str, message_type: str
+    ) -> None:
+        self._middleware = middleware
+        self._envelope = envelope
+        self._group = group
+        self._message_type = message_type
+        self._span: Span = trace.INVALID_SPAN
+        self._token: Token[Context] | None = None
+        self._started_s = 0.0
+
+    def __enter__(self) -> None:
+        if self._token is not None:
+            raise RuntimeError("a consuming scope is entered once")
+        middleware, envelope = self._middleware, self._envelope
+        span = middleware._tracer.start_span(
+            f"{envelope.topic} process",
+            context=extract_context(envelope.headers),
+            kind=SpanKind.CONSUMER,
+        )
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "messaging.system": middleware._messaging_system,
+                    "messaging.destination.name": envelope.topic,
+                    "messaging.consumer.group.name": self._group,
+                    "messaging.destination.partition.id": str(envelope.partition),
+                    "messaging.kafka.offset": envelope.offset,
+                    "messaging.operation.type": "process",
+                    "switchyard.message_type": self._message_type,
+                }
+            )
+        self._span = span
+        self._token = otel_context.attach(trace.set_span_in_context(span))
+        self._started_s = time.perf_counter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        elapsed_s = time.perf_counter() - self._started_s
+        token, self._token = self._token, None
+        if token is None:
+            raise RuntimeError("a consuming scope is left only after it was entered")
+        outcome = "ok"
+        if exc is not None:
+            outcome = "error"
+            _mark_failed(self._span, exc)
+        otel_context.detach(token)
+        self._span.end()
+        instruments, topic = self._middleware._instruments, self._envelope.topic
+        instruments.consumed[topic, self._group, outcome] += 1
+        instruments.handler_duration_s.record(
+            elapsed_s, {"topic": topic, "group": self._group, "outcome": outcome}
+        )
+        # Returning None lets the handler's exception propagate unchanged.
 
 
 class TracingMiddleware:
     """:class:`~switchyard.bus.middleware.BusMiddleware` that traces and counts messages.
 
     Args:
-        tracer_provider / meter_provider: where spans and metrics go; None means the
-            process-wide providers.
-        messaging_system: the ``messaging.system`` attribute.
+        tracer_provider: where spans go; None means the process-wide provider.
+        meter_provider: where bus metrics go; None means the process-wide provider.
+        messaging_system: the ``messaging.system`` span attribute.
     """
 
     def __init__(
@@ -66,108 +288,44 @@ class TracingMiddleware:
         *,
         messaging_system: str = "kafka",
     ) -> None:
-        self._tracer = trace.get_tracer("switchyard.bus", __version__, tracer_provider)
-        meter = metrics.get_meter("switchyard.bus", __version__, meter_provider)
-        self._system = messaging_system
-        # Publish counts are kept in a plain dict and read by the meter when it collects:
-        # a counter call per message costs more than the rest of the publish path.
-        self._published_counts: Counter[tuple[str, str]] = Counter()
-        meter.create_observable_counter(
-            "switchyard.bus.published",
-            callbacks=[self._observe_published],
-            unit="{message}",
-            description="Messages published.",
-        )
-        self._dead_lettered = meter.create_counter(
-            "switchyard.bus.dead_lettered",
-            unit="{message}",
-            description="Messages sent to the dead-letter topic.",
-        )
-        # Its count per outcome is also the number of messages handled.
-        self._handler_duration = meter.create_histogram(
-            "switchyard.bus.handler.duration",
-            unit="s",
-            description="Time from a message's delivery to its handler's return.",
-        )
-
-    def _observe_published(self, options: CallbackOptions) -> Iterable[Observation]:
-        for (topic, message_type), count in list(self._published_counts.items()):
-            yield Observation(count, {"topic": topic, "message_type": message_type})
+        self._tracer: Tracer = trace.get_tracer(_INSTRUMENTATION_NAME, __version__, tracer_provider)
+        self._instruments = _instruments_for(meter_provider)
+        self._messaging_system = messaging_system
 
     def publishing(
         self, topic: str, message_type: str, headers: list[tuple[str, bytes]]
     ) -> AbstractContextManager[None]:
-        return self._publishing(topic, message_type, headers)
+        """Wrap one publish in a PRODUCER span and add its ``traceparent`` to ``headers``.
 
-    @contextmanager
-    def _publishing(
-        self, topic: str, message_type: str, headers: list[tuple[str, bytes]]
-    ) -> Iterator[None]:
-        span = self._tracer.start_span(f"{topic} publish", kind=SpanKind.PRODUCER)
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    "messaging.system": self._system,
-                    "messaging.destination.name": topic,
-                    "messaging.operation.type": "send",
-                    "switchyard.message_type": message_type,
-                }
-            )
-        with trace.use_span(span, end_on_exit=True):
-            _PROPAGATOR.inject(headers, setter=_SETTER)
-            yield
-        self._published_counts[topic, message_type] += 1
+        The span is current inside the block and ended on exit; an exception marks it as
+        an error (and propagates). The message counts as published when the block exits
+        without an exception.
+        """
+        return _PublishScope(self, topic, message_type, headers)
 
     def consuming(
         self, envelope: Envelope, group: str, message_type: str
     ) -> AbstractContextManager[None]:
-        return self._consuming(envelope, group, message_type)
+        """Wrap the handling of ``envelope`` in a CONSUMER span, child of its producer's.
 
-    @contextmanager
-    def _consuming(self, envelope: Envelope, group: str, message_type: str) -> Iterator[None]:
-        started_s = time.perf_counter()
-        outcome = "ok"
-        # The span is ended by hand (not by `with`) so that an exception can mark it as an
-        # error while still propagating to the caller unchanged.
-        span = self._tracer.start_span(
-            f"{envelope.topic} process",
-            context=extract_context(envelope.headers),
-            kind=SpanKind.CONSUMER,
-        )
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    "messaging.system": self._system,
-                    "messaging.destination.name": envelope.topic,
-                    "messaging.consumer.group.name": group,
-                    "messaging.destination.partition.id": str(envelope.partition),
-                    "messaging.kafka.offset": envelope.offset,
-                    "messaging.operation.type": "process",
-                    "switchyard.message_type": message_type,
-                }
-            )
-        try:
-            with trace.use_span(
-                span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-            ):
-                yield
-        except BaseException as exc:
-            outcome = "error"
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            raise
-        finally:
-            span.end()
-            self._handler_duration.record(
-                time.perf_counter() - started_s,
-                {"topic": envelope.topic, "group": group, "outcome": outcome},
-            )
+        The span is current from ``__enter__`` to ``__exit__`` (which may run in separate
+        calls of one task); an exception passed to ``__exit__`` marks the span as an
+        error, counts the message with ``outcome=error`` and is not swallowed.
+        """
+        return _ConsumeScope(self, envelope, group, message_type)
 
     def dead_lettered(self, envelope: Envelope, group: str, reason_kind: str) -> None:
-        self._dead_lettered.add(1, {"topic": envelope.topic, "group": group, "reason": reason_kind})
+        """Count a dead-lettered message and note it on the current span, if one records."""
+        self._instruments.dead_lettered.add(
+            1, {"topic": envelope.topic, "group": group, "reason": reason_kind}
+        )
         span = trace.get_current_span()
         if span.is_recording():
             span.add_event(
                 "dead-lettered",
-                {"messaging.destination.name": envelope.topic, "switchyard.reason": reason_kind},
+                {
+                    "messaging.destination.name": envelope.topic,
+                    "messaging.consumer.group.name": group,
+                    "switchyard.dead_letter.reason": reason_kind,
+                },
             )

@@ -35,7 +35,13 @@ def _trace_ids() -> tuple[str, str] | None:
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a record as one JSON object; values JSON cannot hold are written with str()."""
+    """Formats a record as one JSON object on one line.
+
+    Fields: ``ts`` (ISO-8601 UTC, milliseconds), ``level``, ``logger``, ``msg``,
+    ``service``, ``instance``; ``trace_id`` and ``span_id`` (hex) when a valid span is
+    current; ``exc`` (the formatted traceback) when an exception is attached; and every
+    ``extra={...}`` field of the call. Values JSON cannot hold are written with str().
+    """
 
     def __init__(self, service: str, instance: str) -> None:
         super().__init__()
@@ -58,8 +64,12 @@ class JsonFormatter(logging.Formatter):
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRIBUTES and key not in entry:
                 entry[key] = value
-        if record.exc_info:
+        if record.exc_info and record.exc_info[0] is not None:
             entry["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exc"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
         return json.dumps(entry, default=str)
 
 
@@ -82,9 +92,11 @@ _HANDLER_NAME = "switchyard"
 def configure_logging(
     service_name: str, settings: Settings, *, stream: TextIO | None = None
 ) -> None:
-    """Send the root logger to ``stream`` (stderr) in the configured format.
+    """Send the root logger to ``stream`` (default stderr) in ``settings.log_format``.
 
-    Idempotent: calling it again replaces Switchyard's handler instead of adding one.
+    Sets the root level to ``settings.log_level`` and keeps chatty libraries (aiokafka,
+    urllib3, OpenTelemetry's own) at WARNING or above. Idempotent: calling it again
+    replaces Switchyard's handler instead of adding a second one.
     """
     root = logging.getLogger()
     for handler in list(root.handlers):

@@ -1,18 +1,26 @@
 """OpenTelemetry tracer and meter providers, configured from the environment.
 
 With an OTLP endpoint (``SWITCHYARD_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``)
-traces and metrics are exported over OTLP/HTTP; without one nothing is exported, but
-spans are still created and sampled, so trace context still flows between services and
-into log lines.
+traces and metrics are exported over OTLP/HTTP (``{endpoint}/v1/traces`` and
+``{endpoint}/v1/metrics``). Without one nothing is exported: spans are still created,
+with valid trace and span ids that flow through message headers and into log lines, but
+unsampled, because recording spans nobody reads is about half of a message's handling
+cost (see docs/architecture.md, "Telemetry").
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass, field
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
@@ -21,24 +29,61 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from switchyard import __version__
 from switchyard.config import Settings
 
+_log = logging.getLogger(__name__)
+
+_globals_lock = threading.Lock()
 _globals_installed = False
 
 
 @dataclass
 class Telemetry:
-    """The providers one process uses; :meth:`shutdown` flushes what is still buffered."""
+    """The tracer and meter providers of one process.
+
+    Attributes:
+        exporting_to: the OTLP endpoint traces and metrics go to, or None.
+        span_exporters: every exporter spans go to (OTLP, and any passed in).
+        metric_exporters: every exporter metrics are pushed to (OTLP).
+        is_global: whether these are the process-wide providers.
+    """
 
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     exporting_to: str | None = None
+    span_exporters: tuple[SpanExporter, ...] = ()
+    metric_exporters: tuple[MetricExporter, ...] = ()
+    is_global: bool = False
     _shut_down: bool = field(default=False, repr=False)
 
     def shutdown(self) -> None:
+        """Flush what is still buffered and close the exporters. Safe to call again."""
         if self._shut_down:
             return
         self._shut_down = True
-        self.tracer_provider.shutdown()
-        self.meter_provider.shutdown()
+        try:
+            self.tracer_provider.shutdown()
+        finally:
+            self.meter_provider.shutdown()
+
+
+def _install_globals(tracer_provider: TracerProvider, meter_provider: MeterProvider) -> bool:
+    """Make these the process-wide providers, unless some already are.
+
+    OpenTelemetry sets each global provider once per process and logs a warning
+    ("Overriding of current TracerProvider is not allowed") on a second try, so that is
+    never attempted.
+    """
+    global _globals_installed
+    with _globals_lock:
+        if _globals_installed:
+            return False
+        _globals_installed = True
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            # Someone else (e.g. opentelemetry-instrument) configured this process.
+            _log.debug("global OpenTelemetry providers were already set; keeping them")
+            return False
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
+        return True
 
 
 def configure_telemetry(
@@ -51,13 +96,18 @@ def configure_telemetry(
 ) -> Telemetry:
     """Build the tracer and meter providers for ``service_name``.
 
+    The resource names the service (``service.name``, ``service.namespace`` =
+    ``switchyard``, ``service.instance.id`` = ``settings.instance_id``,
+    ``service.version``).
+
     Args:
-        span_exporter: an extra exporter fed synchronously (tests pass an in-memory one).
+        span_exporter: an extra exporter fed synchronously, e.g. an in-memory one in
+            tests; spans are then recorded even without an OTLP endpoint.
         metric_reader: an extra metric reader (tests pass an in-memory one).
         install_global: make these the process-wide providers. Done at most once per
-            process: OpenTelemetry refuses to replace global providers.
+            process; later calls return providers that are not global
+            (``Telemetry.is_global`` says which).
     """
-    global _globals_installed
     resource = Resource.create(
         {
             "service.name": service_name,
@@ -67,13 +117,14 @@ def configure_telemetry(
         }
     )
     endpoint = settings.effective_otlp_endpoint()
-    # When no span is exported anywhere, recording them is pure cost (about half of a
-    # message's handling time): spans are then created unsampled, which keeps trace and
-    # span ids flowing through headers and logs for a fraction of the price.
     records = bool(endpoint) or span_exporter is not None
+    # ParentBased: a span follows its parent's sampling decision, so a trace is recorded
+    # in every service or in none.
     tracer_provider = TracerProvider(
         resource=resource, sampler=ParentBased(ALWAYS_ON if records else ALWAYS_OFF)
     )
+    span_exporters: list[SpanExporter] = []
+    metric_exporters: list[MetricExporter] = []
     readers: list[MetricReader] = []
     if endpoint:
         # Imported only when used: the exporters pull in protobuf and requests.
@@ -81,19 +132,24 @@ def configure_telemetry(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         base = endpoint.rstrip("/")
-        tracer_provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{base}/v1/traces"))
-        )
-        readers.append(
-            PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{base}/v1/metrics"))
-        )
+        otlp_spans = OTLPSpanExporter(endpoint=f"{base}/v1/traces")
+        otlp_metrics = OTLPMetricExporter(endpoint=f"{base}/v1/metrics")
+        tracer_provider.add_span_processor(BatchSpanProcessor(otlp_spans))
+        readers.append(PeriodicExportingMetricReader(otlp_metrics))
+        span_exporters.append(otlp_spans)
+        metric_exporters.append(otlp_metrics)
     if span_exporter is not None:
         tracer_provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+        span_exporters.append(span_exporter)
     if metric_reader is not None:
         readers.append(metric_reader)
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
-    if install_global and not _globals_installed:
-        _globals_installed = True
-        trace.set_tracer_provider(tracer_provider)
-        metrics.set_meter_provider(meter_provider)
-    return Telemetry(tracer_provider, meter_provider, exporting_to=endpoint)
+    is_global = install_global and _install_globals(tracer_provider, meter_provider)
+    return Telemetry(
+        tracer_provider,
+        meter_provider,
+        exporting_to=endpoint,
+        span_exporters=tuple(span_exporters),
+        metric_exporters=tuple(metric_exporters),
+        is_global=is_global,
+    )
