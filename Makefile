@@ -5,22 +5,26 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 INFRA := deploy/local/infra.sh
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
+PYTEST_ARGS ?=
 
 .PHONY: help deps demo test test-fast lint format bench infra-up infra-down infra-status clean
 
 help:
+	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
 	@echo "make demo         replay the bundled trace sample through the embedded stack"
-	@echo "make test         install what is missing, start Kafka and Redis, run lint and every test tier"
+	@echo "make test         deps, lint, start Kafka and Redis, run every test tier, stop them"
 	@echo "make test-fast    unit and in-memory contract tests (no Kafka or Redis)"
-	@echo "make lint         ruff, ruff format --check, mypy --strict"
+	@echo "make lint         ruff check, ruff format --check, mypy --strict"
 	@echo "make bench        bus benchmark on the local Kafka broker"
 	@echo "make infra-up / infra-down / infra-status"
+	@echo "make clean        remove .venv and caches inside the repository"
 
 deps:
 	@deploy/local/bootstrap.sh
 
 demo: deps
-	@$(BIN)/switchyard demo
+	$(BIN)/switchyard demo
 
 lint: deps
 	$(BIN)/ruff check .
@@ -31,22 +35,31 @@ format: deps
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# Starts Kafka and Redis (or reuses running ones), runs every tier, and always stops
-# what it started, passing pytest's exit status on.
+# Starts Kafka and Redis (or reuses running ones), runs every tier, and always stops what
+# this very run started (not servers that were already up), even when tests fail or make
+# is interrupted; exits with pytest's status. pytest runs in the background and is waited
+# for, so that a SIGTERM sent to make reaches the cleanup at once.
 test: deps lint
-	@start=$$(date +%s); \
-	$(INFRA) up || exit 1; \
-	trap '$(INFRA) down' EXIT; \
-	$(BIN)/pytest; status=$$?; \
-	echo "make test: finished in $$(( $$(date +%s) - start )) s (pytest exit status $$status)"; \
+	@start=$$(date +%s); started=$$(mktemp); status=1; \
+	finish() { \
+	  $(INFRA) down --started "$$started" || true; rm -f "$$started"; \
+	  echo "make test: exit status $$status after $$(( $$(date +%s) - start )) s"; \
+	}; \
+	trap finish EXIT; trap 'status=143; kill -TERM $$pid 2>/dev/null; exit 143' INT TERM; pid=; \
+	$(INFRA) up --record "$$started" || exit 1; \
+	echo "$(BIN)/pytest $(PYTEST_ARGS)"; \
+	$(BIN)/pytest $(PYTEST_ARGS) </dev/null & pid=$$!; \
+	wait $$pid && status=0 || status=$$?; \
 	exit $$status
 
 test-fast: deps
-	$(BIN)/pytest -m "not integration"
+	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
 bench: deps
-	@$(INFRA) up || exit 1; \
-	trap '$(INFRA) down' EXIT; \
+	@started=$$(mktemp); \
+	trap '$(INFRA) down --started "$$started" || true; rm -f "$$started"' EXIT; \
+	trap 'exit 130' INT TERM; \
+	$(INFRA) up --record "$$started" || exit 1; \
 	$(BIN)/python -m bench.bus_bench --json bench/results/bus.json
 
 infra-up:
@@ -59,5 +72,5 @@ infra-status:
 	@$(INFRA) status
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
-	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist
+	find . -path ./.git -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -prune -exec rm -rf {} +

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what a fresh development or CI machine lacks, and nothing when all is there:
-# Debian's redis-server, the virtual environment .venv with Switchyard and its
-# development dependencies, and the Kafka broker jars (cached in ~/.cache/switchyard).
-# Pip's and Maven's download caches stay outside the repository.
+# Debian's redis-server (and Java 17 / Maven when missing), the virtual environment .venv
+# with Switchyard and its development dependencies, and the Kafka broker jars (cached in
+# ${SWITCHYARD_CACHE_DIR:-~/.cache/switchyard}). Pip's and Maven's download caches stay
+# outside the repository. `pip install` runs again only when pyproject.toml changes.
 #
-#   deploy/local/bootstrap.sh [--extras dev,ml]
+#   deploy/local/bootstrap.sh [--extras dev[,ml]]
 set -euo pipefail
 SCRIPT_NAME=bootstrap.sh
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -12,54 +13,76 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+
 EXTRAS=dev
 while (($#)); do
   case "$1" in
-    --extras) EXTRAS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument $1" ;;
+    --extras) [[ $# -ge 2 ]] || die "--extras needs a value"; EXTRAS="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown argument $1" ;;
   esac
 done
+
+export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 
 apt_updated=0
 apt_install() {
   if [[ $(id -u) -ne 0 ]]; then
-    die "missing Debian packages: $*; install them as root (apt-get install $*)"
+    die "missing Debian packages: $*; install them as root (sudo apt-get install $*), then run this again"
   fi
+  command -v apt-get >/dev/null || die "missing packages: $*; this script installs them only on Debian/Ubuntu (apt-get)"
   if ((apt_updated == 0)); then
     say "apt-get update"
-    apt-get update -qq >/dev/null
+    apt-get update -qq </dev/null >/dev/null
     apt_updated=1
   fi
   say "installing Debian packages: $*"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  apt-get install -y -qq --no-install-recommends "$@" </dev/null >/dev/null
 }
 
+# System packages, each only when its command is missing.
 command -v redis-server >/dev/null || apt_install redis-server
 command -v java >/dev/null || apt_install openjdk-17-jre-headless
 command -v mvn >/dev/null || apt_install maven
+command -v java >/dev/null || die "java is still missing after the install; Java 17 is needed for the Kafka broker"
+command -v mvn >/dev/null || die "mvn is still missing after the install; Maven fetches the Kafka broker jars"
 
+# Python 3.11 for the virtual environment.
+is_311() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; }
 PYTHON=""
 for candidate in python3.11 python3; do
-  if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+  if command -v "$candidate" >/dev/null && is_311 "$candidate"; then
     PYTHON="$candidate"
     break
   fi
 done
-[[ -n "$PYTHON" ]] || die "Python 3.11 is needed (python3.11 not found)"
+[[ -n "$PYTHON" ]] || die "Python 3.11 is needed (neither python3.11 nor python3 is 3.11); install python3.11"
 
 VENV="$ROOT/.venv"
-if [[ ! -x "$VENV/bin/python" ]]; then
-  say "creating $VENV with $PYTHON"
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+if [[ -e "$VENV" ]] && ! { [[ -x "$VENV/bin/python" ]] && is_311 "$VENV/bin/python" && [[ -x "$VENV/bin/pip" ]]; }; then
+  say "$VENV is broken or not Python 3.11: recreating it"
+  rm -rf "$VENV"
 fi
-stamp="$VENV/.installed-$(cat "$ROOT/pyproject.toml" <(echo "$EXTRAS") | sha256sum | cut -c1-16)"
-if [[ ! -f "$stamp" ]]; then
-  say "installing Switchyard[$EXTRAS] into $VENV"
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRAS]"
-  rm -f "$VENV"/.installed-*
-  touch "$stamp"
+if [[ ! -e "$VENV" ]]; then
+  if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+    # Debian splits venv out of the interpreter package.
+    apt_install "python3.11-venv"
+  fi
+  say "creating $VENV with $(command -v "$PYTHON")"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip </dev/null
 fi
 
+# Reinstall only when pyproject.toml (or the extras asked for) changed since the last install.
+stamp="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$EXTRAS" ]]; then
+  say "installing switchyard[$EXTRAS] (editable) into $VENV"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRAS]" </dev/null
+  rm -f "$VENV"/.installed-*
+  printf '%s' "$EXTRAS" >"$stamp"
+fi
+
+# The Kafka broker jars, so that the first `make test` has everything before tests start.
 "$HERE/kafka.sh" fetch
+say "ready (.venv with switchyard[$EXTRAS], redis-server, java, Kafka jars)"

@@ -302,7 +302,9 @@ class Subscription(Generic[M]):
         await self._bus.ensure_topics([self.topic])
         self._consumer = await self._bus.transport.consumer(
             [self._bus.topic_name(self.topic)],
-            group=self.group,
+            # Groups are namespaced like topics: stacks sharing a cluster must not share
+            # consumer groups, or one stack's dead member stalls the other's rebalances.
+            group=self._bus.topic_prefix + self.group,
             client_id=f"{self._bus.client_id}-{self.group}",
             on_revoke=self._on_revoke,
         )

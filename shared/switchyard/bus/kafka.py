@@ -32,29 +32,26 @@ log = logging.getLogger(__name__)
 
 
 class _RevokeListener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Passes revocations on to the bus and keeps the member's assignment at hand."""
+    """Passes revocations on to the bus before the partitions change hands."""
 
     def __init__(self, on_revoke: RevokeCallback) -> None:
         self._on_revoke = on_revoke
-        self.assignment: frozenset[TopicPartition] = frozenset()
 
     async def on_partitions_revoked(self, revoked: Iterable[KafkaTopicPartition]) -> None:
         partitions = frozenset(TopicPartition(tp.topic, tp.partition) for tp in revoked)
         if partitions:
             await self._on_revoke(partitions)
-        self.assignment -= partitions
 
     async def on_partitions_assigned(self, assigned: Iterable[KafkaTopicPartition]) -> None:
-        self.assignment = frozenset(TopicPartition(tp.topic, tp.partition) for tp in assigned)
+        return None
 
 
 class _KafkaConsumer:
-    def __init__(
-        self, consumer: AIOKafkaConsumer, listener: _RevokeListener, bootstrap: str
-    ) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, bootstrap: str) -> None:
         self._consumer = consumer
-        self._listener = listener
         self._bootstrap = bootstrap
+        self._raw_assignment: set[KafkaTopicPartition] = set()
+        self._assignment: frozenset[TopicPartition] = frozenset()
 
     async def fetch(self, timeout_s: float, max_records: int) -> list[Envelope]:
         try:
@@ -88,11 +85,14 @@ class _KafkaConsumer:
             raise TransportError(f"commit to Kafka at {self._bootstrap} failed: {exc}") from exc
 
     def assignment(self) -> frozenset[TopicPartition]:
-        # Asked once per handled message: the listener's copy costs nothing to read.
-        return self._listener.assignment
+        # Asked once per handled message: convert aiokafka's set only when it changed.
+        raw = self._consumer.assignment()
+        if raw != self._raw_assignment:
+            self._raw_assignment = set(raw)
+            self._assignment = frozenset(TopicPartition(tp.topic, tp.partition) for tp in raw)
+        return self._assignment
 
     async def close(self) -> None:
-        self._listener.assignment = frozenset()
         await self._consumer.stop()
 
 
@@ -268,14 +268,13 @@ class KafkaTransport:
             fetch_max_wait_ms=self._fetch_max_wait_ms,
             request_timeout_ms=self._request_timeout_ms,
         )
-        listener = _RevokeListener(on_revoke)
-        consumer.subscribe(topics=list(topics), listener=listener)
+        consumer.subscribe(topics=list(topics), listener=_RevokeListener(on_revoke))
         try:
             await consumer.start()
         except (KafkaError, OSError) as exc:
             await consumer.stop()
             raise self._fail(f"joining group {group!r}", exc) from exc
-        return _KafkaConsumer(consumer, listener, self.bootstrap)
+        return _KafkaConsumer(consumer, self.bootstrap)
 
     async def partitions_for(self, topic: str) -> int:
         producer, _ = self._require_started()

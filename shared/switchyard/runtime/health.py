@@ -1,12 +1,18 @@
 """A small HTTP/1.1 server for liveness and readiness probes.
 
-No framework: every service, even the ones that must start fast, serves these.
+No framework: every service serves these, and some (the monitor) must start fast, so
+this is a few dozen lines on :func:`asyncio.start_server`.
 
-- ``GET /healthz``: 200 ``{"status": "ok"}`` while the service is alive, 503 once it
-  has failed (a routine crashed).
-- ``GET /readyz``: 200 when every readiness check passes, 503 naming the failing checks,
-  and 503 ``{"status": "draining"}`` from the moment a stop began, so load balancers and
-  Kubernetes stop routing to it.
+- ``GET /healthz`` (liveness): 200 ``{"status": "ok"}`` while the event loop runs and
+  the service has not failed; 503 ``{"status": "failed"}`` once a routine crashed.
+- ``GET /readyz`` (readiness): 503 ``{"status": "starting"}`` until the service has
+  started; then 200 when every registered check passes, with each check's result, or
+  503 naming the failing checks; and 503 ``{"status": "draining"}`` from the moment a
+  stop began, so load balancers and Kubernetes stop routing to the process.
+
+Anything else: 404 for another path, 405 for another method, 400 for a request that is
+not HTTP, too large, or incomplete, 408 when the request does not arrive in time. Every
+response is JSON and closes the connection.
 """
 
 from __future__ import annotations
@@ -16,30 +22,60 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
+"""An async callable: True when ready; False or an exception when not."""
 
-_MAX_REQUEST_BYTES = 8192
+DEFAULT_CHECK_TIMEOUT_S = 2.0
+
+_MAX_REQUEST_BYTES = 8192  # a probe's request is a few hundred bytes
 _READ_TIMEOUT_S = 5.0
-_CHECK_TIMEOUT_S = 2.0
+_MAX_ERROR_CHARS = 200
 _REASONS = {
     200: "OK",
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     503: "Service Unavailable",
 }
+_PATHS = ("/healthz", "/readyz")
+
+
+@dataclass(frozen=True)
+class _Check:
+    name: str
+    fn: ReadinessCheck
+    timeout_s: float
 
 
 class HealthServer:
-    """Serves ``/healthz`` and ``/readyz`` on ``host:port`` (port 0 picks a free one).
+    """Serves ``/healthz`` and ``/readyz`` on ``host:port``.
 
     Args:
-        alive: returns False once the service has failed.
-        checks: named readiness checks; each returns True when ready, and counts as not
-            ready when it returns False, raises, or takes longer than 2 s.
+        host: address to bind, e.g. ``127.0.0.1`` or ``0.0.0.0``.
+        port: port to bind; 0 picks a free one (read it from :attr:`port` after
+            :meth:`start`).
+        alive: returns False once the service has failed (liveness then answers 503).
+        checks: named readiness checks, each given ``check_timeout_s``; more can be added
+            with :meth:`add_check`. A check counts as failing when it returns False,
+            raises, or outlives its timeout.
+        check_timeout_s: the timeout of the checks passed in ``checks``.
+
+    Readiness answers 503 ``starting`` until :meth:`mark_started` and 503 ``draining``
+    after :meth:`mark_draining`.
+
+    Example::
+
+        server = HealthServer("127.0.0.1", 0, alive=lambda: True, checks={"bus": ping_bus})
+        await server.start()
+        server.mark_started()
+        print(server.url + "/readyz")
+        ...
+        await server.stop()
     """
 
     def __init__(
@@ -47,94 +83,159 @@ class HealthServer:
         host: str,
         port: int,
         *,
-        alive: Callable[[], bool],
-        checks: Mapping[str, ReadinessCheck],
+        alive: Callable[[], bool] = lambda: True,
+        checks: Mapping[str, ReadinessCheck] | None = None,
+        check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
     ) -> None:
         self.host = host
         self.requested_port = port
         self._alive = alive
-        self._checks = dict(checks)
+        self._checks: dict[str, _Check] = {}
+        for name, fn in (checks or {}).items():
+            self.add_check(name, fn, timeout_s=check_timeout_s)
+        self.started = False
         self.draining = False
         self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    def add_check(
+        self, name: str, fn: ReadinessCheck, *, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
+    ) -> None:
+        """Register (or replace) the readiness check ``name``, bounded by ``timeout_s``."""
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s of check {name!r} must be positive, got {timeout_s}")
+        self._checks[name] = _Check(name, fn, timeout_s)
+
+    def mark_started(self) -> None:
+        """The service has started: readiness now runs the checks."""
+        self.started = True
+
+    def mark_draining(self) -> None:
+        """A stop began: readiness answers 503 ``draining`` from now on."""
+        self.draining = True
 
     @property
     def port(self) -> int:
+        """The bound port (the free one picked when the requested port was 0)."""
         if self._server is None or not self._server.sockets:
             raise RuntimeError("health server is not started")
         return int(self._server.sockets[0].getsockname()[1])
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """``http://host:port`` of the running server."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.requested_port)
+        """Bind and start serving. Raises OSError when the address is taken."""
+        self._server = await asyncio.start_server(
+            self._serve, self.host, self.requested_port, limit=_MAX_REQUEST_BYTES
+        )
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        """Stop listening and end the connections still being answered."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        # Python 3.11's wait_closed does not wait for open connections: end them here so
+        # no handler task outlives the event loop.
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
         try:
-            status, body = await self._answer(reader)
-        except Exception:  # a probe must never take the service down
-            log.exception("health endpoint failed")
-            status, body = 503, {"status": "error"}
-        payload = json.dumps(body).encode()
-        head = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n"
-            "Connection: close\r\n\r\n"
-        )
-        with contextlib.suppress(ConnectionError):
-            writer.write(head.encode() + payload)
-            await writer.drain()
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+            method = "GET"
+            try:
+                method, status, body = await self._answer(reader)
+            except Exception:  # a probe must never take the service down
+                log.exception("health endpoint failed")
+                status, body = 503, {"status": "error"}
+            payload = json.dumps(body).encode()
+            head = (
+                f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n"
+                "Cache-Control: no-store\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode()
+            with contextlib.suppress(OSError):
+                writer.write(head if method == "HEAD" else head + payload)
+                await writer.drain()
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            if task is not None:
+                self._connections.discard(task)
 
-    async def _answer(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, object]]:
+    async def _answer(self, reader: asyncio.StreamReader) -> tuple[str, int, dict[str, object]]:
+        """Read one request; returns (method, status, JSON body)."""
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-            return 400, {"error": "incomplete or oversized request"}
-        if len(head) > _MAX_REQUEST_BYTES:
-            return 400, {"error": "request too large"}
-        parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            return 400, {"error": "malformed request line"}
+        except TimeoutError:
+            return "GET", 408, {"error": f"no complete request within {_READ_TIMEOUT_S:g} s"}
+        except asyncio.LimitOverrunError:
+            return "GET", 400, {"error": f"request head over {_MAX_REQUEST_BYTES} bytes"}
+        except asyncio.IncompleteReadError:
+            return "GET", 400, {"error": "incomplete request"}
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
+            return "GET", 400, {"error": "malformed request line"}
         method, target = parts[0], parts[1].split("?", 1)[0]
-        if target not in ("/healthz", "/readyz"):
-            return 404, {"error": f"no such path {target}; try /healthz or /readyz"}
+        await self._skip_body(reader, lines[1:])
+        if target not in _PATHS:
+            return method, 404, {"error": f"no such path {target}; try /healthz or /readyz"}
         if method not in ("GET", "HEAD"):
-            return 405, {"error": f"{method} not allowed; use GET"}
+            return method, 405, {"error": f"{method} not allowed; use GET"}
         if target == "/healthz":
-            return (200, {"status": "ok"}) if self._alive() else (503, {"status": "failed"})
-        return await self._readiness()
+            alive = self._alive()
+            return method, (200 if alive else 503), {"status": "ok" if alive else "failed"}
+        status, body = await self._readiness()
+        return method, status, body
+
+    @staticmethod
+    async def _skip_body(reader: asyncio.StreamReader, header_lines: list[str]) -> None:
+        # Closing a socket with unread bytes makes the kernel send a reset, which can
+        # destroy our answer before the client reads it; so read a small body first.
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length" and value.strip().isdigit():
+                length = int(value.strip())
+                if 0 < length <= _MAX_REQUEST_BYTES:
+                    with contextlib.suppress(TimeoutError, asyncio.IncompleteReadError):
+                        await asyncio.wait_for(reader.readexactly(length), _READ_TIMEOUT_S)
+                return
 
     async def _readiness(self) -> tuple[int, dict[str, object]]:
         if self.draining:
             return 503, {"status": "draining"}
         if not self._alive():
             return 503, {"status": "failed"}
-        names = list(self._checks)
-        results = await asyncio.gather(*(self._run_check(self._checks[n]) for n in names))
-        checks = dict(zip(names, results, strict=True))
-        failing = [n for n, ok in checks.items() if not ok]
-        body: dict[str, object] = {
-            "status": "ready" if not failing else "not ready",
-            "checks": checks,
-        }
+        if not self.started:
+            return 503, {"status": "starting"}
+        checks = list(self._checks.values())
+        results = await asyncio.gather(*(self._run_check(c) for c in checks))
+        outcome = {c.name: result for c, result in zip(checks, results, strict=True)}
+        failing = [name for name, result in outcome.items() if result != "ok"]
         if failing:
-            body["failing"] = failing
-        return (200 if not failing else 503), body
+            return 503, {"status": "not ready", "failing": failing, "checks": outcome}
+        return 200, {"status": "ready", "checks": outcome}
 
     @staticmethod
-    async def _run_check(check: ReadinessCheck) -> bool:
+    async def _run_check(check: _Check) -> str:
+        """``"ok"``, or why the check failed."""
         try:
-            return bool(await asyncio.wait_for(check(), _CHECK_TIMEOUT_S))
-        except Exception:
-            return False
+            ok = await asyncio.wait_for(check.fn(), check.timeout_s)
+        except TimeoutError:
+            return f"timed out after {check.timeout_s:g} s"
+        except Exception as exc:
+            return f"error: {type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
+        return "ok" if ok else "not ready"

@@ -3,32 +3,81 @@
 Single-process and asyncio-safe by construction: no method awaits between reading and
 writing, so every operation is atomic with respect to other tasks, as on Redis.
 Expiry is lazy (a key is dropped when touched after its deadline) against an injected
-clock.
+clock. It refuses what Redis refuses, with the same :class:`StateError` flags, so code
+tested against it behaves the same on Redis.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections.abc import Callable, Mapping
-from typing import TypeVar
 
 from switchyard.errors import StateError
+from switchyard.state.base import INT64_MAX, INT64_MIN, check_limit, check_ttl_s, format_float
 
-T = TypeVar("T")
+# What Redis accepts as an integer (string2ll) and as a float (string2ld), near enough.
+_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
-_Value = str | dict[str, str] | dict[str, float]
+
+class _Hash(dict[str, str]):
+    """The value of a hash key (a distinct type, so a string key is never mistaken)."""
+
+
+class _SortedSet(dict[str, float]):
+    """The value of a sorted set key: member -> score."""
+
+
+_Value = str | _Hash | _SortedSet
+
+
+def _kind(value: _Value) -> str:
+    if isinstance(value, _Hash):
+        return "hash"
+    if isinstance(value, _SortedSet):
+        return "sorted set"
+    return "string"
+
+
+def _wrong_type(key: str, value: _Value, wanted: str) -> StateError:
+    return StateError(
+        f"key {key!r} holds a {_kind(value)}, not a {wanted} (wrong type of value)",
+        retriable=False,
+    )
+
+
+def _parse_int(key: str, text: str) -> int:
+    if not _INTEGER.fullmatch(text) or not INT64_MIN <= int(text) <= INT64_MAX:
+        raise StateError(f"key {key!r}: value {text!r} is not an integer", retriable=False)
+    return int(text)
+
+
+def _add_float(where: str, text: str, amount: float) -> float:
+    if not _FLOAT.fullmatch(text) or not math.isfinite(float(text)):
+        raise StateError(f"{where}: value {text!r} is not a valid float", retriable=False)
+    value = float(text) + amount
+    if not math.isfinite(value):
+        raise StateError(f"{where}: increment would produce NaN or Infinity", retriable=False)
+    return value
 
 
 class MemoryStateStore:
-    """A :class:`~switchyard.state.base.StateStore` in a dict."""
+    """A :class:`~switchyard.state.base.StateStore` in a dict.
+
+    Args:
+        prefix: namespace of every key this store touches.
+        clock: seconds from a monotonic clock; tests inject a fake to drive expiry.
+    """
 
     def __init__(
         self, prefix: str = "switchyard:", *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.prefix = prefix
         self._clock = clock
-        self._data: dict[str, tuple[str, _Value]] = {}  # key -> (type name, value)
-        self._expires_at: dict[str, float] = {}
+        self._data: dict[str, _Value] = {}  # full key -> value
+        self._expires_at: dict[str, float] = {}  # full key -> clock deadline
 
     def sharing(self, prefix: str) -> MemoryStateStore:
         """Another client of this store's data under ``prefix``, as a second Redis client
@@ -46,48 +95,65 @@ class MemoryStateStore:
 
     # -- internals -------------------------------------------------------------------
 
-    def _live(self, key: str) -> tuple[str, _Value] | None:
-        deadline = self._expires_at.get(key)
+    def _live(self, full: str) -> _Value | None:
+        """The value at a full key, dropping it first when its deadline has passed."""
+        deadline = self._expires_at.get(full)
         if deadline is not None and self._clock() >= deadline:
-            self._data.pop(key, None)
-            self._expires_at.pop(key, None)
-        return self._data.get(key)
+            del self._expires_at[full]
+            self._data.pop(full, None)
+        return self._data.get(full)
 
-    def _typed(self, key: str, kind: str, factory: Callable[[], T]) -> T | None:
-        entry = self._live(self.prefix + key)
-        if entry is None:
-            return None
-        if entry[0] != kind:
-            raise StateError(f"key {key!r} holds a {entry[0]}, not a {kind}", retriable=False)
-        return entry[1]  # type: ignore[return-value]
+    def _string(self, key: str) -> str | None:
+        value = self._live(self.prefix + key)
+        if value is None or isinstance(value, str):
+            return value
+        raise _wrong_type(key, value, "string")
 
-    def _ensure(self, key: str, kind: str, factory: Callable[[], _Value]) -> _Value:
+    def _hash(self, key: str, *, create: bool = False) -> _Hash | None:
         full = self.prefix + key
-        entry = self._live(full)
-        if entry is None:
-            entry = (kind, factory())
-            self._data[full] = entry
-        elif entry[0] != kind:
-            raise StateError(f"key {key!r} holds a {entry[0]}, not a {kind}", retriable=False)
-        return entry[1]
+        value = self._live(full)
+        if value is None:
+            if not create:
+                return None
+            value = self._data[full] = _Hash()
+        if isinstance(value, _Hash):
+            return value
+        raise _wrong_type(key, value, "hash")
+
+    def _zset(self, key: str, *, create: bool = False) -> _SortedSet | None:
+        full = self.prefix + key
+        value = self._live(full)
+        if value is None:
+            if not create:
+                return None
+            value = self._data[full] = _SortedSet()
+        if isinstance(value, _SortedSet):
+            return value
+        raise _wrong_type(key, value, "sorted set")
 
     def _write(self, key: str, value: str, ttl_s: float | None) -> None:
         full = self.prefix + key
-        self._data[full] = ("string", value)
+        self._data[full] = value
         if ttl_s is None:
             self._expires_at.pop(full, None)
         else:
             self._expires_at[full] = self._clock() + ttl_s
 
+    def _drop(self, full: str) -> None:
+        self._data.pop(full, None)
+        self._expires_at.pop(full, None)
+
     # -- plain keys ------------------------------------------------------------------
 
     async def get(self, key: str) -> str | None:
-        return self._typed(key, "string", str)
+        return self._string(key)
 
     async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
+        check_ttl_s(ttl_s)
         self._write(key, value, ttl_s)
 
     async def set_if_absent(self, key: str, value: str, *, ttl_s: float | None = None) -> bool:
+        check_ttl_s(ttl_s)
         if self._live(self.prefix + key) is not None:
             return False
         self._write(key, value, ttl_s)
@@ -96,7 +162,8 @@ class MemoryStateStore:
     async def compare_and_set(
         self, key: str, expected: str | None, new: str, *, ttl_s: float | None = None
     ) -> bool:
-        if self._typed(key, "string", str) != expected:
+        check_ttl_s(ttl_s)
+        if self._string(key) != expected:
             return False
         self._write(key, new, ttl_s)
         return True
@@ -107,14 +174,14 @@ class MemoryStateStore:
             full = self.prefix + key
             if self._live(full) is not None:
                 deleted += 1
-            self._data.pop(full, None)
-            self._expires_at.pop(full, None)
+                self._drop(full)
         return deleted
 
     async def exists(self, key: str) -> bool:
         return self._live(self.prefix + key) is not None
 
     async def expire(self, key: str, ttl_s: float) -> bool:
+        check_ttl_s(ttl_s)
         full = self.prefix + key
         if self._live(full) is None:
             return False
@@ -123,117 +190,114 @@ class MemoryStateStore:
 
     async def ttl_s(self, key: str) -> float | None:
         full = self.prefix + key
-        if self._live(full) is None or full not in self._expires_at:
+        if self._live(full) is None:
             return None
-        return max(0.0, self._expires_at[full] - self._clock())
+        deadline = self._expires_at.get(full)
+        return None if deadline is None else max(0.0, deadline - self._clock())
 
     # -- counters --------------------------------------------------------------------
+    # Like INCRBY on Redis, these change the value and keep the time to live.
 
     async def incr(self, key: str, amount: int = 1) -> int:
-        current = self._typed(key, "string", str) or "0"
-        try:
-            value = int(current) + amount
-        except ValueError:
-            raise StateError(f"key {key!r} is not an integer", retriable=False) from None
-        self._keep_ttl_write(key, str(value))
+        current = self._string(key)
+        value = _parse_int(key, "0" if current is None else current) + amount
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise StateError(f"key {key!r}: increment would overflow", retriable=False)
+        self._data[self.prefix + key] = str(value)
         return value
 
     async def incr_float(self, key: str, amount: float) -> float:
-        current = self._typed(key, "string", str) or "0"
-        try:
-            value = float(current) + amount
-        except ValueError:
-            raise StateError(f"key {key!r} is not a number", retriable=False) from None
-        self._keep_ttl_write(key, repr(value))
+        current = self._string(key)
+        value = _add_float(f"key {key!r}", "0" if current is None else current, amount)
+        self._data[self.prefix + key] = format_float(value)
         return value
-
-    def _keep_ttl_write(self, key: str, value: str) -> None:
-        # Like INCR on Redis: the value changes, the time to live does not.
-        self._data[self.prefix + key] = ("string", value)
 
     # -- hashes ----------------------------------------------------------------------
 
-    def _hash(self, key: str) -> dict[str, str]:
-        value = self._ensure(key, "hash", dict)
-        assert isinstance(value, dict)
-        return value  # type: ignore[return-value]
-
     async def hset(self, key: str, mapping: Mapping[str, str]) -> None:
         if mapping:
-            self._hash(key).update(mapping)
+            fields = self._hash(key, create=True)
+            assert fields is not None
+            fields.update(mapping)
 
     async def hget(self, key: str, field: str) -> str | None:
-        found: dict[str, str] | None = self._typed(key, "hash", dict)
-        return None if found is None else found.get(field)
+        fields = self._hash(key)
+        return None if fields is None else fields.get(field)
 
     async def hgetall(self, key: str) -> dict[str, str]:
-        found: dict[str, str] | None = self._typed(key, "hash", dict)
-        return dict(found or {})
+        return dict(self._hash(key) or {})
 
     async def hdel(self, key: str, *fields: str) -> int:
-        found: dict[str, str] | None = self._typed(key, "hash", dict)
+        if not fields:
+            return 0
+        found = self._hash(key)
         if found is None:
             return 0
-        deleted = sum(1 for f in fields if found.pop(f, None) is not None)
+        deleted = sum(1 for field in set(fields) if found.pop(field, None) is not None)
         if not found:
-            await self.delete(key)
+            self._drop(self.prefix + key)
         return deleted
 
     async def hincr_float(self, key: str, field: str, amount: float) -> float:
-        fields = self._hash(key)
-        try:
-            value = float(fields.get(field, "0")) + amount
-        except ValueError:
-            raise StateError(
-                f"field {field!r} of {key!r} is not a number", retriable=False
-            ) from None
-        fields[field] = repr(value)
+        current = self._hash(key)
+        text = "0" if current is None else current.get(field, "0")
+        value = _add_float(f"field {field!r} of key {key!r}", text, amount)
+        fields = self._hash(key, create=True)
+        assert fields is not None
+        fields[field] = format_float(value)
         return value
 
     # -- sorted sets -----------------------------------------------------------------
 
-    def _zset(self, key: str) -> dict[str, float]:
-        value = self._ensure(key, "zset", dict)
-        return value  # type: ignore[return-value]
-
     async def zadd(self, key: str, mapping: Mapping[str, float]) -> None:
-        if mapping:
-            self._zset(key).update({m: float(s) for m, s in mapping.items()})
+        if not mapping:
+            return
+        scores = {member: float(score) for member, score in mapping.items()}
+        if any(math.isnan(score) for score in scores.values()):
+            raise StateError(f"zadd {key!r}: a score is not a number (NaN)", retriable=False)
+        found = self._zset(key, create=True)
+        assert found is not None
+        found.update(scores)
 
     async def zrem(self, key: str, *members: str) -> int:
-        found: dict[str, float] | None = self._typed(key, "zset", dict)
+        if not members:
+            return 0
+        found = self._zset(key)
         if found is None:
             return 0
-        removed = sum(1 for m in members if found.pop(m, None) is not None)
+        removed = sum(1 for member in set(members) if found.pop(member, None) is not None)
         if not found:
-            await self.delete(key)
+            self._drop(self.prefix + key)
         return removed
 
     async def zscore(self, key: str, member: str) -> float | None:
-        found: dict[str, float] | None = self._typed(key, "zset", dict)
+        found = self._zset(key)
         return None if found is None else found.get(member)
 
     async def zrange_by_score(
         self, key: str, min_score: float, max_score: float, *, limit: int | None = None
     ) -> list[tuple[str, float]]:
-        found: dict[str, float] | None = self._typed(key, "zset", dict)
+        check_limit(limit)
+        found = self._zset(key)
         if found is None:
             return []
         chosen = sorted(
-            ((m, s) for m, s in found.items() if min_score <= s <= max_score),
+            ((member, score) for member, score in found.items() if min_score <= score <= max_score),
             key=lambda item: (item[1], item[0]),
         )
         return chosen if limit is None else chosen[:limit]
 
     async def zcard(self, key: str) -> int:
-        found: dict[str, float] | None = self._typed(key, "zset", dict)
+        found = self._zset(key)
         return 0 if found is None else len(found)
 
     # -- housekeeping ----------------------------------------------------------------
 
     async def clear_prefix(self) -> int:
-        doomed = [k for k in self._data if k.startswith(self.prefix) and self._live(k) is not None]
-        for key in [k for k in self._data if k.startswith(self.prefix)]:
-            self._data.pop(key, None)
-            self._expires_at.pop(key, None)
-        return len(doomed)
+        mine = [full for full in self._data if full.startswith(self.prefix)]
+        deleted = 0
+        for full in mine:
+            if self._live(full) is not None:  # an expired key was not there to delete
+                deleted += 1
+                self._drop(full)
+        return deleted
