@@ -5,7 +5,7 @@
 # ${SWITCHYARD_CACHE_DIR:-~/.cache/switchyard}). Pip's and Maven's download caches stay
 # outside the repository. `pip install` runs again only when pyproject.toml changes.
 #
-#   deploy/local/bootstrap.sh [--extras dev[,ml]]
+#   deploy/local/bootstrap.sh [--extras dev[,ml][,report]]
 set -euo pipefail
 SCRIPT_NAME=bootstrap.sh
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,7 +15,7 @@ source "$HERE/lib.sh"
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
 
-EXTRAS=dev
+EXTRAS=dev,ml,report
 while (($#)); do
   case "$1" in
     --extras) [[ $# -ge 2 ]] || die "--extras needs a value"; EXTRAS="$2"; shift 2 ;;

@@ -140,6 +140,12 @@ def _cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(settings, requests=args.requests))
 
 
+def _cmd_simulate(settings: Settings, args: argparse.Namespace) -> int:
+    from switchyard.sim.command import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="switchyard",
@@ -165,7 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
     dead.add_argument(
         "--idle-s", type=float, default=3.0, help="stop after this long without a new letter"
     )
-    demo = add("demo", _cmd_demo, "Replay the bundled trace sample through the embedded stack.")
+    simulate = add(
+        "simulate",
+        _cmd_simulate,
+        "Compare LLM scheduling policies on a trace in the discrete-event simulator.",
+    )
+    from switchyard.sim.command import add_arguments as add_simulate_arguments
+
+    add_simulate_arguments(simulate)
+    demo = add(
+        "demo",
+        _cmd_demo,
+        "Replay the bundled trace sample through the bus and state store (the foundation demo).",
+    )
     demo.add_argument("--requests", type=int, default=2000, help="requests to replay")
     return parser
 

@@ -1,0 +1,149 @@
+"""Frozen views of the cluster that LLM scheduling policies decide over.
+
+A policy never sees a live object: the shell (the simulator, or the scheduler service)
+builds these views from whatever it holds (simulated instances, Redis state fed by
+heartbeats) and hands them over. Everything a policy may use is here, with units in
+the names; nothing here can be mutated, so a policy cannot change the world it reads.
+
+Work is measured in *seconds of predicted service*: the calibrated prediction ``s~`` of
+a waiting request counts in full, a running request counts for what its prediction says
+is left. It is a load figure, not a waiting time: a worker that batches 30 requests
+drains 30 of those seconds at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from switchyard.contracts.messages import WorkloadType
+
+
+class WorkerRole(StrEnum):
+    """What a worker runs: both phases, or one of them (stage-aware pools)."""
+
+    MIXED = "mixed"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class RequestPhase(StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestView:
+    """One LLM request to place.
+
+    ``predicted_s`` and ``calibrated_s`` map a worker type (GPU profile) to the raw
+    prediction ``s^`` and the calibrated ``s~`` of the request's service time there;
+    both are empty when the policy runs without prediction. ``true_service_s`` is only
+    filled for a clairvoyant reference policy.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    workload: WorkloadType
+    model: str
+    output_tokens_hint: int | None = None
+    predicted_s: Mapping[str, float] = field(default_factory=dict)
+    calibrated_s: Mapping[str, float] = field(default_factory=dict)
+    deadline_s: float | None = None
+    """Adaptive deadline, absolute: arrival plus ``(1 + eps) * s~``."""
+    true_service_s: Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerView:
+    """One worker (one model instance on one or more GPUs), as last reported."""
+
+    worker_id: str
+    worker_type: str
+    """Its performance profile, e.g. ``a100-80gb/llama-2-7b``; keys ``RequestView.predicted_s``."""
+    role: WorkerRole = WorkerRole.MIXED
+    alive: bool = True
+    waiting: int
+    """Requests queued, not yet admitted to the running batch."""
+    running: int
+    """Requests in the running batch (prefilling or decoding)."""
+    max_slots: int
+    kv_used_tokens: int
+    """KV-cache tokens held or reserved by the running batch."""
+    kv_capacity_tokens: int
+    queued_work_s: float
+    """Predicted seconds of work outstanding (waiting in full, running what is left)."""
+    queued_tokens: int
+    """Prompt tokens waiting plus KV tokens of the running batch: work without prediction."""
+    utilization: float
+    """Fraction of the worker's binding resource in use (slots or KV cache), 1.0 when requests wait."""
+    decode_step_s: float
+    """Duration of one decode step of the current batch (0.0 when idle)."""
+    decode_step_per_seq_s: float
+    """What one more sequence adds to a decode step (profile constant)."""
+    decode_step_per_kv_token_s: float
+    """What one more KV token adds to a decode step (profile constant)."""
+    kv_bytes_per_token: int
+    interconnect_bytes_per_s: float
+
+    @property
+    def outstanding(self) -> int:
+        return self.waiting + self.running
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_slots - self.running)
+
+    @property
+    def kv_free_tokens(self) -> int:
+        return max(0, self.kv_capacity_tokens - self.kv_used_tokens)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSnapshot:
+    """Every worker at one instant. ``now_s`` is the only clock a policy may read."""
+
+    now_s: float
+    workers: tuple[WorkerView, ...]
+
+    @property
+    def utilization(self) -> float:
+        """Mean utilisation over live workers (0.0 for an empty cluster)."""
+        alive = [w.utilization for w in self.workers if w.alive]
+        return sum(alive) / len(alive) if alive else 0.0
+
+    def with_role(self, role: WorkerRole) -> tuple[WorkerView, ...]:
+        return tuple(w for w in self.workers if w.alive and w.role is role)
+
+    def eligible(self) -> tuple[WorkerView, ...]:
+        """Live workers that take new requests (mixed, or the prefill pool)."""
+        return tuple(w for w in self.workers if w.alive and w.role is not WorkerRole.DECODE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedRequestView:
+    """A request already on a worker, as the rebalancer sees it."""
+
+    request: RequestView
+    worker_id: str
+    phase: RequestPhase
+    queued_at_s: float
+    work_ahead_s: float
+    """Predicted work queued ahead of it on its worker (running requests count in full)."""
+    remaining_s: float
+    """Its own predicted remaining service time on its current worker."""
+    kv_tokens: int
+    """KV-cache tokens it holds (0 while waiting): what a migration must move."""
+    generated_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RebalanceSnapshot:
+    """The cluster plus every request a rebalancer may move."""
+
+    cluster: ClusterSnapshot
+    queued: tuple[QueuedRequestView, ...]
+    recent_slo_violation_rate: float
+    """Share of the recent completions that missed their SLO (0..1)."""

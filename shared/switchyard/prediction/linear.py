@@ -1,0 +1,201 @@
+"""A linear service-time model per (model, worker type), learnt offline and tracked online.
+
+Terms of one request (prompt and hint in thousands of tokens, so every column is of
+order one and the normal equations stay well conditioned)::
+
+    x = [1, p, p^2, h, has_hint, code, conversation, other]
+    p = prompt_tokens / 1000        h = output_tokens_hint / 1000 (0 without a hint)
+
+and the prediction is ``s^ = max(w . x, MIN_SERVICE_S)``. For example with
+``w = [0.5, 0.2, 0.01, 0, 0, 0.1, 0.3, 0]`` a 2,000-token conversation prompt predicts
+``0.5 + 0.2*2 + 0.01*4 + 0.3 = 1.24 s``.
+
+Offline, :meth:`LinearServiceTimePredictor.fit` solves the ridge-regularised least
+squares ``(X'X + ridge*I) w = X'y`` for each key. Online,
+:meth:`LinearServiceTimePredictor.update` is recursive least squares with a forgetting
+factor ``lambda``: every completion discounts the past by ``lambda`` before adding
+itself, so a sample ``k`` completions old weighs ``lambda^k`` (0.999: half weight after
+about 693 completions) and the model follows drift. It is kept in its regularised form,
+the exponentially weighted normal equations
+
+    A <- lambda*A + x x' + (1 - lambda)*ridge*I        b <- lambda*b + y x
+
+re-solved after each step (eight unknowns: microseconds). The classic covariance form of
+RLS divides its matrix by ``lambda`` on every step, which blows up along directions no
+completion excites (the hint columns when clients never send one, the workloads a key
+never sees); here the ``ridge*I`` term is never forgotten, so those directions stay
+bounded and their weights decay to zero.
+
+Besides the per-key models a global model learns from every sample. It answers for a
+(model, worker type) that has too little data of its own, so a new worker type gets a
+sensible estimate at once; only a predictor that learnt nothing at all raises
+:class:`PredictorNotTrainedError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from switchyard.contracts.messages import WorkloadType
+from switchyard.prediction.base import (
+    MIN_SERVICE_S,
+    PredictorNotTrainedError,
+    check_observation,
+    check_training_set,
+)
+from switchyard.prediction.features import WORKLOADS, ServiceTimeFeatures
+
+__all__ = ["TERM_NAMES", "LinearServiceTimePredictor", "linear_terms"]
+
+TERM_NAMES: tuple[str, ...] = (
+    "intercept",
+    "prompt_ktok",
+    "prompt_ktok_sq",
+    "hint_ktok",
+    "has_hint",
+    *(f"workload_{w.value}" for w in WORKLOADS),
+)
+"""Names of the terms of :func:`linear_terms`, in order."""
+
+_TERMS = len(TERM_NAMES)
+_WORKLOAD_COLUMN: dict[WorkloadType, int] = {w: 5 + i for i, w in enumerate(WORKLOADS)}
+_MIN_KEY_WEIGHT = 2.0 * _TERMS
+"""A key's own model answers once it has seen this many (discounted) samples: fewer
+than about two per unknown and its least-squares solution is mostly regulariser."""
+
+
+def linear_terms(features: ServiceTimeFeatures) -> list[float]:
+    """The term vector ``x`` of one request (see the module docstring)."""
+    prompt_ktok = features.prompt_tokens / 1000.0
+    row = [1.0, prompt_ktok, prompt_ktok * prompt_ktok, 0.0, 0.0, 0.0, 0.0, 0.0]
+    if features.output_tokens_hint is not None:
+        row[3] = features.output_tokens_hint / 1000.0
+        row[4] = 1.0
+    row[_WORKLOAD_COLUMN[features.workload]] = 1.0
+    return row
+
+
+class _KeyModel:
+    """The exponentially weighted normal equations of one key and their solution."""
+
+    __slots__ = ("coef", "gram", "moment", "weight")
+
+    def __init__(self, gram: NDArray[np.float64], moment: NDArray[np.float64], weight: float):
+        self.gram = gram
+        self.moment = moment
+        self.weight = weight
+        """Effective (discounted) number of samples behind the model."""
+        self.coef: tuple[float, ...] = ()
+        self.solve()
+
+    def solve(self) -> None:
+        # Kept as a tuple of Python floats: predict_s then runs without numpy.
+        self.coef = tuple(np.linalg.solve(self.gram, self.moment).tolist())
+
+
+class LinearServiceTimePredictor:
+    """Ridge regression per (model, gpu), updated online by recursive least squares.
+
+    ``ridge`` (> 0) is the regulariser in units of the scaled terms; ``forgetting`` in
+    (0, 1] is the RLS forgetting factor (1 remembers everything equally).
+    """
+
+    name: str = "linear"
+
+    def __init__(self, *, ridge: float = 1e-3, forgetting: float = 0.999) -> None:
+        if not (math.isfinite(ridge) and ridge > 0):
+            raise ValueError(f"ridge must be > 0, got {ridge}")
+        if not (0 < forgetting <= 1):
+            raise ValueError(f"forgetting must be within (0, 1], got {forgetting}")
+        self.ridge = ridge
+        self.forgetting = forgetting
+        self._keys: dict[tuple[str, str], _KeyModel] = {}
+        self._global: _KeyModel | None = None
+
+    @property
+    def keys(self) -> tuple[tuple[str, str], ...]:
+        """The (model, gpu) pairs with a model of their own."""
+        return tuple(self._keys)
+
+    def coefficients(self, key: tuple[str, str] | None = None) -> dict[str, float]:
+        """The learnt weights by term name: of one (model, gpu) key, or of the global model."""
+        chosen = self._global if key is None else self._keys.get(key)
+        if chosen is None:
+            raise PredictorNotTrainedError(f"no linear model for key {key!r}")
+        return dict(zip(TERM_NAMES, chosen.coef, strict=True))
+
+    def predict_s(self, features: ServiceTimeFeatures) -> float:
+        """``max(w . x, MIN_SERVICE_S)`` with the key's weights, or the global ones."""
+        chosen = self._keys.get((features.model, features.gpu))
+        if chosen is None or chosen.weight < _MIN_KEY_WEIGHT:
+            chosen = self._global
+            if chosen is None:
+                raise PredictorNotTrainedError(
+                    "the linear predictor has not been trained: call fit() or update() first"
+                )
+        # The dot product written out: this runs per request per worker type.
+        w = chosen.coef
+        prompt_ktok = features.prompt_tokens * 1e-3
+        seconds = (
+            w[0]
+            + prompt_ktok * (w[1] + prompt_ktok * w[2])
+            + w[_WORKLOAD_COLUMN[features.workload]]
+        )
+        hint = features.output_tokens_hint
+        if hint is not None:
+            seconds += w[3] * hint * 1e-3 + w[4]
+        return seconds if seconds > MIN_SERVICE_S else MIN_SERVICE_S
+
+    def fit(self, samples: Sequence[ServiceTimeFeatures], service_s: Sequence[float]) -> None:
+        """Ridge least squares per key and globally; replaces everything learnt before."""
+        check_training_set(samples, service_s)
+        self._keys = {}
+        self._global = None
+        if not samples:
+            return
+        design = np.array([linear_terms(f) for f in samples], dtype=np.float64)
+        labels = np.asarray(service_s, dtype=np.float64)
+        rows_by_key: dict[tuple[str, str], list[int]] = {}
+        for index, f in enumerate(samples):
+            rows_by_key.setdefault((f.model, f.gpu), []).append(index)
+        for key, rows in rows_by_key.items():
+            self._keys[key] = self._batch(design[rows], labels[rows])
+        self._global = self._batch(design, labels)
+
+    def update(self, features: ServiceTimeFeatures, observed_s: float) -> None:
+        """One RLS step with forgetting on the key's model and on the global model."""
+        check_observation(observed_s)
+        x = np.array(linear_terms(features), dtype=np.float64)
+        key = (features.model, features.gpu)
+        model = self._keys.get(key)
+        if model is None:
+            model = self._keys[key] = self._empty()
+        if self._global is None:
+            self._global = self._empty()
+        for target in (model, self._global):
+            self._step(target, x, observed_s)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _batch(self, design: NDArray[np.float64], labels: NDArray[np.float64]) -> _KeyModel:
+        gram = design.T @ design + self.ridge * np.eye(_TERMS)
+        return _KeyModel(gram, design.T @ labels, float(len(labels)))
+
+    def _empty(self) -> _KeyModel:
+        return _KeyModel(self.ridge * np.eye(_TERMS), np.zeros(_TERMS), 0.0)
+
+    def _step(self, model: _KeyModel, x: NDArray[np.float64], observed_s: float) -> None:
+        lam = self.forgetting
+        gram = model.gram
+        gram *= lam
+        gram += np.outer(x, x)
+        # Re-add the regulariser the discount just took away, so it is never forgotten.
+        gram.flat[:: _TERMS + 1] += (1.0 - lam) * self.ridge
+        model.moment *= lam
+        model.moment += observed_s * x
+        model.weight = lam * model.weight + 1.0
+        model.solve()

@@ -1,0 +1,180 @@
+"""The discrete-event simulator: its batching physics, its determinism, and what the
+policies it drives achieve on real trace rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from switchyard.contracts.messages import WorkloadType
+from switchyard.perf import performance_model
+from switchyard.policies import PolicyOptions, make_llm_policy
+from switchyard.policies.gaps import GapsRebalanceConfig
+from switchyard.sim import RunMetrics, SimulationConfig, SimulationError, Simulator
+from switchyard.sim.experiment import ExperimentConfig, run_experiment
+
+from loadgen.traces import TraceRequest, resolve_trace, scale_load
+
+pytestmark = pytest.mark.unit
+
+A100 = "a100-80gb/llama-2-7b"
+H100 = "h100-80gb/llama-2-7b"
+
+
+@dataclass(frozen=True)
+class Row:
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    workload: WorkloadType = WorkloadType.CONVERSATION
+
+
+def simulate(
+    policy: str, rows: Sequence[Row] | Sequence[TraceRequest], **config: Any
+) -> tuple[Simulator, RunMetrics]:
+    sim = Simulator(make_llm_policy(policy), SimulationConfig(**{"workers": 1, **config}))
+    return sim, sim.run(rows)
+
+
+@pytest.fixture(scope="module")
+def busy_conv() -> Sequence[TraceRequest]:
+    # The bundled conversation sample at ten times its rate keeps 4 workers busy.
+    return scale_load(resolve_trace("azure-conv-sample"), 10.0).requests
+
+
+def test_a_lone_request_takes_exactly_its_idle_service_time() -> None:
+    perf = performance_model(A100)
+    sim, metrics = simulate("jsq", [Row(0.0, 1200, 300)])
+    assert metrics.completed == 1
+    assert metrics.p50_s == pytest.approx(perf.idle_service_s(1200, 300), rel=1e-9)
+    (request,) = sim.completed
+    assert request.first_token_s == pytest.approx(perf.prefill_s([1200]), rel=1e-9)
+
+
+def test_batching_shares_a_worker_faster_than_taking_turns() -> None:
+    perf = performance_model(A100)
+    alone = [perf.idle_service_s(800, 200), perf.idle_service_s(600, 400)]
+    sim, metrics = simulate("jsq", [Row(0.0, 800, 200), Row(0.0, 600, 400)])
+    finished = sorted(r.finished_s for r in sim.completed)
+    assert metrics.completed == 2
+    assert finished[-1] < sum(alone)  # together beats one after the other
+    assert finished[0] > min(alone)  # but each is slower than alone
+
+
+def test_a_request_arriving_mid_decode_joins_the_running_batch() -> None:
+    sim, _ = simulate("jsq", [Row(0.0, 500, 2000), Row(1.0, 500, 10)])
+    second = next(r for r in sim.completed if r.output_tokens == 10)
+    first = next(r for r in sim.completed if r.output_tokens == 2000)
+    assert second.finished_s < first.finished_s  # it did not wait for the long one
+
+
+def test_the_kv_cache_limits_how_many_run_at_once() -> None:
+    perf = performance_model(A100)
+    # Each request reserves about half the cache: the second must wait for the first.
+    half = perf.kv_capacity_tokens // 2 + 1
+    sim, _ = simulate("jsq", [Row(0.0, half - 100, 100), Row(0.0, half - 100, 100)])
+    first, second = sorted(sim.completed, key=lambda r: r.finished_s)
+    assert second.started_s >= first.finished_s
+
+
+def test_a_request_larger_than_the_cache_is_reported_not_simulated() -> None:
+    perf = performance_model(A100)
+    _, metrics = simulate("jsq", [Row(0.0, perf.kv_capacity_tokens, 10), Row(0.1, 100, 10)])
+    assert (metrics.requests, metrics.completed, metrics.rejected) == (2, 1, 1)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    ["round-robin", "random", "jsq", "power-of-two", "least-work", "llumnix", "splitwise",
+     "flashgen", "gaps", "gaps-nopred", "gaps-norebal", "gaps-noglobal", "oracle"],
+)  # fmt: skip
+def test_every_policy_completes_every_request(
+    policy: str, busy_conv: Sequence[TraceRequest]
+) -> None:
+    _, metrics = simulate(policy, busy_conv[:400], workers=4)
+    assert metrics.completed == metrics.requests == 400
+    assert 0 < metrics.p50_s <= metrics.p90_s <= metrics.p99_s
+    assert 0.0 < metrics.mean_utilization <= 1.0
+
+
+def test_the_same_seed_gives_the_same_runs(busy_conv: Sequence[TraceRequest]) -> None:
+    config = ExperimentConfig(
+        trace="azure-conv-sample", policies=("random", "gaps", "llumnix"), workers=(4,), seeds=2
+    )
+
+    def once() -> list[dict[str, object]]:
+        runs = run_experiment(config, lambda _: busy_conv[:300])
+        return [
+            {k: v for k, v in r.items() if k not in ("sim_wall_s", "simulated_rps")} for r in runs
+        ]
+
+    first, second = once(), once()
+    assert first == second
+    assert first[0]["p99_s"] != first[3]["p99_s"]  # but seeds differ (random policy)
+
+
+def test_the_oracle_never_loses_to_round_robin_on_p99(busy_conv: Sequence[TraceRequest]) -> None:
+    for workers in (2, 4):
+        _, oracle = simulate("oracle", busy_conv, workers=workers)
+        _, blind = simulate("round-robin", busy_conv, workers=workers)
+        assert oracle.p99_s <= blind.p99_s
+
+
+def test_rebalancing_migrates_only_when_the_gain_beats_the_cost(
+    busy_conv: Sequence[TraceRequest],
+) -> None:
+    cheap = PolicyOptions(gaps_rebalance=GapsRebalanceConfig(fixed_overhead_s=0.05))
+    dear = PolicyOptions(gaps_rebalance=GapsRebalanceConfig(fixed_overhead_s=1e6))
+    config = SimulationConfig(workers=4)
+    moved = Simulator(make_llm_policy("gaps", cheap), config)
+    moved_metrics = moved.run(busy_conv)
+    kept = Simulator(make_llm_policy("gaps", dear), config).run(busy_conv)
+    assert moved_metrics.migrations > 0
+    assert moved_metrics.migration_cost_s == pytest.approx(0.05 * moved_metrics.migrations)
+    assert kept.migrations == 0
+    assert sum(r.migrations for r in moved.completed) == moved_metrics.migrations
+
+
+def test_llumnix_pays_for_the_kv_cache_it_moves(busy_conv: Sequence[TraceRequest]) -> None:
+    _, metrics = simulate("llumnix", busy_conv, workers=4)
+    if metrics.migrations:
+        assert metrics.migration_cost_s > 0.02 * metrics.migrations
+
+
+def test_a_mixed_cluster_gives_the_faster_gpu_more_work(busy_conv: Sequence[TraceRequest]) -> None:
+    sim, metrics = simulate("gaps", busy_conv, workers=2, profiles=(A100, H100))
+    served = [r.served_by for r in sim.completed]
+    assert metrics.completed == len(busy_conv)
+    assert served.count(H100) > served.count(A100)
+
+
+def test_more_workers_cut_the_tail(busy_conv: Sequence[TraceRequest]) -> None:
+    _, small = simulate("gaps", busy_conv, workers=2)
+    _, large = simulate("gaps", busy_conv, workers=8)
+    assert large.p99_s < small.p99_s
+
+
+def test_bad_settings_are_named() -> None:
+    with pytest.raises(SimulationError, match="workers"):
+        SimulationConfig(workers=0)
+    with pytest.raises(SimulationError, match="predictor-error"):
+        SimulationConfig(workers=1, predictor_error=2.0)
+    with pytest.raises(SimulationError, match="b200"):
+        Simulator(make_llm_policy("jsq"), SimulationConfig(workers=1, profiles=("b200/x",)))
+    with pytest.raises(SimulationError, match="no requests"):
+        Simulator(make_llm_policy("jsq"), SimulationConfig(workers=1)).run([])
+
+
+def test_splitwise_hands_every_request_from_a_prefill_to_a_decode_worker(
+    busy_conv: Sequence[TraceRequest],
+) -> None:
+    sim, metrics = simulate("splitwise", busy_conv[:200], workers=4)
+    decode_ids = {i.worker_id for i in sim.instances if i.role.value == "decode"}
+    assert len(decode_ids) == 3
+    assert metrics.completed == 200
+    long_ones = [r for r in sim.completed if r.output_tokens > 1]
+    assert long_ones
+    assert {r.served_on for r in long_ones} <= decode_ids
+    assert all(r.prefill_s >= r.arrival_s for r in long_ones)
