@@ -145,6 +145,38 @@ def test_linear_model_stays_bounded_over_a_long_run_without_hints() -> None:
     )
 
 
+def test_batched_online_updates_equal_single_rls_steps() -> None:
+    # Folding eight completions at once must give the very equations eight single
+    # steps give: batching is a speed-up, never a different estimator.
+    train = draw(500, seed=30)
+    single = LinearServiceTimePredictor(forgetting=0.99, solve_every=1)
+    batched = LinearServiceTimePredictor(forgetting=0.99, solve_every=8)
+    for predictor in (single, batched):
+        predictor.fit(train, [linear_law(f) for f in train])
+    for f in draw(64, seed=31, gpus=("a100-80gb",)):
+        single.update(f, 1.5 * linear_law(f))
+        batched.update(f, 1.5 * linear_law(f))
+
+    key = ("llama-2-7b", "a100-80gb")
+    expected = single.coefficients(key)
+    got = batched.coefficients(key)
+    assert expected != predictor_after_fit_only(train, key)
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def predictor_after_fit_only(
+    train: list[ServiceTimeFeatures], key: tuple[str, str]
+) -> dict[str, float]:
+    predictor = LinearServiceTimePredictor()
+    predictor.fit(train, [linear_law(f) for f in train])
+    return predictor.coefficients(key)
+
+
+def test_solve_every_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="solve_every"):
+        LinearServiceTimePredictor(solve_every=0)
+
+
 def test_linear_model_learns_from_updates_alone() -> None:
     predictor = LinearServiceTimePredictor()
     for f in draw(300, seed=9):

@@ -20,7 +20,10 @@ the exponentially weighted normal equations
 
     A <- lambda*A + x x' + (1 - lambda)*ridge*I        b <- lambda*b + y x
 
-re-solved after each step (eight unknowns: microseconds). The classic covariance form of
+re-solved every ``solve_every`` completions (default 8): the pending samples are folded in
+together, each discounted once per later sample, which gives exactly the equations of that
+many single steps for one round of numpy calls; predictions in between use the last
+solution. The classic covariance form of
 RLS divides its matrix by ``lambda`` on every step, which blows up along directions no
 completion excites (the hint columns when clients never send one, the workloads a key
 never sees); here the ``ridge*I`` term is never forgotten, so those directions stay
@@ -82,7 +85,8 @@ def linear_terms(features: ServiceTimeFeatures) -> list[float]:
 class _KeyModel:
     """The exponentially weighted normal equations of one key and their solution."""
 
-    __slots__ = ("coef", "gram", "moment", "weight")
+    __slots__ = ("coef", "gram", "moment", "pending", "weight")
+    # ``pending`` holds the (terms, observed seconds) of updates not yet folded in.
 
     def __init__(self, gram: NDArray[np.float64], moment: NDArray[np.float64], weight: float):
         self.gram = gram
@@ -90,6 +94,7 @@ class _KeyModel:
         self.weight = weight
         """Effective (discounted) number of samples behind the model."""
         self.coef: tuple[float, ...] = ()
+        self.pending: list[tuple[list[float], float]] = []
         self.solve()
 
     def solve(self) -> None:
@@ -101,18 +106,26 @@ class LinearServiceTimePredictor:
     """Ridge regression per (model, gpu), updated online by recursive least squares.
 
     ``ridge`` (> 0) is the regulariser in units of the scaled terms; ``forgetting`` in
-    (0, 1] is the RLS forgetting factor (1 remembers everything equally).
+    (0, 1] is the RLS forgetting factor (1 remembers everything equally); the weights are
+    re-solved after every ``solve_every`` online updates.
     """
 
     name: str = "linear"
 
-    def __init__(self, *, ridge: float = 1e-3, forgetting: float = 0.999) -> None:
+    def __init__(
+        self, *, ridge: float = 1e-3, forgetting: float = 0.999, solve_every: int = 8
+    ) -> None:
         if not (math.isfinite(ridge) and ridge > 0):
             raise ValueError(f"ridge must be > 0, got {ridge}")
         if not (0 < forgetting <= 1):
             raise ValueError(f"forgetting must be within (0, 1], got {forgetting}")
+        if solve_every < 1:
+            raise ValueError(f"solve_every must be at least 1, got {solve_every}")
         self.ridge = ridge
         self.forgetting = forgetting
+        # Every update folds into the normal equations at once; re-solving them (an 8x8
+        # system, most of an update's cost) waits for this many, as batched RLS.
+        self.solve_every = solve_every
         self._keys: dict[tuple[str, str], _KeyModel] = {}
         self._global: _KeyModel | None = None
 
@@ -169,7 +182,7 @@ class LinearServiceTimePredictor:
     def update(self, features: ServiceTimeFeatures, observed_s: float) -> None:
         """One RLS step with forgetting on the key's model and on the global model."""
         check_observation(observed_s)
-        x = np.array(linear_terms(features), dtype=np.float64)
+        x = linear_terms(features)
         key = (features.model, features.gpu)
         model = self._keys.get(key)
         if model is None:
@@ -188,14 +201,28 @@ class LinearServiceTimePredictor:
     def _empty(self) -> _KeyModel:
         return _KeyModel(self.ridge * np.eye(_TERMS), np.zeros(_TERMS), 0.0)
 
-    def _step(self, model: _KeyModel, x: NDArray[np.float64], observed_s: float) -> None:
+    def _step(self, model: _KeyModel, x: list[float], observed_s: float) -> None:
+        model.pending.append((x, observed_s))
+        if len(model.pending) >= self.solve_every:
+            self._fold(model)
+
+    def _fold(self, model: _KeyModel) -> None:
+        """Fold the pending updates into the equations, each discounted by the
+        forgetting factor once per later update, and re-solve: the same result as
+        that many single RLS steps, for one round of numpy calls."""
         lam = self.forgetting
+        count = len(model.pending)
+        rows = np.array([x for x, _ in model.pending], dtype=np.float64)
+        observed = np.array([y for _, y in model.pending], dtype=np.float64)
+        decay = lam ** np.arange(count - 1, -1, -1, dtype=np.float64)
+        kept = lam**count
         gram = model.gram
-        gram *= lam
-        gram += np.outer(x, x)
+        gram *= kept
+        gram += rows.T @ (rows * decay[:, None])
         # Re-add the regulariser the discount just took away, so it is never forgotten.
-        gram.flat[:: _TERMS + 1] += (1.0 - lam) * self.ridge
-        model.moment *= lam
-        model.moment += observed_s * x
-        model.weight = lam * model.weight + 1.0
+        gram.flat[:: _TERMS + 1] += (1.0 - kept) * self.ridge
+        model.moment *= kept
+        model.moment += rows.T @ (decay * observed)
+        model.weight = kept * model.weight + float(decay.sum())
+        model.pending = []
         model.solve()

@@ -25,7 +25,7 @@ from collections import deque
 from enum import Enum
 
 from switchyard.perf import PerformanceModel
-from switchyard.policies.snapshot import WorkerRole
+from switchyard.policies.snapshot import WorkerRole, WorkerView
 from switchyard.sim.request import SimRequest
 
 
@@ -59,6 +59,7 @@ class SimInstance:
         "steps_done",
         "util_area",
         "util_now",
+        "view",
         "waiting",
         "waiting_prompt_tokens",
         "waiting_work_s",
@@ -102,6 +103,8 @@ class SimInstance:
         self.wake_s: float | None = None
         self.wake_version = 0
         self.util_now = 0.0
+        self.view: WorkerView | None = None
+        """This worker as policies last saw it; rebuilt after any change."""
         self.util_area = 0.0
         self.busy_area = 0.0
         self.last_account_s = 0.0
@@ -161,6 +164,7 @@ class SimInstance:
             self.last_account_s = now_s
 
     def _refresh_utilization(self) -> None:
+        self.view = None  # something changed: the next snapshot rebuilds the view
         if self.waiting:
             self.util_now = 1.0
             return
@@ -223,6 +227,7 @@ class SimInstance:
         if steps:
             self.anchor_s += self.perf.decode_steps_s(n, kv, steps)
             self.steps_done += steps
+            self.view = None
 
     # -- iterations ----------------------------------------------------------------------
 

@@ -243,9 +243,15 @@ class Simulator:
     # -- snapshots ---------------------------------------------------------------------
 
     def _worker_view(self, inst: SimInstance, now_s: float) -> WorkerView:
+        """The worker as of its last change, like a worker that reports on every change:
+        a view is rebuilt only after its instance changed, so the predicted work left of
+        its running requests is as of that moment."""
+        view = inst.view
+        if view is not None:
+            return view
         perf = inst.perf
         kv = inst.kv_tokens()
-        return WorkerView(
+        view = WorkerView(
             worker_id=inst.worker_id,
             worker_type=inst.worker_type,
             role=inst.role,
@@ -263,6 +269,8 @@ class Simulator:
             kv_bytes_per_token=perf.kv_bytes_per_token,
             interconnect_bytes_per_s=perf.interconnect_bytes_per_s,
         )
+        inst.view = view
+        return view
 
     def _cluster(self, now_s: float) -> ClusterSnapshot:
         return ClusterSnapshot(
