@@ -12,8 +12,11 @@ from switchyard.contracts.messages import WorkloadType
 from switchyard.perf import performance_model
 from switchyard.policies import PolicyOptions, make_llm_policy
 from switchyard.policies.gaps import GapsRebalanceConfig
+from switchyard.policies.snapshot import RequestView, WorkerRole
 from switchyard.sim import RunMetrics, SimulationConfig, SimulationError, Simulator
 from switchyard.sim.experiment import ExperimentConfig, run_experiment
+from switchyard.sim.instance import SimInstance
+from switchyard.sim.request import SimRequest
 
 from loadgen.traces import TraceRequest, resolve_trace, scale_load
 
@@ -178,3 +181,47 @@ def test_splitwise_hands_every_request_from_a_prefill_to_a_decode_worker(
     assert long_ones
     assert {r.served_on for r in long_ones} <= decode_ids
     assert all(r.prefill_s >= r.arrival_s for r in long_ones)
+
+
+def _exact_request(index: int, prompt_tokens: int, output_tokens: int) -> SimRequest:
+    service_s = performance_model(A100).idle_service_s(prompt_tokens, output_tokens)
+    view = RequestView(
+        request_id=f"r{index}",
+        arrival_s=0.0,
+        prompt_tokens=prompt_tokens,
+        workload=WorkloadType.CONVERSATION,
+        model="llama-2-7b",
+        calibrated_s={A100: service_s},
+    )
+    return SimRequest(
+        index=index,
+        arrival_s=0.0,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        workload=WorkloadType.CONVERSATION,
+        view=view,
+        slo_s=10 * service_s,
+    )
+
+
+def test_queued_work_follows_tokens_generated_not_wall_time() -> None:
+    # Sixteen requests decoding together run slower than the idle worker their
+    # predictions are for. Once a request's predicted idle time has passed on the wall
+    # clock it still has tokens to go, and the worker must still count that work.
+    perf = performance_model(A100)
+    inst = SimInstance(0, "w0", perf, WorkerRole.MIXED)
+    requests = [_exact_request(i, 500, 400) for i in range(16)]  # one prefill batch
+    for request in requests:
+        inst.enqueue(request, 0.0)
+    inst.wake(0.0)  # admit: one prefill of all 16
+    inst.wake(inst.busy_until_s)  # the prefill ends, the batch decodes
+    idle_s = perf.idle_service_s(500, 400)
+    later_s = idle_s * 1.2  # past every prediction on the wall clock
+    inst.sync(later_s)
+    generated = 1 + inst.steps_done
+    assert 1 < generated < 400  # the batch is slower than one request alone
+
+    per_step_s = perf.decode_step_s(1, 501)
+    expected_each_s = idle_s - perf.prefill_s([500]) - (generated - 1) * per_step_s
+    assert inst.queued_work_s() == pytest.approx(16 * expected_each_s, rel=1e-9)
+    assert inst.remaining_work_s(requests[0]) == pytest.approx(expected_each_s, rel=1e-9)

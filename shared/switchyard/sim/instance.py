@@ -39,9 +39,7 @@ class SimInstance:
     """A worker of the simulated cluster. Only the simulator calls it."""
 
     __slots__ = (
-        "_end_count",
-        "_end_sum_s",
-        "_ends",
+        "_cross",
         "_heap",
         "_joins",
         "anchor_s",
@@ -53,9 +51,12 @@ class SimInstance:
         "n_running",
         "perf",
         "phase",
+        "prefill_work_s",
         "prefilling",
         "reserved_tokens",
         "role",
+        "run_base_s",
+        "run_per_step_s",
         "steps_done",
         "util_area",
         "util_now",
@@ -94,12 +95,17 @@ class SimInstance:
         self.busy_until_s = 0.0
         self.waiting_work_s = 0.0
         self.waiting_prompt_tokens = 0
-        # Predicted work left of the active (prefilling or running) requests: the sum of
-        # max(0, predicted end - now), kept as the sum and count of the ends still in
-        # the future; a min-heap retires the ends that passed, each once.
-        self._ends: list[tuple[float, int, SimRequest]] = []
-        self._end_sum_s = 0.0
-        self._end_count = 0
+        # Predicted work left of the active requests. A prefilling request counts its
+        # whole prediction. A running request's progress is measured in tokens, as a
+        # worker reports it, not in wall time (a batch runs slower than the idle
+        # worker the prediction is for): after g tokens it has done its idle prefill
+        # plus g - 1 idle decode steps, and what is left is its prediction minus that,
+        # at least 0. Over the batch that is run_base_s - steps_done * run_per_step_s;
+        # a min-heap keyed by the step at which a request's share reaches 0 retires it.
+        self.prefill_work_s = 0.0
+        self.run_base_s = 0.0
+        self.run_per_step_s = 0.0
+        self._cross: list[tuple[float, int, SimRequest]] = []
         self.wake_s: float | None = None
         self.wake_version = 0
         self.util_now = 0.0
@@ -119,31 +125,53 @@ class SimInstance:
         prefill = sum(r.prompt_tokens for r in self.prefilling)
         return self.kv_base + self.n_running * self.steps_done + prefill
 
-    def queued_work_s(self, now_s: float) -> float:
-        ends = self._ends
-        while ends and ends[0][0] <= now_s:
-            _, token, request = heapq.heappop(ends)
-            if token == request.end_token and request.instance is self:
-                request.end_token = -1
-                self._end_sum_s -= request.predicted_end_s
-                self._end_count -= 1
-        running = self._end_sum_s - self._end_count * now_s
-        return self.waiting_work_s + (running if running > 0.0 else 0.0)
+    def queued_work_s(self) -> float:
+        """Predicted seconds of work held: waiting, prefilling, and what the running
+        batch has left as of the last synced step (see ``__init__``)."""
+        return self.waiting_work_s + self.prefill_work_s + self.running_work_s()
 
-    def _expect_end(self, request: SimRequest) -> None:
-        """Count an admitted request's predicted work until its predicted end."""
+    def running_work_s(self) -> float:
+        cross = self._cross
+        steps = self.steps_done
+        while cross and cross[0][0] <= steps:
+            _, token, request = heapq.heappop(cross)
+            if token == request.end_token and request.instance is self:
+                self._uncount(request)
+        left = self.run_base_s - steps * self.run_per_step_s
+        return left if left > 0.0 else 0.0
+
+    def remaining_work_s(self, request: SimRequest) -> float:
+        """The predicted work a running request has left (see ``__init__``)."""
+        left = request.run_base_s - self.steps_done * request.run_per_step_s
+        return left if left > 0.0 else 0.0
+
+    def _count(self, request: SimRequest) -> None:
+        """Count a request that joined the batch in the running work."""
+        perf = self.perf
+        per_step_s = perf.decode_step_s(1, request.prompt_tokens + 1)
+        done_s = perf.prefill_s((request.prompt_tokens,)) + per_step_s * (
+            request.generated_at_join - 1 - self.steps_done
+        )
+        request.run_per_step_s = per_step_s
+        request.run_base_s = request.work_s - done_s
+        if request.run_base_s - self.steps_done * per_step_s <= 0.0:
+            request.end_token = -1  # already past its prediction: counts nothing
+            return
         self._joins += 1
         request.end_token = self._joins
-        request.predicted_end_s = request.started_s + request.work_s
-        self._end_sum_s += request.predicted_end_s
-        self._end_count += 1
-        heapq.heappush(self._ends, (request.predicted_end_s, self._joins, request))
+        self.run_base_s += request.run_base_s
+        self.run_per_step_s += per_step_s
+        heapq.heappush(self._cross, (request.run_base_s / per_step_s, self._joins, request))
 
-    def _forget_end(self, request: SimRequest) -> None:
+    def _uncount(self, request: SimRequest) -> None:
         if request.end_token >= 0:
             request.end_token = -1
-            self._end_sum_s -= request.predicted_end_s
-            self._end_count -= 1
+            self.run_base_s -= request.run_base_s
+            self.run_per_step_s -= request.run_per_step_s
+            if not self._cross:
+                # Nothing counted any more: clear the rounding the sums picked up.
+                self.run_base_s = 0.0
+                self.run_per_step_s = 0.0
 
     def decode_step_s(self) -> float:
         if not self.n_running:
@@ -215,7 +243,7 @@ class SimInstance:
         self.n_running -= 1
         self.kv_base -= request.prompt_tokens + request.generated_at_join - request.join_step
         self.reserved_tokens -= request.prompt_tokens + request.output_tokens
-        self._forget_end(request)
+        self._uncount(request)
 
     def sync(self, now_s: float) -> None:
         """Count the decode steps finished by ``now_s`` (the anchor moves to the last one)."""
@@ -250,17 +278,16 @@ class SimInstance:
                 request.generated_at_join = 1
                 if self.role is WorkerRole.PREFILL:
                     self.reserved_tokens -= request.prompt_tokens + request.output_tokens
-                    self._forget_end(request)
                     request.instance = None
                     handoffs.append(request)
                 elif request.output_tokens <= 1:
                     self.reserved_tokens -= request.prompt_tokens + request.output_tokens
-                    self._forget_end(request)
                     request.finished_s = done_s
                     request.instance = None
                     finished.append(request)
                 else:
                     self._join(request)
+            self.prefill_work_s = 0.0  # the whole prefill batch ends at once
             self.phase = Phase.DECODE if self.n_running else Phase.IDLE
             self.anchor_s = done_s
         elif self.phase is Phase.DECODE:
@@ -297,6 +324,7 @@ class SimInstance:
         self._joins += 1
         request.join_token = self._joins
         heapq.heappush(self._heap, (finish_step, self._joins, request))
+        self._count(request)
 
     def _admit(self, now_s: float) -> None:
         if self.phase is Phase.PREFILL or not self.waiting:
@@ -322,7 +350,6 @@ class SimInstance:
             self.reserved_tokens += need
             if request.started_s < 0.0:
                 request.started_s = now_s
-            self._expect_end(request)
             if request.has_kv:
                 # A migrated or handed-off request brings its KV cache: no prefill.
                 if self.phase is Phase.DECODE:
@@ -331,6 +358,7 @@ class SimInstance:
                 resumed = True
             else:
                 request.prefill_s = now_s
+                self.prefill_work_s += request.work_s
                 self.prefilling.append(request)
                 prompts.append(request.prompt_tokens)
         if prompts:

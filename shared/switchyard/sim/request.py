@@ -26,11 +26,12 @@ class SimRequest:
         "join_token",
         "migrations",
         "output_tokens",
-        "predicted_end_s",
         "predicted_s",
         "prefill_s",
         "prompt_tokens",
         "queued_at_s",
+        "run_base_s",
+        "run_per_step_s",
         "served_by",
         "served_on",
         "slo_s",
@@ -79,9 +80,12 @@ class SimRequest:
         self.predicted_s: dict[str, float] = {}
         """Raw predictions ``s^`` per worker type, kept to score the predictor."""
         self.migrations = 0
-        self.predicted_end_s = 0.0
+        self.run_base_s = 0.0
+        self.run_per_step_s = 0.0
+        """Its running work left is ``run_base_s - steps_done * run_per_step_s`` in its
+        worker's step count (see :class:`SimInstance`)."""
         self.end_token = -1
-        """Positive while its predicted end counts in its worker's queued work."""
+        """Positive while its work left counts in its worker's queued work."""
 
     @property
     def has_kv(self) -> bool:

@@ -260,7 +260,7 @@ class Simulator:
             max_slots=perf.max_batch_slots,
             kv_used_tokens=kv,
             kv_capacity_tokens=perf.kv_capacity_tokens,
-            queued_work_s=inst.queued_work_s(now_s),
+            queued_work_s=inst.queued_work_s(),
             queued_tokens=inst.waiting_prompt_tokens + kv,
             utilization=inst.util_now,
             decode_step_s=inst.decode_step_s(),
@@ -383,7 +383,7 @@ class Simulator:
         cluster = self._cluster(now_s)
         queued: list[QueuedRequestView] = []
         for inst in self.instances:
-            ahead_s = max(0.0, inst.queued_work_s(now_s) - inst.waiting_work_s)
+            ahead_s = inst.prefill_work_s + inst.running_work_s()
             for request in inst.waiting:
                 queued.append(
                     QueuedRequestView(
@@ -409,7 +409,7 @@ class Simulator:
                             phase=RequestPhase.RUNNING,
                             queued_at_s=request.queued_at_s,
                             work_ahead_s=0.0,
-                            remaining_s=max(0.0, request.work_s - (now_s - request.started_s)),
+                            remaining_s=inst.remaining_work_s(request),
                             kv_tokens=request.prompt_tokens + generated,
                             generated_tokens=generated,
                         )
