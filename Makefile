@@ -8,22 +8,30 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo test test-fast lint format bench infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus test test-fast lint format bench bench-sim bench-eval infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
-	@echo "make demo         replay the bundled trace sample through the embedded stack"
+	@echo "make demo         compare every LLM scheduling policy on the bundled trace sample"
+	@echo "make demo-bus     replay the bundled sample through the embedded bus and state store"
 	@echo "make test         deps, lint, start Kafka and Redis, run every test tier, stop them"
 	@echo "make test-fast    unit and in-memory contract tests (no Kafka or Redis)"
 	@echo "make lint         ruff check, ruff format --check, mypy --strict"
 	@echo "make bench        bus benchmark on the local Kafka broker"
+	@echo "make bench-sim    simulator speed and policy decision speed"
+	@echo "make bench-eval   the GAPS evaluation grid (both Azure traces, 4-32 workers, 3 seeds)"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
 deps:
 	@deploy/local/bootstrap.sh
 
+# The bundled code and conversation samples (2,000 requests) on 4 simulated A100s at
+# 1.5 times their recorded rate, every registered policy: a few seconds.
 demo: deps
+	$(BIN)/switchyard simulate --trace azure-mix-sample --workers 4 --load-scale 1.5
+
+demo-bus: deps
 	$(BIN)/switchyard demo
 
 lint: deps
@@ -61,6 +69,12 @@ bench: deps
 	trap 'exit 130' INT TERM; \
 	$(INFRA) up --record "$$started" || exit 1; \
 	$(BIN)/python -m bench.bus_bench --json bench/results/bus.json
+
+bench-sim: deps
+	$(BIN)/python -m bench.sim_bench --json bench/results/sim.json
+
+bench-eval: deps
+	$(BIN)/python -m bench.gaps_eval --json bench/results/gaps_eval.json
 
 infra-up:
 	@$(INFRA) up
