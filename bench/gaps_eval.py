@@ -107,6 +107,11 @@ def _jobs(quick: bool) -> list[Job]:
                 jobs.append(
                     Job("mixed", "azure-conv", 8, 3.0, policy, seed, error, mixed, head=cut)
                 )
+                jobs.append(
+                    Job(
+                        "mixed-overload", "azure-conv", 8, 4.5, policy, seed, error, mixed, head=cut
+                    )
+                )
         for u_th in (0.0, 0.3, 0.5, 0.7, 1.0):
             for profiles, scale in (((A100,), 4.5), (mixed, 3.0)):
                 for error in (0.0, 0.4):
@@ -248,6 +253,8 @@ def main() -> None:
     print(_grid_tables(runs))
     print("\n### Mixed cluster: 4 A100 + 4 L40S, conversation x3\n")
     print(_section_table(runs, "mixed", ("policy", "error")))
+    print("\n### Mixed cluster overloaded: 4 A100 + 4 L40S, conversation x4.5\n")
+    print(_section_table(runs, "mixed-overload", ("policy", "error")))
     print("\n### u_th sweep (gaps-norebal, conversation, 8 workers)\n")
     print(_section_table(runs, "u_th", ("profiles", "error", "u_th")))
     print("\n### Calibration sweep (gaps, conversation x4.5, 8 workers): (beta, gamma, eps)\n")

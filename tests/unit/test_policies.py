@@ -226,6 +226,30 @@ def test_gaps_spreads_one_round_of_moves_instead_of_piling_on_one_worker() -> No
     assert all(p.expected_gain_s > p.cost_s for p in plans)
 
 
+def test_gaps_ignores_a_gain_too_small_to_be_more_than_noise() -> None:
+    # 2 s ahead over 2 running = 1 s wait, plus 8 s of its own: 9 s where it is, 8 s on
+    # the idle worker. A 1 s gain beats the 0.05 s cost but is 11 % of the stay, under
+    # the 20 % hysteresis; without the hysteresis it moves.
+    snapshot = overloaded_and_idle(waiting_on("busy", "r1", 2.0, 8.0))
+    assert GapsRebalancer(GapsRebalanceConfig(min_gain_fraction=0.2)).plan(snapshot, ctx()) == ()
+    (plan,) = GapsRebalancer(GapsRebalanceConfig(min_gain_fraction=0.0)).plan(snapshot, ctx())
+    assert plan.expected_gain_s == pytest.approx(1.0)
+
+
+def test_gaps_weighs_only_the_most_pressing_candidates_in_a_round() -> None:
+    # Forty waiting requests, each worth moving; with room to weigh eight, the eight
+    # facing the longest completion go first and nothing else is looked at.
+    queued = tuple(waiting_on("busy", f"r{i}", 10.0 + i, 10.0) for i in range(40))
+    config = GapsRebalanceConfig(max_candidates=8, max_migrations=16, min_gain_fraction=0.0)
+    busy = worker("busy", running=1, waiting=40, queued_work_s=400.0, utilization=1.0)
+    idle = tuple(worker(f"idle{i}") for i in range(8))
+    snapshot = RebalanceSnapshot(
+        cluster=cluster(busy, *idle), queued=queued, recent_slo_violation_rate=0.0
+    )
+    plans = GapsRebalancer(config).plan(snapshot, ctx())
+    assert sorted(p.request_id for p in plans) == sorted(f"r{i}" for i in range(32, 40))
+
+
 def test_gaps_rebalancer_runs_early_on_a_violation_spike() -> None:
     rebalancer = GapsRebalancer(GapsRebalanceConfig(spike_violation_rate=0.2))
     assert rebalancer.spike(0.25)

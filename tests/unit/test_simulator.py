@@ -4,15 +4,22 @@ policies it drives achieve on real trace rows."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 from switchyard.contracts.messages import WorkloadType
 from switchyard.perf import performance_model
 from switchyard.policies import PolicyOptions, make_llm_policy
+from switchyard.policies.base import DecisionContext, MigrationPlan
 from switchyard.policies.gaps import GapsRebalanceConfig
-from switchyard.policies.snapshot import RequestView, WorkerRole
+from switchyard.policies.snapshot import (
+    QueueScope,
+    RebalanceSnapshot,
+    RequestPhase,
+    RequestView,
+    WorkerRole,
+)
 from switchyard.sim import RunMetrics, SimulationConfig, SimulationError, Simulator
 from switchyard.sim.experiment import ExperimentConfig, run_experiment
 from switchyard.sim.instance import SimInstance
@@ -128,8 +135,13 @@ def test_the_oracle_never_loses_to_round_robin_on_p99(busy_conv: Sequence[TraceR
 def test_rebalancing_migrates_only_when_the_gain_beats_the_cost(
     busy_conv: Sequence[TraceRequest],
 ) -> None:
-    cheap = PolicyOptions(gaps_rebalance=GapsRebalanceConfig(fixed_overhead_s=0.05))
-    dear = PolicyOptions(gaps_rebalance=GapsRebalanceConfig(fixed_overhead_s=1e6))
+    # No hysteresis here: the cost alone decides.
+    cheap = PolicyOptions(
+        gaps_rebalance=GapsRebalanceConfig(fixed_overhead_s=0.05, min_gain_fraction=0.0)
+    )
+    dear = PolicyOptions(
+        gaps_rebalance=GapsRebalanceConfig(fixed_overhead_s=1e6, min_gain_fraction=0.0)
+    )
     config = SimulationConfig(workers=4)
     moved = Simulator(make_llm_policy("gaps", cheap), config)
     moved_metrics = moved.run(busy_conv)
@@ -225,3 +237,41 @@ def test_queued_work_follows_tokens_generated_not_wall_time() -> None:
     expected_each_s = idle_s - perf.prefill_s([500]) - (generated - 1) * per_step_s
     assert inst.queued_work_s() == pytest.approx(16 * expected_each_s, rel=1e-9)
     assert inst.remaining_work_s(requests[0]) == pytest.approx(expected_each_s, rel=1e-9)
+
+
+@dataclass
+class RecordingRebalancer:
+    """Moves nothing; keeps every snapshot the simulator hands it."""
+
+    queue_scope: QueueScope
+    name: str = "recording"
+    period_s: float = 1.0
+    snapshots: list[RebalanceSnapshot] = field(default_factory=list)
+
+    def spike(self, recent_slo_violation_rate: float) -> bool:
+        return False
+
+    def plan(self, snapshot: RebalanceSnapshot, ctx: DecisionContext) -> tuple[MigrationPlan, ...]:
+        self.snapshots.append(snapshot)
+        return ()
+
+
+def test_a_rebalancer_sees_the_tail_of_each_queue_it_asked_for() -> None:
+    # One worker whose cache holds three of these at a time: the rest wait, and the
+    # rebalancer, asking for a tail of two, sees exactly the last two waiting, each with
+    # the predicted work of everything queued ahead of it.
+    rows = [Row(0.01 * i, 30_000, 2_000) for i in range(12)]
+    recorder = RecordingRebalancer(QueueScope(waiting_tail=2, running=False))
+    policy = replace(make_llm_policy("gaps"), rebalancer=recorder)
+    sim = Simulator(policy, SimulationConfig(workers=1))
+    sim.run(rows)
+
+    busy = [s for s in recorder.snapshots if len(s.queued) == 2]
+    assert busy, "no round saw a queue"
+    snapshot = busy[0]
+    first, second = snapshot.queued
+    assert all(q.phase is RequestPhase.WAITING for q in snapshot.queued)
+    assert [q.request.request_id for q in snapshot.queued] == ["r10", "r11"]
+    assert second.work_ahead_s == pytest.approx(first.work_ahead_s + first.remaining_s)
+    (worker_view,) = snapshot.cluster.workers
+    assert second.work_ahead_s + second.remaining_s == pytest.approx(worker_view.queued_work_s)

@@ -24,6 +24,7 @@ from switchyard.policies.registry import (
 from switchyard.policies.snapshot import (
     ClusterSnapshot,
     QueuedRequestView,
+    QueueScope,
     RebalanceSnapshot,
     RequestPhase,
     RequestView,
@@ -42,6 +43,7 @@ __all__ = [
     "Placement",
     "PolicyOptions",
     "PredictionUse",
+    "QueueScope",
     "QueuedRequestView",
     "RebalancePolicy",
     "RebalanceSnapshot",

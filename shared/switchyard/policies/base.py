@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from switchyard.policies.snapshot import (
     ClusterSnapshot,
+    QueueScope,
     RebalanceSnapshot,
     RequestView,
     WorkerView,
@@ -87,6 +88,11 @@ class RebalancePolicy(Protocol):
     @property
     def period_s(self) -> float:
         """How often the shell runs it; ``0`` means only on a violation spike."""
+        ...
+
+    @property
+    def queue_scope(self) -> QueueScope:
+        """Which queued requests its snapshot must list."""
         ...
 
     def spike(self, recent_slo_violation_rate: float) -> bool:

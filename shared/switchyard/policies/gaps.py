@@ -14,14 +14,19 @@ moves one only when the expected gain beats the migration cost::
     wait_s(worker)   = work ahead on it / max(1, its running batch)   # batching drains in parallel
     gain_s           = (wait_s(src) + remaining_s(src)) - (wait_s(dst) + s~(dst))
     cost_s           = fixed_overhead_s + kv_bytes / interconnect_bytes_per_s
-    migrate iff gain_s > cost_s
+    migrate iff gain_s > cost_s  and  gain_s >= min_gain_fraction * stay_s
+
+where ``stay_s = wait_s(src) + remaining_s(src)``. Only the ``max_candidates`` most
+pressing candidates are weighed in a round, so its cost is bounded.
 
 Worked number: 6 s of work ahead on a worker running 3 requests, a 1.5 s request, and
-an idle target of the same type: gain = (2 + 1.5) - (0 + 1.5) = 2 s > 0.05 s, so it moves.
+an idle target of the same type: gain = (2 + 1.5) - (0 + 1.5) = 2 s > 0.05 s, and 2 s
+is 57 % of the 3.5 s it would take where it is (>= 20 %), so it moves.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from switchyard.policies.assignment import service_estimate_s, work_key
@@ -29,6 +34,7 @@ from switchyard.policies.base import DecisionContext, MigrationPlan, Placement, 
 from switchyard.policies.snapshot import (
     ClusterSnapshot,
     QueuedRequestView,
+    QueueScope,
     RebalanceSnapshot,
     RequestPhase,
     RequestView,
@@ -38,7 +44,7 @@ from switchyard.policies.snapshot import (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GapsAssignmentConfig:
-    utilization_threshold: float = 0.7
+    utilization_threshold: float = 0.3
     """``u_th``: below it join-shortest-queue, above it least predicted work plus ``s~``."""
     use_global_work: bool = True
     """False for the gaps-noglobal ablation: always join-shortest-queue."""
@@ -83,13 +89,26 @@ class GapsRebalanceConfig:
     """Predicted completion (from now) above which a request is a candidate anyway."""
     max_migrations: int = 16
     """At most this many moves per round, so one round cannot thrash the cluster."""
+    queue_tail: int = 32
+    """Waiting requests of each worker the snapshot lists: the last this-many."""
+    max_candidates: int = 128
+    """At most this many candidates, the most pressing first, are weighed per round: the
+    round's cost stays bounded however long the queues grow."""
+    min_gain_fraction: float = 0.2
+    """Hysteresis: a move must also save this share of the time the request would take
+    where it is. Without it, estimates that differ by noise swap requests back and forth."""
 
     def __post_init__(self) -> None:
         for name in ("period_s", "fixed_overhead_s", "long_request_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_migrations < 0:
-            raise ValueError(f"max_migrations must be >= 0, got {self.max_migrations}")
+        for name in ("max_migrations", "max_candidates", "queue_tail"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.min_gain_fraction < 1.0:
+            raise ValueError(
+                f"min_gain_fraction must be within [0, 1), got {self.min_gain_fraction}"
+            )
 
 
 def _wait_s(work_ahead_s: float, worker: WorkerView) -> float:
@@ -106,6 +125,12 @@ class GapsRebalancer:
     @property
     def period_s(self) -> float:
         return self.config.period_s
+
+    @property
+    def queue_scope(self) -> QueueScope:
+        # Waiting requests only, and of each queue its tail: along a FIFO queue the
+        # predicted completion only grows, so the tail holds the most pressing ones.
+        return QueueScope(waiting_tail=self.config.queue_tail, running=False)
 
     def spike(self, recent_slo_violation_rate: float) -> bool:
         return recent_slo_violation_rate >= self.config.spike_violation_rate
@@ -133,7 +158,9 @@ class GapsRebalancer:
                 candidates.append((1, -finish_s, queued, "on an overloaded worker"))
             elif finish_s - now_s > self.config.long_request_s:
                 candidates.append((2, -finish_s, queued, "long predicted completion"))
-        candidates.sort(key=lambda c: (c[0], c[1]))
+        candidates = heapq.nsmallest(
+            self.config.max_candidates, candidates, key=lambda c: (c[0], c[1])
+        )
 
         plans: list[MigrationPlan] = []
         for _, _, queued, why in candidates:
@@ -155,7 +182,7 @@ class GapsRebalancer:
                 queued.kv_tokens * source.kv_bytes_per_token / source.interconnect_bytes_per_s
             )
             gain_s = stay_s - move_s
-            if gain_s <= cost_s:
+            if gain_s <= cost_s or gain_s < self.config.min_gain_fraction * stay_s:
                 continue
             plans.append(
                 MigrationPlan(

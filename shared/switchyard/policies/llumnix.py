@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from switchyard.policies.base import DecisionContext, MigrationPlan, Placement, pick_min
 from switchyard.policies.snapshot import (
     ClusterSnapshot,
+    QueueScope,
     RebalanceSnapshot,
     RequestPhase,
     RequestView,
@@ -64,6 +65,10 @@ class LlumnixRebalancer:
     @property
     def period_s(self) -> float:
         return self.config.period_s
+
+    @property
+    def queue_scope(self) -> QueueScope:
+        return QueueScope(waiting_tail=0, running=True)  # it moves running requests only
 
     def spike(self, recent_slo_violation_rate: float) -> bool:
         return False  # purely periodic, like the published system

@@ -123,6 +123,26 @@ class ClusterSnapshot:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class QueueScope:
+    """Which queued requests a rebalancer wants in its snapshot.
+
+    Listing every waiting request of an overloaded cluster on every round would cost
+    the shell more than the decision is worth (and a live rebalancer reading Redis
+    could not afford it either), so a rebalancer asks for what it can use.
+    """
+
+    waiting_tail: int | None = None
+    """The last this-many waiting requests of each worker, in queue order (the ones
+    facing the longest completion); ``None`` for all, ``0`` for none."""
+    running: bool = True
+    """Whether the running requests are listed too."""
+
+    def __post_init__(self) -> None:
+        if self.waiting_tail is not None and self.waiting_tail < 0:
+            raise ValueError(f"waiting_tail must be >= 0 or None, got {self.waiting_tail}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class QueuedRequestView:
     """A request already on a worker, as the rebalancer sees it."""
 
@@ -141,7 +161,7 @@ class QueuedRequestView:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RebalanceSnapshot:
-    """The cluster plus every request a rebalancer may move."""
+    """The cluster plus the requests a rebalancer may move, as its :class:`QueueScope` asked."""
 
     cluster: ClusterSnapshot
     queued: tuple[QueuedRequestView, ...]

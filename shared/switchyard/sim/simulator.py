@@ -109,6 +109,20 @@ _Event = tuple[float, int, int, SimInstance | None, SimRequest | None, int]
 """(time, tie-breaker, kind, instance, request, wake version)."""
 
 
+def _tail(waiting: deque[SimRequest], count: int | None) -> list[SimRequest]:
+    """The last ``count`` waiting requests in queue order (all when ``count`` is None),
+    read from the back so a long queue costs only what is listed."""
+    if count is None or count >= len(waiting):
+        return list(waiting)
+    tail: list[SimRequest] = []
+    for request in reversed(waiting):
+        if len(tail) == count:
+            break
+        tail.append(request)
+    tail.reverse()
+    return tail
+
+
 class Simulator:
     """Runs one policy over one trace on one simulated cluster."""
 
@@ -381,17 +395,22 @@ class Simulator:
             inst.account(now_s)
             inst.sync(now_s)
         cluster = self._cluster(now_s)
+        scope = rebalancer.queue_scope
         queued: list[QueuedRequestView] = []
         for inst in self.instances:
-            ahead_s = inst.prefill_work_s + inst.running_work_s()
-            for request in inst.waiting:
+            waiting = _tail(inst.waiting, scope.waiting_tail)
+            # Work ahead of the first listed: the batch, then every waiting request
+            # before it (the queue's whole predicted work less the listed ones').
+            ahead_s = inst.prefill_work_s + inst.running_work_s() + inst.waiting_work_s
+            ahead_s -= sum(request.work_s for request in waiting)
+            for request in waiting:
                 queued.append(
                     QueuedRequestView(
                         request=request.view,
                         worker_id=inst.worker_id,
                         phase=RequestPhase.WAITING,
                         queued_at_s=request.queued_at_s,
-                        work_ahead_s=ahead_s,
+                        work_ahead_s=max(0.0, ahead_s),
                         remaining_s=request.work_s,
                         kv_tokens=request.prompt_tokens + request.generated_at_join
                         if request.has_kv
@@ -399,7 +418,7 @@ class Simulator:
                     )
                 )
                 ahead_s += request.work_s
-            if inst.phase is Phase.DECODE:
+            if scope.running and inst.phase is Phase.DECODE:
                 for request in inst.running_requests():
                     generated = request.generated_at_join + inst.steps_done - request.join_step
                     queued.append(
