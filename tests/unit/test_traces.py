@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -212,25 +211,6 @@ def test_the_bundled_mix_interleaves_both_samples() -> None:
     assert len(mix) == 2000
     assert [r.arrival_s for r in mix] == sorted(r.arrival_s for r in mix)
     assert len(bundled_mix(limit_per_trace=10)) == 20
-
-
-@pytest.mark.skipif(not SHARED_AZURE.is_dir(), reason=f"{SHARED_AZURE} is absent")
-@pytest.mark.parametrize(
-    ("file_name", "workload", "rows"),
-    [
-        ("AzureLLMInferenceTrace_code.csv", WorkloadType.CODE, 8819),
-        ("AzureLLMInferenceTrace_conv.csv", WorkloadType.CONVERSATION, 19366),
-    ],
-)
-def test_the_full_traces_load_in_well_under_a_second(
-    file_name: str, workload: WorkloadType, rows: int
-) -> None:
-    started_s = time.perf_counter()
-    trace = load_azure_trace(SHARED_AZURE / file_name, workload)
-    elapsed_s = time.perf_counter() - started_s
-    assert len(trace) == rows
-    assert 3000 < trace.duration_s < 3600  # both span about an hour
-    assert elapsed_s < 1.0
 
 
 # The Trace type ---------------------------------------------------------------------
