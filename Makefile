@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus test test-fast lint format bench bench-sim bench-eval infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus test test-fast lint format bench bench-sim bench-eval bench-sneakpeek infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench        bus benchmark on the local Kafka broker"
 	@echo "make bench-sim    simulator speed and policy decision speed"
 	@echo "make bench-eval   the GAPS evaluation grid (both Azure traces, 4-32 workers, 3 seeds)"
+	@echo "make bench-sneakpeek  SneakPeek estimation time per 24-request batch (flat, IVF, HNSW)"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
@@ -75,6 +76,9 @@ bench-sim: deps
 
 bench-eval: deps
 	$(BIN)/python -m bench.gaps_eval --json bench/results/gaps_eval.json
+
+bench-sneakpeek: deps
+	$(BIN)/python -m bench.sneakpeek_bench --json bench/results/sneakpeek.json
 
 infra-up:
 	@$(INFRA) up

@@ -146,6 +146,12 @@ def _cmd_simulate(settings: Settings, args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_apps(settings: Settings, args: argparse.Namespace) -> int:
+    from switchyard.apps.command import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="switchyard",
@@ -179,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     from switchyard.sim.command import add_arguments as add_simulate_arguments
 
     add_simulate_arguments(simulate)
+    apps = add(
+        "apps",
+        _cmd_apps,
+        "Build (train and profile) or show the classification application registry.",
+    )
+    from switchyard.apps.command import add_arguments as add_apps_arguments
+
+    add_apps_arguments(apps)
     demo = add(
         "demo",
         _cmd_demo,

@@ -36,8 +36,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,6 +50,7 @@ from switchyard.prediction.base import (
     check_training_set,
 )
 from switchyard.prediction.features import WORKLOADS, ServiceTimeFeatures
+from switchyard.torch_training import Adam, one_thread
 
 if TYPE_CHECKING:
     import torch
@@ -81,59 +81,6 @@ def _numeric(features: ServiceTimeFeatures) -> list[float]:
     if hint is None:
         return [prompt / 1000.0, math.log1p(prompt), 0.0, 0.0, 0.0]
     return [prompt / 1000.0, math.log1p(prompt), hint / 1000.0, math.log1p(hint), 1.0]
-
-
-class _Adam:
-    """Adam (Kingma and Ba, 2015) with torch's defaults, written out.
-
-    ``torch.optim`` loads torch's compiler stack on first use: seconds of start-up, more
-    than a whole fit of this network takes. These dozen tensor operations do the same.
-    """
-
-    def __init__(self, parameters: list[torch.nn.Parameter], learning_rate: float) -> None:
-        import torch
-
-        self.parameters = parameters
-        self.learning_rate = learning_rate
-        self.first = [torch.zeros_like(p) for p in parameters]
-        self.second = [torch.zeros_like(p) for p in parameters]
-        self.steps = 0
-
-    def step(self, loss: torch.Tensor) -> None:
-        """Back-propagate ``loss`` and move every parameter one Adam step."""
-        import torch
-
-        for parameter in self.parameters:
-            parameter.grad = None
-        loss.backward()  # type: ignore[no-untyped-call]
-        self.steps += 1
-        beta1, beta2 = 0.9, 0.999
-        correction1 = 1.0 - beta1**self.steps
-        correction2_sqrt = math.sqrt(1.0 - beta2**self.steps)
-        with torch.no_grad():
-            for parameter, first, second in zip(
-                self.parameters, self.first, self.second, strict=True
-            ):
-                grad = parameter.grad
-                if grad is None:
-                    continue
-                first.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-                second.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-                denominator = (second.sqrt() / correction2_sqrt).add_(1e-8)
-                parameter.addcdiv_(first, denominator, value=-self.learning_rate / correction1)
-
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread (deterministic, light), then restore the setting."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 class MlpServiceTimePredictor:
@@ -253,7 +200,7 @@ class MlpServiceTimePredictor:
         inputs = self._encode(numeric, workload_slot, model_slot, gpu_slot)
         targets = ((log_s - self._log_mean) / self._log_std).astype(np.float32)
 
-        with _one_thread(), torch.random.fork_rng(devices=[]):
+        with one_thread(), torch.random.fork_rng(devices=[]):
             # Only the CPU generator is seeded (and restored after): torch.manual_seed
             # would also queue a seed for CUDA, a side effect no caller asked for.
             torch.default_generator.manual_seed(self.seed)
@@ -267,7 +214,7 @@ class MlpServiceTimePredictor:
             )
             x = torch.from_numpy(inputs)
             y = torch.from_numpy(targets)
-            adam = _Adam(list(net.parameters()), self.learning_rate)
+            adam = Adam(list(net.parameters()), self.learning_rate)
             batch = max(_MIN_BATCH, -(-count // _MAX_BATCHES_PER_EPOCH))
             for _ in range(self.epochs):
                 order = torch.randperm(count, generator=shuffle)
@@ -322,7 +269,7 @@ class MlpServiceTimePredictor:
         self._replay.append((row, (log_s - self._log_mean) / self._log_std))
         replay = self._replay
         parameters = list(net.parameters())
-        with _one_thread():
+        with one_thread():
             for _ in range(_ONLINE_STEPS):
                 drawn = self._rng.sample(
                     range(len(replay) - 1), min(len(replay), _ONLINE_BATCH) - 1

@@ -1,0 +1,414 @@
+"""The application registry: which classification applications exist and their variants.
+
+A registry file is JSON (YAML too, for a ``.yaml``/``.yml`` name, when PyYAML is
+installed)::
+
+    {"applications": [{
+        "name": "digits",
+        "classes": ["0", "1", ..., "9"],
+        "deadline_ms": 150,
+        "penalty": {"kind": "sigmoid", "steepness_per_ms": 0.1, "midpoint_ms": 50},
+        "prior": {"kind": "jeffreys"},
+        "stream_class_mix": [0.1, ..., 0.1],
+        "dataset": "digits",
+        "feature_dim": 64,
+        "variants": {"mlp-small": {
+            "latency_ms": {"cpu": {"1": 0.02, "32": 0.05}},
+            "memory_bytes": 11048, "load_ms": 1.2, "accuracy": 0.97,
+            "recall": [1.0, ..., 0.96], "model_file": "digits/mlp-small.json"}}}]}
+
+The models here are frozen and validate every field (ranges, one value per class,
+unique names, a known dataset whose feature count matches). :func:`load_registry` turns
+every problem into one :class:`RegistryError` line naming the file and the field path::
+
+    registry apps.json: applications[1].variants.mlp-small.accuracy: Input should be
+    less than or equal to 1
+
+The registry stores the prior's *specification* only; the estimation lives in
+``switchyard.sneakpeek``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
+
+from switchyard.apps.datasets import DATASET_NAMES, DATASET_SPECS, check_mix
+from switchyard.apps.penalty import Penalty, PenaltyKind
+
+__all__ = [
+    "Application",
+    "PenaltySpec",
+    "PriorSpec",
+    "Registry",
+    "RegistryError",
+    "UnknownApplicationError",
+    "VariantProfile",
+    "load_registry",
+    "registry_from_data",
+    "save_registry",
+]
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+PositiveMs = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+BatchSize = Annotated[int, Field(ge=1)]
+
+
+class RegistryError(ValueError):
+    """A registry file that cannot be read or is invalid; the message is one line."""
+
+
+class UnknownApplicationError(KeyError):
+    """An application name the registry does not hold; the message lists the known ones."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class _FieldError(ValueError):
+    """A cross-field problem found by a model validator, with the path below that model.
+
+    pydantic keeps the raised exception in the error's context, so the path can be
+    appended to the validator's location when the error is reported.
+    """
+
+    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PenaltySpec(_Frozen):
+    """The penalty of lateness as stored: a kind and that kind's parameters."""
+
+    kind: PenaltyKind
+    span_ms: float | None = None
+    steepness_per_ms: float | None = None
+    midpoint_ms: float | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> PenaltySpec:
+        try:
+            self.to_penalty()
+        except ValueError as exc:
+            field, _, message = str(exc).partition(": ")
+            raise _FieldError((field,), message) from None
+        return self
+
+    def to_penalty(self) -> Penalty:
+        """The :class:`Penalty` this specification describes."""
+        return Penalty(
+            kind=self.kind,
+            span_ms=self.span_ms,
+            steepness_per_ms=self.steepness_per_ms,
+            midpoint_ms=self.midpoint_ms,
+        )
+
+    @classmethod
+    def from_penalty(cls, penalty: Penalty) -> PenaltySpec:
+        return cls(
+            kind=penalty.kind,
+            span_ms=penalty.span_ms,
+            steepness_per_ms=penalty.steepness_per_ms,
+            midpoint_ms=penalty.midpoint_ms,
+        )
+
+
+class PriorSpec(_Frozen):
+    """Which Dirichlet prior SneakPeek uses for an application (the spec, not the maths).
+
+    ``concentration`` scales the informative priors; ``None`` leaves the estimator's
+    default. Jeffreys (every pseudo-count one half) is the default prior.
+    """
+
+    kind: Literal["jeffreys", "weak", "strong"] = "jeffreys"
+    concentration: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
+
+
+class VariantProfile(_Frozen):
+    """One model variant's measured profile.
+
+    Attributes:
+        latency_ms: worker type -> batch size -> milliseconds for one batch.
+        memory_bytes: bytes the loaded model occupies.
+        load_ms: milliseconds to load the model from disk.
+        accuracy: share of the test split classified right.
+        recall: per class, the share of that class's test rows classified right.
+        model_file: the model's file, relative to the registry file (``/`` separators).
+    """
+
+    latency_ms: dict[str, dict[BatchSize, PositiveMs]] = Field(min_length=1)
+    memory_bytes: int = Field(gt=0)
+    load_ms: float = Field(ge=0.0, allow_inf_nan=False)
+    accuracy: Probability
+    recall: tuple[Probability, ...]
+    model_file: str = Field(min_length=1)
+
+    @field_validator("latency_ms")
+    @classmethod
+    def _batch_sizes(cls, value: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
+        for worker_type, by_batch in value.items():
+            if not by_batch:
+                raise _FieldError((worker_type,), "needs at least one batch size")
+        return value
+
+    @field_validator("model_file")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if Path(value).is_absolute() or value.startswith(("/", "\\")):
+            raise ValueError(f"must be relative to the registry file, got {value!r}")
+        return value
+
+    def latency_at(self, worker_type: str, batch_size: int) -> float:
+        """The profiled milliseconds of one batch of ``batch_size`` on ``worker_type``.
+
+        Raises:
+            KeyError: for a worker type or batch size that was not profiled.
+        """
+        return self.latency_ms[worker_type][batch_size]
+
+    def model_path(self, registry_dir: Path) -> Path:
+        """Where the model file lies, given the folder of the registry file."""
+        return registry_dir / self.model_file
+
+
+class Application(_Frozen):
+    """One classification application: its classes, deadline, penalty, prior and variants."""
+
+    name: str = Field(min_length=1)
+    classes: tuple[str, ...]
+    deadline_ms: PositiveMs
+    penalty: PenaltySpec
+    prior: PriorSpec = PriorSpec()
+    stream_class_mix: tuple[Probability, ...]
+    dataset: str
+    feature_dim: int = Field(gt=0)
+    variants: dict[str, VariantProfile] = Field(min_length=1)
+
+    @field_validator("classes")
+    @classmethod
+    def _unique_classes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(value) < 2:
+            raise ValueError(f"needs at least 2 classes, got {len(value)}")
+        for index, name in enumerate(value):
+            if name in value[:index]:
+                raise _FieldError((index,), f"duplicate class name {name!r}")
+        return value
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        if value not in DATASET_SPECS:
+            raise ValueError(f"unknown dataset {value!r}; known: {', '.join(DATASET_NAMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Application:
+        classes = len(self.classes)
+        try:
+            check_mix(self.stream_class_mix, classes)
+        except ValueError as exc:
+            raise _FieldError(("stream_class_mix",), str(exc).removeprefix("mix: ")) from None
+        spec = DATASET_SPECS[self.dataset]
+        if len(spec.class_names) != classes:
+            raise _FieldError(
+                ("classes",),
+                f"has {classes} classes, dataset {self.dataset!r} has {len(spec.class_names)}",
+            )
+        if spec.feature_dim != self.feature_dim:
+            raise _FieldError(
+                ("feature_dim",),
+                f"is {self.feature_dim}, dataset {self.dataset!r} has {spec.feature_dim} features",
+            )
+        for variant, profile in self.variants.items():
+            if len(profile.recall) != classes:
+                raise _FieldError(
+                    ("variants", variant, "recall"),
+                    f"has {len(profile.recall)} values, expected one per class ({classes})",
+                )
+        return self
+
+    def penalty_function(self) -> Penalty:
+        """The application's :class:`Penalty`."""
+        return self.penalty.to_penalty()
+
+
+class Registry(_Frozen):
+    """Every application, with unique names; see the module docstring for the format."""
+
+    applications: tuple[Application, ...]
+
+    @field_validator("applications")
+    @classmethod
+    def _not_empty(cls, value: tuple[Application, ...]) -> tuple[Application, ...]:
+        if not value:
+            raise ValueError("needs at least one application")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Registry:
+        seen: dict[str, int] = {}
+        for index, app in enumerate(self.applications):
+            if app.name in seen:
+                raise _FieldError(
+                    ("applications", index, "name"),
+                    f"duplicate application name {app.name!r} "
+                    f"(also applications[{seen[app.name]}])",
+                )
+            seen[app.name] = index
+        return self
+
+    def names(self) -> tuple[str, ...]:
+        """The application names, in file order."""
+        return tuple(app.name for app in self.applications)
+
+    def application(self, name: str) -> Application:
+        """The application called ``name``.
+
+        Raises:
+            UnknownApplicationError: listing the known names.
+        """
+        for app in self.applications:
+            if app.name == name:
+                return app
+        raise UnknownApplicationError(
+            f"unknown application {name!r}; known: {', '.join(self.names())}"
+        )
+
+
+def _field_path(location: tuple[str | int, ...]) -> str:
+    """``("applications", 1, "variants", "a", "accuracy")`` -> ``applications[1].variants.a.accuracy``."""
+    text = ""
+    for part in location:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part == "[key]":
+            text += " (key)"
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+def _describe(error: ErrorDetails) -> str:
+    location = tuple(error["loc"])
+    message = error["msg"]
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, _FieldError):
+        location += cause.path
+        message = str(cause)
+    elif error["type"] == "value_error":
+        message = message.removeprefix("Value error, ")
+    path = _field_path(location)
+    return f"{path}: {message}" if path else message
+
+
+def _validation_message(exc: ValidationError) -> str:
+    errors = exc.errors()
+    text = _describe(errors[0])
+    if len(errors) > 1:
+        text += f" (and {len(errors) - 1} more)"
+    return text
+
+
+def registry_from_data(data: Any, source: str) -> Registry:
+    """Validate already-parsed registry data; errors name ``source`` and the field path."""
+    if not isinstance(data, Mapping):
+        raise RegistryError(
+            f"registry {source}: expected an object with an 'applications' list, "
+            f"got {type(data).__name__}"
+        )
+    try:
+        return Registry.model_validate(data)
+    except ValidationError as exc:
+        raise RegistryError(f"registry {source}: {_validation_message(exc)}") from None
+
+
+def _is_yaml(path: Path) -> bool:
+    return path.suffix.lower() in (".yaml", ".yml")
+
+
+def _yaml_module(source: str) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise RegistryError(
+            f"registry {source}: YAML needs PyYAML, which is not installed; use JSON"
+        ) from None
+    return yaml
+
+
+def load_registry(path: str | os.PathLike[str]) -> Registry:
+    """Read and validate a registry file.
+
+    Raises:
+        RegistryError: one line naming the file and, for an invalid value, the field
+            path: for an unreadable or empty file, invalid JSON (with line and column),
+            or any invalid field.
+
+    Example:
+        >>> load_registry("registry.json").application("digits").deadline_ms
+        150.0
+    """
+    file = Path(path)
+    source = str(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise RegistryError(f"registry {source}: cannot read the file: {reason}") from None
+    if not text.strip():
+        raise RegistryError(f"registry {source}: the file is empty")
+    if _is_yaml(file):
+        yaml = _yaml_module(source)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            detail = " ".join(str(exc).split())
+            raise RegistryError(f"registry {source}: invalid YAML: {detail}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RegistryError(
+                f"registry {source}: invalid JSON at line {exc.lineno} column {exc.colno}: "
+                f"{exc.msg}"
+            ) from None
+    return registry_from_data(data, source)
+
+
+def save_registry(registry: Registry, path: str | os.PathLike[str]) -> None:
+    """Write ``registry`` to ``path`` (JSON; YAML for a ``.yaml``/``.yml`` name), atomically.
+
+    The file is written beside ``path`` and renamed over it, so a reader never sees half
+    a registry. ``load_registry(path)`` gives back an equal registry.
+
+    Raises:
+        RegistryError: when the file cannot be written (or YAML is asked for without PyYAML).
+    """
+    file = Path(path)
+    source = str(path)
+    data = registry.model_dump(mode="json", exclude_none=True)
+    if _is_yaml(file):
+        text = _yaml_module(source).safe_dump(data, sort_keys=False)
+    else:
+        text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    temporary = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            temporary.write_text(text, encoding="utf-8")
+            os.replace(temporary, file)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise RegistryError(f"registry {source}: cannot write the file: {exc.strerror}") from None
