@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus test test-fast lint format bench bench-sim bench-eval bench-sneakpeek infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-sim    simulator speed and policy decision speed"
 	@echo "make bench-eval   the GAPS evaluation grid (both Azure traces, 4-32 workers, 3 seeds)"
 	@echo "make bench-sneakpeek  SneakPeek estimation time per 24-request batch (flat, IVF, HNSW)"
+	@echo "make bench-selection  window scheduler overhead (24 requests, 5 applications)"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
@@ -79,6 +80,9 @@ bench-eval: deps
 
 bench-sneakpeek: deps
 	$(BIN)/python -m bench.sneakpeek_bench --json bench/results/sneakpeek.json
+
+bench-selection: deps
+	$(BIN)/python -m bench.selection_bench
 
 infra-up:
 	@$(INFRA) up

@@ -152,6 +152,18 @@ def _cmd_apps(settings: Settings, args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_sneakpeek(settings: Settings, args: argparse.Namespace) -> int:
+    from switchyard.selection.command import run
+
+    return run(args)
+
+
+def _cmd_sneakpeek_accuracy(settings: Settings, args: argparse.Namespace) -> int:
+    from switchyard.selection.command import run_accuracy
+
+    return run_accuracy(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="switchyard",
@@ -193,6 +205,22 @@ def build_parser() -> argparse.ArgumentParser:
     from switchyard.apps.command import add_arguments as add_apps_arguments
 
     add_apps_arguments(apps)
+    from switchyard.selection import command as sneakpeek_command
+
+    sneakpeek_command.add_arguments(
+        add(
+            "sneakpeek",
+            _cmd_sneakpeek,
+            "Compare window schedulers (SneakPeek) on the classification applications.",
+        )
+    )
+    sneakpeek_command.add_accuracy_arguments(
+        add(
+            "sneakpeek-accuracy",
+            _cmd_sneakpeek_accuracy,
+            "Error of profiled accuracy against SneakPeek's estimate, per application.",
+        )
+    )
     demo = add(
         "demo",
         _cmd_demo,

@@ -1,0 +1,190 @@
+"""Window-scheduler overhead: wall time of one ``schedule()`` call on a busy window.
+
+Synthetic window, the issue's target case: ``--requests`` (24) requests spread over
+``--apps`` (5) applications of 3 variants each (latency and load profiles shaped like
+the measured ``logreg-pca4``, ``mlp-small`` and ``mlp-large`` x100, the emulated edge
+device of :mod:`switchyard.selection.views`), deadlines 150 +- 30 ms, a sigmoid penalty,
+one worker, and SneakPeek-like ``theta`` and expected accuracies on every request (so
+data-aware and data-oblivious schedulers see the same window). ``--windows`` (200)
+different windows are drawn before the clock starts; each repeat times every scheduler
+on all of them (after ``--warmup`` untimed calls) with ``time.perf_counter_ns`` and
+keeps the P50 and P99; the table shows the medians over ``--repeats`` (5).
+
+Run ``python -m bench.selection_bench [--schedulers a,b] [--json OUT]``. Needs the
+scheduler registry (``switchyard.selection.registry``). Figures are not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from switchyard.apps.penalty import Penalty
+from switchyard.policies.base import DecisionContext
+from switchyard.selection.snapshot import (
+    AppView,
+    VariantView,
+    WindowRequest,
+    WindowSnapshot,
+    WorkerSlot,
+)
+
+# Measured CPU profiles of the bundled variants (ms per batch of 1..32; load ms), x100.
+_SHAPES: tuple[tuple[str, dict[int, float], float, float], ...] = (
+    ("logreg-pca4", {1: 0.6, 2: 0.6, 4: 0.6, 8: 0.7, 16: 0.7, 32: 0.8}, 5.0, 0.85),
+    ("mlp-small", {1: 1.8, 2: 1.8, 4: 1.9, 8: 2.0, 16: 2.1, 32: 2.3}, 60.0, 0.95),
+    ("mlp-large", {1: 5.0, 2: 6.0, 4: 8.0, 8: 10.0, 16: 15.0, 32: 24.0}, 200.0, 0.97),
+)
+
+
+def synthetic_apps(count: int, rng: np.random.Generator) -> dict[str, AppView]:
+    """``count`` applications of 3 variants, accuracies and recalls jittered per app."""
+    apps: dict[str, AppView] = {}
+    penalty = Penalty(kind="sigmoid", steepness_per_ms=0.1, midpoint_ms=50.0)
+    for a in range(count):
+        classes = int(rng.integers(2, 11))
+        variants = []
+        for name, latency, load, accuracy in _SHAPES:
+            acc = float(np.clip(accuracy + rng.normal(0, 0.02), 0.5, 0.999))
+            recall = tuple(float(r) for r in np.clip(rng.normal(acc, 0.05, classes), 0, 1))
+            variants.append(
+                VariantView(
+                    name=name,
+                    latency_ms={"cpu": dict(latency)},
+                    load_ms=load,
+                    accuracy=acc,
+                    recall=recall,
+                )
+            )
+        name = f"app{a}"
+        apps[name] = AppView(
+            name=name, num_classes=classes, penalty=penalty, variants=tuple(variants)
+        )
+    return apps
+
+
+def synthetic_window(
+    apps: dict[str, AppView], requests: int, now_ms: float, rng: np.random.Generator
+) -> WindowSnapshot:
+    names = list(apps)
+    items = []
+    for i in range(requests):
+        app = apps[names[i % len(names)]]
+        arrival = now_ms - float(rng.uniform(0, 100.0))
+        theta = rng.dirichlet(np.full(app.num_classes, 0.5) + np.eye(app.num_classes)[0] * 4)
+        expected = {v.name: float(np.dot(theta, v.recall)) for v in app.variants}
+        items.append(
+            WindowRequest(
+                request_id=f"r{i}",
+                app=app.name,
+                arrival_ms=arrival,
+                deadline_ms=arrival + max(1.0, float(rng.normal(150.0, 30.0))),
+                theta=tuple(float(t) for t in theta),
+                expected_accuracy=expected,
+            )
+        )
+    items.sort(key=lambda r: r.arrival_ms)
+    worker = WorkerSlot(
+        worker_id="w0", worker_type="cpu", free_at_ms=now_ms + float(rng.uniform(0, 20)),
+        loaded=(names[0], "mlp-small"),
+    )  # fmt: skip
+    return WindowSnapshot(now_ms=now_ms, requests=tuple(items), apps=apps, workers=(worker,))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        from switchyard.selection.registry import make_window_scheduler, window_scheduler_names
+    except ImportError as exc:
+        raise SystemExit(
+            f"selection_bench: the window schedulers are not available: {exc}"
+        ) from None
+    names = (
+        [n.strip() for n in args.schedulers.split(",") if n.strip()]
+        if args.schedulers
+        else list(window_scheduler_names())
+    )
+    rng = np.random.default_rng(args.seed)
+    apps = synthetic_apps(args.apps, rng)
+    windows = [
+        synthetic_window(apps, args.requests, 100.0 * (i + 1), rng) for i in range(args.windows)
+    ]
+    results: dict[str, dict[str, float]] = {}
+    for name in names:
+        scheduler = make_window_scheduler(name)
+        p50s: list[float] = []
+        p99s: list[float] = []
+        for _ in range(args.repeats):
+            for i in range(args.warmup):
+                scheduler.schedule(windows[i % len(windows)], DecisionContext(random.Random(i)))
+            samples = []
+            for i, window in enumerate(windows):
+                ctx = DecisionContext(rng=random.Random(i), sequence=i)
+                started = time.perf_counter_ns()
+                scheduler.schedule(window, ctx)
+                samples.append((time.perf_counter_ns() - started) / 1e6)
+            p50s.append(float(np.percentile(samples, 50)))
+            p99s.append(float(np.percentile(samples, 99)))
+        results[name] = {
+            "p50_ms": statistics.median(p50s),
+            "p99_ms": statistics.median(p99s),
+            "data_aware": float(scheduler.data_aware),
+        }
+    return {
+        "config": {
+            "requests": args.requests,
+            "apps": args.apps,
+            "variants_per_app": len(_SHAPES),
+            "windows": args.windows,
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+        },
+        "schedulers": results,
+    }
+
+
+def markdown(document: dict[str, Any]) -> str:
+    config = document["config"]
+    lines = [
+        f"schedule() wall time, {config['requests']} requests, {config['apps']} applications x "
+        f"{config['variants_per_app']} variants, 1 worker; medians over {config['repeats']} "
+        f"repeats of {config['windows']} windows",
+        "",
+        "| scheduler | data-aware | P50 ms | P99 ms |",
+        "|---|---|---:|---:|",
+    ]
+    for name, row in document["schedulers"].items():
+        aware = "yes" if row["data_aware"] else "no"
+        lines.append(f"| {name} | {aware} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--schedulers", default=None, help="comma-separated (default: all)")
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--apps", type=int, default=5)
+    parser.add_argument("--windows", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    document = run(args)
+    print(markdown(document))
+    if args.json is not None:
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

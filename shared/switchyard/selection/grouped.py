@@ -1,0 +1,342 @@
+"""Grouped scheduling, data-oblivious (``grouped``) and data-aware (``grouped-da``,
+``sneakpeek``).
+
+The window's requests are grouped by application; the data-aware forms split each
+application's group by SneakPeek's predicted label for confident requests (the label's
+class frequency above :data:`~switchyard.selection.snapshot.CONFIDENT_THETA`), the
+unconfident ones forming a sub-group of their own. A group runs as one batch with one
+variant (a group larger than every profiled batch size stays one planned unit;
+:func:`~switchyard.selection.base.batch_latency_ms` prices it as consecutive batches).
+
+Search. With at most ``tau`` groups (default 5) every order of the groups is tried; along
+an order each group in turn takes the variant that maximises the group's summed expected
+utility given when it would start (a swap included), on the worker where that variant
+would finish earliest (list scheduling). The order with the highest total wins (ties:
+the first order in lexicographic order of group positions). The search is therefore
+exact over orders and greedy over variants within an order. It is a depth-first walk
+over order prefixes (orders sharing a prefix share its work) with a bound: a prefix is
+dropped when its utility plus the best each remaining group could earn on time cannot
+beat the best order found, which never changes the answer (up to 1e-12 of utility).
+With more than ``tau`` groups, greedy: groups in descending mean
+:func:`~switchyard.selection.base.priority`, each with its best variant.
+
+Short-circuit (``sneakpeek`` only). SneakPeek's own label is a zero-latency candidate: a
+request answered with it at ``now_ms`` earns ``penalty.utility(max(theta), now_ms -
+deadline_ms)``. The scheduler first plans the whole window, then short-circuits every
+request whose short-circuit utility exceeds what it earns in that plan, then plans the
+remaining requests once more (regrouped). It does not iterate further.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from switchyard.apps.penalty import Penalty
+from switchyard.policies.base import DecisionContext
+from switchyard.selection.base import WindowPlan, batch_latency_ms, priority
+from switchyard.selection.snapshot import AppView, VariantView, WindowRequest, WindowSnapshot
+from switchyard.selection.timeline import (
+    AccuracyFn,
+    ScoredPlan,
+    Timeline,
+    estimated_accuracy,
+    profiled_accuracy,
+    runs_on,
+    short_circuit_utility,
+    validate_requests,
+    without_estimates,
+)
+
+__all__ = ["DEFAULT_TAU", "GroupedScheduler", "group_requests", "lateness_factor"]
+
+DEFAULT_TAU = 5
+"""Most groups whose every order is searched (the paper solves 5 in under 10 ms)."""
+
+_EPS = 1e-12
+
+GroupKey = tuple[str, int | None]
+"""(application, SneakPeek label or ``None``: not split / not confident)."""
+
+
+def group_requests(
+    requests: Sequence[WindowRequest], *, split_by_label: bool
+) -> dict[GroupKey, list[WindowRequest]]:
+    """Group by application and, with ``split_by_label``, by SneakPeek's label for
+    confident requests (unconfident ones share the ``None`` label). Groups come in the
+    order of their first request; requests keep their order within a group."""
+    groups: dict[GroupKey, list[WindowRequest]] = {}
+    for request in requests:
+        label = request.predicted_label if split_by_label and request.confident else None
+        groups.setdefault((request.app, label), []).append(request)
+    return groups
+
+
+def lateness_factor(penalty: Penalty) -> Callable[[float], float]:
+    """``penalty.factor`` for ``lateness_ms > 0``, with the constants worked out once.
+
+    The search evaluates the factor thousands of times a window; this is the same
+    arithmetic as :meth:`~switchyard.apps.penalty.Penalty.factor` (checked against it by
+    the tests) minus the per-call validation and the sigmoid's value at the deadline.
+    """
+    if penalty.kind == "step":
+        return lambda lateness_ms: 0.0
+    if penalty.kind == "linear":
+        assert penalty.span_ms is not None
+        span_ms = penalty.span_ms
+        return lambda lateness_ms: max(0.0, 1.0 - lateness_ms / span_ms)
+    assert penalty.steepness_per_ms is not None
+    assert penalty.midpoint_ms is not None
+    steepness, midpoint = penalty.steepness_per_ms, penalty.midpoint_ms
+    z0 = -steepness * midpoint  # <= 0: the logistic tail at the deadline, 1 / (1 + e^z0)
+    at_deadline = 1.0 / (1.0 + math.exp(z0))
+    exp = math.exp
+
+    def sigmoid(lateness_ms: float) -> float:
+        z = steepness * (lateness_ms - midpoint)
+        if z >= 0.0:
+            e = exp(-z) if z < 745.0 else 0.0
+            late = e / (1.0 + e)
+        else:
+            late = 1.0 / (1.0 + exp(z))
+        return min(1.0, late / at_deadline)
+
+    return sigmoid
+
+
+class _Choice:
+    """One variant for one group: the arrays the search reads, built once per window."""
+
+    __slots__ = ("accs", "key_id", "lanes", "load_ms", "memo", "prefix", "total", "variant")
+
+    def __init__(
+        self,
+        variant: VariantView,
+        key_id: int,
+        accs: list[float],
+        lanes: list[tuple[int, float]],
+    ) -> None:
+        self.variant = variant
+        self.key_id = key_id
+        self.load_ms = variant.load_ms
+        self.accs = accs  # in the group's deadline order
+        self.prefix = [0.0]
+        for a in accs:
+            self.prefix.append(self.prefix[-1] + a)
+        self.total = self.prefix[-1]
+        self.lanes = lanes  # (worker index, batch time for the group's size)
+        # end_ms -> the group's utility: orders sharing the same predecessors (in any
+        # order) end the group at the same time
+        self.memo: dict[float, float] = {}
+
+
+class _Group:
+    __slots__ = ("app", "choices", "deadlines", "factor", "requests", "step")
+
+    def __init__(self, app: AppView, requests: list[WindowRequest], choices: list[_Choice]):
+        self.app = app
+        self.requests = requests  # by deadline
+        self.deadlines = [r.deadline_ms for r in requests]
+        self.choices = choices
+        self.step = app.penalty.kind == "step"
+        self.factor = lateness_factor(app.penalty)
+
+    def utility(self, choice: _Choice, end_ms: float) -> float:
+        """Summed expected utility of the group answered by ``choice`` at ``end_ms``."""
+        value = choice.memo.get(end_ms)
+        if value is not None:
+            return value
+        late = bisect_left(self.deadlines, end_ms)  # deadlines before end_ms are missed
+        value = choice.total - choice.prefix[late]
+        if late and not self.step:
+            accs, deadlines, factor = choice.accs, self.deadlines, self.factor
+            for i in range(late):
+                value += accs[i] * factor(end_ms - deadlines[i])
+        choice.memo[end_ms] = value
+        return value
+
+
+Step = tuple[int, int, int]
+"""(group index, choice index, worker index) in plan order."""
+
+
+def _best_choice(
+    group: _Group, free: list[float], loaded: list[int]
+) -> tuple[int, int, float, float]:
+    """The group's best variant given the workers' state: (choice, worker, end, utility).
+    Ties: the earlier end, then the first listed variant."""
+    best_c, best_lane, best_end, best_u = -1, -1, math.inf, -1.0
+    utility = group.utility
+    for ci, choice in enumerate(group.choices):
+        key, load = choice.key_id, choice.load_ms
+        lanes = choice.lanes
+        if len(lanes) == 1:
+            lane, run_ms = lanes[0]
+            end = free[lane] + run_ms if loaded[lane] == key else free[lane] + load + run_ms
+        else:
+            end, lane = math.inf, -1
+            for li, run_ms in lanes:
+                e = free[li] + run_ms if loaded[li] == key else free[li] + load + run_ms
+                if e < end:
+                    end, lane = e, li
+        u = utility(choice, end)
+        if u > best_u or (u == best_u and end < best_end):
+            best_c, best_lane, best_end, best_u = ci, lane, end, u
+    return best_c, best_lane, best_end, best_u
+
+
+def _exact(groups: list[_Group], free: list[float], loaded: list[int]) -> list[Step]:
+    n = len(groups)
+    # the most each group can earn: on time with its most accurate variant
+    bounds = [max(c.total for c in g.choices) for g in groups]
+    used = [False] * n
+    path: list[Step] = []
+    best_value = -math.inf
+    best_path: list[Step] = []
+
+    def visit(depth: int, value: float, headroom: float) -> None:
+        nonlocal best_value, best_path
+        if depth == n:
+            if value > best_value:
+                best_value, best_path = value, path.copy()
+            return
+        if value + headroom <= best_value + _EPS:
+            return
+        for gi in range(n):
+            if used[gi]:
+                continue
+            group = groups[gi]
+            ci, lane, end, u = _best_choice(group, free, loaded)
+            old_free, old_loaded = free[lane], loaded[lane]
+            free[lane], loaded[lane] = end, group.choices[ci].key_id
+            used[gi] = True
+            path.append((gi, ci, lane))
+            visit(depth + 1, value + u, headroom - bounds[gi])
+            path.pop()
+            used[gi] = False
+            free[lane], loaded[lane] = old_free, old_loaded
+
+    visit(0, 0.0, sum(bounds))
+    return best_path
+
+
+def _greedy(
+    groups: list[_Group], free: list[float], loaded: list[int], now_ms: float
+) -> list[Step]:
+    def mean_priority(g: _Group) -> float:
+        return sum(priority(r, g.app, now_ms) for r in g.requests) / len(g.requests)
+
+    keys = [(-mean_priority(g), i) for i, g in enumerate(groups)]
+    steps: list[Step] = []
+    for _, gi in sorted(keys):
+        ci, lane, end, _u = _best_choice(groups[gi], free, loaded)
+        free[lane], loaded[lane] = end, groups[gi].choices[ci].key_id
+        steps.append((gi, ci, lane))
+    return steps
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupedScheduler:
+    """Grouped scheduling; see the module docstring.
+
+    Args:
+        name: the registry name.
+        data_aware: believe SneakPeek's estimates and split groups by its label.
+        short_circuit: also answer requests with SneakPeek's label (needs ``data_aware``).
+        tau: most groups searched exactly (>= 0); more fall back to greedy.
+
+    Example:
+        >>> sneakpeek = GroupedScheduler(name="sneakpeek", data_aware=True, short_circuit=True)
+    """
+
+    name: str
+    data_aware: bool
+    short_circuit: bool = False
+    tau: int = DEFAULT_TAU
+
+    def __post_init__(self) -> None:
+        if self.tau < 0:
+            raise ValueError(f"tau: must be >= 0, got {self.tau!r}")
+        if self.short_circuit and not self.data_aware:
+            raise ValueError("short_circuit: needs data_aware (SneakPeek's estimates)")
+
+    def schedule(self, snapshot: WindowSnapshot, ctx: DecisionContext) -> WindowPlan:
+        """Plan the window. ``ctx`` is not used: the search is deterministic."""
+        del ctx
+        valid, rejected = validate_requests(snapshot, use_estimates=self.data_aware)
+        accuracy = estimated_accuracy if self.data_aware else profiled_accuracy
+        if not self.data_aware:
+            valid = without_estimates(valid)
+        scored = self._plan(snapshot, valid, accuracy, ())
+        if self.short_circuit:
+            short = []
+            for request in valid:
+                value = short_circuit_utility(request, snapshot.apps[request.app], snapshot.now_ms)
+                if value is not None and value > scored.utility_by_request[request.request_id]:
+                    short.append(request)
+            if short:
+                chosen = {r.request_id for r in short}
+                rest = [r for r in valid if r.request_id not in chosen]
+                scored = self._plan(snapshot, rest, accuracy, short)
+        return scored.to_plan(rejected)
+
+    def _plan(
+        self,
+        snapshot: WindowSnapshot,
+        requests: Sequence[WindowRequest],
+        accuracy: AccuracyFn,
+        short: Sequence[WindowRequest],
+    ) -> ScoredPlan:
+        groups = self._groups(snapshot, requests, accuracy)
+        free = [max(snapshot.now_ms, w.free_at_ms) for w in snapshot.workers]
+        key_ids: dict[tuple[str, str], int] = {}
+        for g in groups:
+            for c in g.choices:
+                key_ids.setdefault((g.app.name, c.variant.name), c.key_id)
+        loaded = [-1 if w.loaded is None else key_ids.get(w.loaded, -1) for w in snapshot.workers]
+        if len(groups) <= self.tau:
+            steps = _exact(groups, free, loaded)
+        else:
+            steps = _greedy(groups, free, loaded, snapshot.now_ms)
+        timeline = Timeline(snapshot, accuracy)
+        for gi, ci, lane in steps:
+            group = groups[gi]
+            variant = group.choices[ci].variant
+            option = timeline.option(group.app, variant, len(group.requests), lane=lane)
+            assert option is not None  # the lane was one the variant runs on
+            timeline.commit(option, group.app, variant, group.requests)
+        for request in short:
+            timeline.short_circuit(request)
+        return timeline.result()
+
+    def _groups(
+        self, snapshot: WindowSnapshot, requests: Sequence[WindowRequest], accuracy: AccuracyFn
+    ) -> list[_Group]:
+        types = [w.worker_type for w in snapshot.workers]
+        key_ids: dict[tuple[str, str], int] = {}
+        groups: list[_Group] = []
+        for (app_name, _label), members in group_requests(
+            requests, split_by_label=self.data_aware
+        ).items():
+            app = snapshot.apps[app_name]
+            members = sorted(members, key=lambda r: r.deadline_ms)
+            size = len(members)
+            choices: list[_Choice] = []
+            for variant in app.variants:
+                run_by_type: dict[str, float] = {}
+                lanes: list[tuple[int, float]] = []
+                for li, worker_type in enumerate(types):
+                    if worker_type not in run_by_type:
+                        if not runs_on(variant, worker_type):
+                            continue
+                        run_by_type[worker_type] = batch_latency_ms(variant, worker_type, size)
+                    lanes.append((li, run_by_type[worker_type]))
+                if not lanes:
+                    continue
+                key_id = key_ids.setdefault((app.name, variant.name), len(key_ids))
+                accs = [accuracy(r, variant) for r in members]
+                choices.append(_Choice(variant, key_id, accs, lanes))
+            groups.append(_Group(app, members, choices))
+        return groups
