@@ -16,6 +16,7 @@ from switchyard.apps.profiling import build_registry
 from switchyard.apps.registry import Registry
 from switchyard.policies.base import DecisionContext
 from switchyard.selection.base import WindowPlan
+from switchyard.selection.registry import make_window_scheduler, window_scheduler_names
 from switchyard.selection.snapshot import WindowSnapshot
 from switchyard.selection.views import app_view
 from switchyard.sim.window import PlanError, WindowSimConfig, WindowSimulator
@@ -219,3 +220,24 @@ def test_more_apps_than_the_registry_run_copies_and_penalty_override_applies(
     result = sim.run(MostAccurate())
     counts = {name: sum(1 for o in result.outcomes if o.app == name) for name in sim.app_names}
     assert list(counts.values()) == [15, 15, 10, 10]
+
+
+@pytest.mark.parametrize("name", window_scheduler_names())
+def test_malformed_requests_are_rejected_by_name_and_the_rest_of_each_window_runs(
+    built: tuple[Registry, Path], name: str
+) -> None:
+    # A fifth of the requests are spoilt: a NaN feature, a vector one short, or an
+    # application nobody registered. None may crash a scheduler; each is rejected with
+    # a reason naming the field, and every other request is answered and scored.
+    registry, folder = built
+    config = WindowSimConfig(windows=20, malformed_fraction=0.2)
+    result = WindowSimulator(registry, folder, config).run(make_window_scheduler(name))
+
+    rejected = [o for o in result.outcomes if o.how == "rejected"]
+    answered = [o for o in result.outcomes if o.how != "rejected"]
+    assert len(result.outcomes) == 20 * 12
+    assert 0.1 < len(rejected) / len(result.outcomes) < 0.35
+    reasons = {o.reason.split(":")[0].split("[")[0] for o in rejected if o.reason}
+    assert reasons == {"features", "app"}
+    assert all(o.finish_ms is not None for o in answered)
+    assert sum(o.correct for o in answered) / len(answered) > 0.8

@@ -45,7 +45,7 @@ import math
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -132,6 +132,11 @@ class WindowSimConfig:
             each application's own (Jeffreys in the bundled registry).
         seed: the workload's seed.
         worker_type: which profile the workers use.
+        malformed_fraction: share of requests the workload corrupts on purpose, in
+            turn a NaN feature, a feature vector of the wrong length, and an unknown
+            application: the shell rejects the first two before scheduling (as ingress
+            would), the scheduler rejects the third; the rest of each window is
+            scheduled as usual. Fault injection for robustness runs; 0 by default.
     """
 
     window_ms: float = 100.0
@@ -149,6 +154,7 @@ class WindowSimConfig:
     prior: str | None = None
     seed: int = 0
     worker_type: str = WORKER_TYPE
+    malformed_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("window_ms", self.window_ms)
@@ -177,6 +183,10 @@ class WindowSimConfig:
             raise ValueError(f"prior: unknown kind {self.prior!r}; known: {', '.join(PRIOR_KINDS)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed: must be an integer >= 0, got {self.seed!r}")
+        if not (0.0 <= self.malformed_fraction < 1.0):
+            raise ValueError(
+                f"malformed_fraction: must be within [0, 1), got {self.malformed_fraction!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The settings, JSON-ready."""
@@ -209,6 +219,27 @@ class _Request:
     theta: tuple[float, ...]
     expected_accuracy: Mapping[str, float]
     predicted_label: int
+    problem: str | None = None
+    """Why the shell refuses the request before scheduling (malformed features)."""
+
+
+UNKNOWN_APP = "no-such-app"
+"""The application a corrupted request names (fault injection)."""
+
+
+def feature_problem(features: NDArray[np.float32], expected_dim: int) -> str | None:
+    """What is wrong with a request's features, in one line naming the field, or None.
+
+    Example: 13 values where the application expects 30 -> ``"features: 13 values,
+    expected 30"``; a NaN at position 4 -> ``"features[4]: nan is not a finite number"``.
+    """
+    if features.ndim != 1 or features.shape[0] != expected_dim:
+        return f"features: {features.size} values, expected {expected_dim}"
+    bad = np.flatnonzero(~np.isfinite(features))
+    if bad.size:
+        i = int(bad[0])
+        return f"features[{i}]: {features[i]} is not a finite number"
+    return None
 
 
 class WindowSimulator:
@@ -324,26 +355,33 @@ class WindowSimulator:
             else:
                 relative = np.full(total, config.deadline_ms)
             relative = np.maximum(relative, 1.0)
+            # Drawn after everything else, so a fraction of 0 leaves the workload as is.
+            corrupt = (
+                rng.random(total) < config.malformed_fraction
+                if config.malformed_fraction > 0
+                else np.zeros(total, dtype=bool)
+            )
             estimates = app.estimator.estimate(features)
             for n in range(total):
                 window = n // count
                 arrival = window * config.window_ms + float(offsets[n])
-                windows[window].append(
-                    _Request(
-                        request_id=f"w{window}/{app.name}/{n % count}",
-                        app=app.name,
-                        window=window,
-                        arrival_ms=arrival,
-                        deadline_ms=arrival + float(relative[n]),
-                        features=features[n],
-                        label=int(labels[n]),
-                        theta=tuple(float(t) for t in estimates.theta[n]),
-                        expected_accuracy={
-                            v: float(a[n]) for v, a in estimates.expected_accuracy.items()
-                        },
-                        predicted_label=int(estimates.predicted_label[n]),
-                    )
+                request = _Request(
+                    request_id=f"w{window}/{app.name}/{n % count}",
+                    app=app.name,
+                    window=window,
+                    arrival_ms=arrival,
+                    deadline_ms=arrival + float(relative[n]),
+                    features=features[n],
+                    label=int(labels[n]),
+                    theta=tuple(float(t) for t in estimates.theta[n]),
+                    expected_accuracy={
+                        v: float(a[n]) for v, a in estimates.expected_accuracy.items()
+                    },
+                    predicted_label=int(estimates.predicted_label[n]),
                 )
+                if corrupt[n]:
+                    request = _corrupted(request, n, app.dataset.x_train.shape[1])
+                windows[window].append(request)
         return tuple(
             tuple(sorted(requests, key=lambda r: (r.arrival_ms, r.request_id)))
             for requests in windows
@@ -367,8 +405,15 @@ class WindowSimulator:
         overhead_ms: list[float] = []
         swaps = 0
         drift = 0.0
-        for window, requests in enumerate(self.workload(seed)):
+        for window, all_requests in enumerate(self.workload(seed)):
             now = (window + 1) * config.window_ms
+            # Malformed requests never reach the scheduler: refused here, the rest goes on.
+            requests = []
+            for r in all_requests:
+                if r.problem is None:
+                    requests.append(r)
+                else:
+                    outcomes.append(_rejected(r, r.problem))
             snapshot = WindowSnapshot(
                 now_ms=now,
                 requests=tuple(_view(r, data_aware) for r in requests),
@@ -476,6 +521,20 @@ def _record(
         variant=variant,
         reason=reason,
     )
+
+
+def _corrupted(request: _Request, n: int, dim: int) -> _Request:
+    """``request`` spoilt one of three ways, in turn by ``n``: a NaN feature, a feature
+    vector one short, or an application nobody registered."""
+    kind = n % 3
+    if kind == 0:
+        features = request.features.copy()
+        features[n % dim] = np.nan
+        return replace(request, features=features, problem=feature_problem(features, dim))
+    if kind == 1:
+        features = request.features[:-1].copy()
+        return replace(request, features=features, problem=feature_problem(features, dim))
+    return replace(request, app=UNKNOWN_APP)
 
 
 def _view(r: _Request, data_aware: bool) -> WindowRequest:
