@@ -30,9 +30,8 @@ pytestmark = pytest.mark.unit
 SCHEDULERS = {"test-most-accurate": MostAccurate}
 
 
-@pytest.fixture(scope="module")
-def registry_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("small-apps")
+def build_small_registry(out: Path) -> Path:
+    """One application (wine-dominant), two variants, built into ``out``; its file."""
     registry = build_registry(
         out,
         seed=0,
@@ -42,6 +41,11 @@ def registry_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     save_registry(registry, out / REGISTRY_FILE)
     return out / REGISTRY_FILE
+
+
+@pytest.fixture(scope="module")
+def registry_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_small_registry(tmp_path_factory.mktemp("small-apps"))
 
 
 def _args(argv: list[str], accuracy: bool = False) -> argparse.Namespace:

@@ -37,7 +37,7 @@ INSTALL_HINT = "pip install 'switchyard[report]'"
 
 # One colour per policy, stable across every figure of a report (tab10, then a few
 # more distinct ones); past these, markers tell policies apart.
-_COLOURS = (
+SERIES_COLOURS = (
     "#1f77b4",
     "#ff7f0e",
     "#2ca02c",
@@ -51,7 +51,7 @@ _COLOURS = (
     "#393b79",
     "#637939",
 )
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 # The sweep axes: the run key, the short name used in file names, the axis label.
 _SWEEPS: tuple[tuple[str, str, str], ...] = (
@@ -130,8 +130,8 @@ def _styles(rows: Sequence[AggregateRow]) -> dict[str, dict[str, Any]]:
             continue
         index = len(styles)
         styles[policy] = {
-            "color": _COLOURS[index % len(_COLOURS)],
-            "marker": _MARKERS[(index // len(_COLOURS)) % len(_MARKERS)],
+            "color": SERIES_COLOURS[index % len(SERIES_COLOURS)],
+            "marker": SERIES_MARKERS[(index // len(SERIES_COLOURS)) % len(SERIES_MARKERS)],
             # The oracle is a yardstick, not a contender: dashed sets it apart.
             "linestyle": "--" if row["reference"] else "-",
         }

@@ -4,8 +4,14 @@
 seeded workloads in the window simulator (:mod:`switchyard.sim.window`: real data, real
 model variants, SneakPeek estimates, virtual time on an *emulated edge device* whose
 latencies are the profiled CPU figures x ``--latency-scale``), prints one row per
-scheduler (means over ``--seeds``), and writes the runs as JSON (``--json``) and bar
-charts with an HTML page (``--report``).
+scheduler (means over ``--seeds``), and writes the runs as JSON (``--json``) and
+charts with an HTML page (``--report``: :mod:`switchyard.selection.plots`).
+
+``--sweep NAME [--values v1,v2,...]`` runs the paper's sweeps
+(:mod:`switchyard.selection.sweep`: deadline, deadline-std, apps, requests-per-window,
+penalty, heterogeneity): every value runs every scheduler for every seed; the table has
+one block per value, each run in the JSON carries ``sweep`` and ``value``, and the report
+adds utility and deadline violation rate against the swept value.
 
 ``switchyard sneakpeek-accuracy`` measures how well accuracy estimates track what each
 variant really did on a stream following each application's class mix: the mean absolute
@@ -22,8 +28,8 @@ status 2.
 from __future__ import annotations
 
 import argparse
-import html
 import json
+import math
 import os
 import statistics
 import sys
@@ -36,6 +42,7 @@ from numpy.typing import NDArray
 
 from switchyard.apps.registry import Registry
 from switchyard.selection.base import WindowScheduler
+from switchyard.selection.sweep import SWEEPS, Sweep, SweepValue, parse_values, sweep_named
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -141,6 +148,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="emulated edge device: profiled load time x this (default 10)",
     )
+    parser.add_argument(
+        "--malformed-fraction",
+        type=float,
+        default=0.0,
+        help="fault injection: share of requests spoilt (NaN feature, wrong length, unknown "
+        "application); each is rejected by name and the rest runs (default 0)",
+    )
     parser.add_argument("--k", type=int, default=5, help="SneakPeek neighbours (default 5)")
     parser.add_argument("--index", default="flat", help="flat, ivf or hnsw (default flat)")
     parser.add_argument(
@@ -152,8 +166,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="grouped schedulers: most groups searched exactly (default: the scheduler's, 5)",
     )
+    parser.add_argument(
+        "--heterogeneity",
+        type=float,
+        default=1.0,
+        help="spread the variants' latencies: x h^r, r in [-1, 1] from fastest to slowest, "
+        "geometric mean kept (default 1: as profiled)",
+    )
     parser.add_argument("--seeds", type=int, default=3, help="workload seeds (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="first workload seed (default 0)")
+    parser.add_argument(
+        "--sweep",
+        default=None,
+        metavar="NAME",
+        help=f"vary one setting: {', '.join(SWEEPS)}",
+    )
+    parser.add_argument(
+        "--values",
+        default=None,
+        metavar="V1,V2,...",
+        help="the sweep's values (default per sweep, e.g. deadline 50,100,150,200,300)",
+    )
     _registry_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
     parser.add_argument(
@@ -198,6 +231,9 @@ def _config(args: argparse.Namespace, seed: int) -> Any:
 
     if args.seeds < 1:
         raise _BadInputError(f"--seeds: must be >= 1, got {args.seeds}")
+    heterogeneity = getattr(args, "heterogeneity", 1.0)
+    if not (math.isfinite(heterogeneity) and heterogeneity > 0.0):
+        raise _BadInputError(f"--heterogeneity: must be a finite number > 0, got {heterogeneity}")
     try:
         return WindowSimConfig(
             window_ms=args.window_ms,
@@ -216,6 +252,7 @@ def _config(args: argparse.Namespace, seed: int) -> Any:
             index=args.index,
             prior=args.prior,
             seed=seed,
+            malformed_fraction=args.malformed_fraction,
         )
     except ValueError as exc:
         field, _, message = str(exc).partition(": ")
@@ -243,7 +280,19 @@ def run(
         return _fail("sneakpeek", exc)
 
 
+def _sweep(args: argparse.Namespace) -> tuple[Sweep | None, tuple[SweepValue | None, ...]]:
+    name = getattr(args, "sweep", None)
+    text = getattr(args, "values", None)
+    if name is None:
+        if text is not None:
+            raise _BadInputError("--values: needs --sweep NAME")
+        return None, (None,)
+    sweep = sweep_named(name)
+    return sweep, parse_values(sweep, text)
+
+
 def _run(args: argparse.Namespace, schedulers: Mapping[str, SchedulerFactory] | None) -> int:
+    from switchyard.selection.sweep import spread_registry
     from switchyard.sim.window import WindowSimulator
 
     if schedulers is None:
@@ -253,39 +302,73 @@ def _run(args: argparse.Namespace, schedulers: Mapping[str, SchedulerFactory] | 
     else:
         factories, all_text = schedulers, ",".join(schedulers)
     names = _names(args.schedulers, tuple(factories), all_text)
-    config = _config(args, args.seed)
+    sweep, values = _sweep(args)
+    # Every value's configuration is checked before anything runs.
+    cases: list[tuple[SweepValue | None, argparse.Namespace, Any]] = []
+    for value in values:
+        case = argparse.Namespace(**vars(args))
+        if sweep is not None:
+            setattr(case, sweep.field, value)
+        cases.append((value, case, _config(case, case.seed)))
     seeds = list(range(args.seed, args.seed + args.seeds))
     registry, registry_dir = resolve_registry(args.registry, args.train_seed)
-    simulator = WindowSimulator(registry, registry_dir, config)
-    settings = config.to_dict()
-    settings.pop("seed")
-    settings["tau"] = getattr(args, "tau", None)
-    settings["apps"] = len(simulator.app_names)
     runs: list[dict[str, Any]] = []
-    for name in names:
-        for seed in seeds:
-            result = simulator.run(factories[name](), seed)
-            runs.append({**result.metrics(), "scheduler": name, **settings})
+    app_names: list[str] = []
+    for value, case, config in cases:
+        heterogeneity = float(getattr(case, "heterogeneity", 1.0))
+        simulator = WindowSimulator(spread_registry(registry, heterogeneity), registry_dir, config)
+        settings = config.to_dict()
+        settings.pop("seed")
+        settings["tau"] = getattr(case, "tau", None)
+        settings["apps"] = len(simulator.app_names)
+        settings["heterogeneity"] = heterogeneity
+        app_names = max(app_names, list(simulator.app_names), key=len)
+        for name in names:
+            for seed in seeds:
+                result = simulator.run(factories[name](), seed)
+                runs.append(
+                    {
+                        **result.metrics(),
+                        "scheduler": name,
+                        **settings,
+                        "sweep": None if sweep is None else sweep.name,
+                        "value": value,
+                    }
+                )
+    base = cases[0][2]
+    base_settings = base.to_dict()
+    base_settings.pop("seed")
+    base_settings["tau"] = getattr(args, "tau", None)
+    base_settings["apps"] = runs[0]["apps"]
+    base_settings["heterogeneity"] = runs[0]["heterogeneity"]
+    if sweep is not None:
+        base_settings[sweep.field] = None  # varies: see "sweep"
     document = {
         "config": {
-            **settings,
-            "app_names": list(simulator.app_names),
+            **base_settings,
+            "sweep": (
+                None
+                if sweep is None
+                else {"name": sweep.name, "field": sweep.field, "values": list(values)}
+            ),
+            "app_names": app_names,
             "schedulers": list(names),
             "seeds": seeds,
             "registry": str(args.registry) if args.registry else str(registry_dir),
-            "emulation": _emulation(config.latency_scale, config.load_scale),
+            "emulation": _emulation(base.latency_scale, base.load_scale),
         },
         "runs": runs,
     }
-    rows = _aggregate(runs, names)
-    print(_emulation(config.latency_scale, config.load_scale))
-    print(format_table(rows))
+    rows = _aggregate(runs, names, values)
+    table = format_sweep_table(rows, sweep)
+    print(_emulation(base.latency_scale, base.load_scale))
+    print(table)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
         print(f"runs written to {args.json}", file=sys.stderr)
     if args.report is not None:
-        page = write_report(rows, document, args.report)
+        page = write_report(rows, document, args.report, sweep=sweep, table=table)
         print(f"report written to {page}", file=sys.stderr)
     return 0
 
@@ -309,18 +392,36 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _aggregate(runs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
+def _aggregate(
+    runs: Sequence[Mapping[str, Any]],
+    names: Sequence[str],
+    values: Sequence[SweepValue | None] = (None,),
+) -> list[dict[str, Any]]:
+    """One row per (swept value, scheduler): each column's mean, min and max over seeds."""
     rows = []
-    for name in names:
-        mine = [r for r in runs if r["scheduler"] == name]
-        row: dict[str, Any] = {"scheduler": name, "seeds": len(mine)}
-        for key, _, _ in _COLUMNS:
-            values = [float(r[key]) for r in mine]
-            row[key] = statistics.fmean(values)
-            row[f"{key}_min"] = min(values)
-            row[f"{key}_max"] = max(values)
-        rows.append(row)
+    for value in values:
+        for name in names:
+            mine = [r for r in runs if r["scheduler"] == name and r.get("value") == value]
+            row: dict[str, Any] = {"scheduler": name, "value": value, "seeds": len(mine)}
+            for key, _, _ in _COLUMNS:
+                column = [float(r[key]) for r in mine]
+                row[key] = statistics.fmean(column)
+                row[f"{key}_min"] = min(column)
+                row[f"{key}_max"] = max(column)
+            rows.append(row)
     return rows
+
+
+def format_sweep_table(rows: Sequence[Mapping[str, Any]], sweep: Sweep | None) -> str:
+    """:func:`format_table`, in one block per swept value headed ``name = value``."""
+    if sweep is None:
+        return format_table(rows)
+    blocks = []
+    for value in dict.fromkeys(row["value"] for row in rows):
+        block = [row for row in rows if row["value"] == value]
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        blocks.append(f"{sweep.name} = {shown} ({sweep.label})\n{format_table(block)}")
+    return "\n\n".join(blocks)
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -341,59 +442,18 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def write_report(
-    rows: Sequence[Mapping[str, Any]], document: Mapping[str, Any], out_dir: Path
+    rows: Sequence[Mapping[str, Any]],
+    document: Mapping[str, Any],
+    out_dir: Path,
+    *,
+    sweep: Sweep | None = None,
+    table: str | None = None,
 ) -> Path:
-    """Bar charts of utility and accuracy by scheduler and an ``index.html``; returns it."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise _BadInputError(
-            "--report: plots need matplotlib; install the report extra: "
-            "pip install 'switchyard[report]'"
-        ) from None
-    out_dir.mkdir(parents=True, exist_ok=True)
-    emulation = str(document["config"]["emulation"])
-    colours = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
-    files = []
-    for key, title in (("utility", "utility"), ("accuracy", "accuracy")):
-        figure = Figure(figsize=(7.0, 4.4), dpi=110, layout="constrained")
-        FigureCanvasAgg(figure)
-        axes = figure.add_subplot()
-        names = [str(row["scheduler"]) for row in rows]
-        means = [float(row[key]) for row in rows]
-        below = [m - float(row[f"{key}_min"]) for m, row in zip(means, rows, strict=True)]
-        above = [float(row[f"{key}_max"]) - m for m, row in zip(means, rows, strict=True)]
-        axes.bar(
-            names,
-            means,
-            yerr=[below, above],
-            capsize=4,
-            color=[colours[i % len(colours)] for i in range(len(names))],
-        )
-        axes.set_ylim(0.0, 1.05)
-        axes.set_ylabel(f"mean {title} per request")
-        axes.set_title(f"{title} by scheduler (mean over seeds; bars: min-max)", fontsize=10)
-        axes.tick_params(axis="x", labelrotation=20)
-        figure.text(0.01, 0.005, emulation, fontsize=7, color="#555555")
-        file = out_dir / f"{key}.png"
-        figure.savefig(file, format="png")
-        files.append(file.name)
-    config = document["config"]
-    table = html.escape(format_table(rows))
-    settings = html.escape(json.dumps(config, indent=2))
-    images = "\n".join(f'<p><img src="{name}" alt="{name}"></p>' for name in files)
-    page = out_dir / "index.html"
-    page.write_text(
-        "<!doctype html>\n<html><head><meta charset='utf-8'>"
-        "<title>switchyard sneakpeek</title></head><body>\n"
-        "<h1>Window schedulers (SneakPeek)</h1>\n"
-        f"<p><strong>{html.escape(emulation)}</strong>: not measured on an edge device.</p>\n"
-        f"<pre>{table}</pre>\n{images}\n<h2>Configuration</h2>\n<pre>{settings}</pre>\n"
-        "</body></html>\n",
-        encoding="utf-8",
-    )
-    return page
+    """The charts and ``index.html`` (:func:`switchyard.selection.plots.write_report`)."""
+    from switchyard.selection.plots import write_report as draw
+
+    shown = format_sweep_table(rows, sweep) if table is None else table
+    return draw(rows, document, out_dir, table=shown, sweep=sweep)
 
 
 # ---------------------------------------------------------------- sneakpeek-accuracy
