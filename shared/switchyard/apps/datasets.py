@@ -64,6 +64,11 @@ class DatasetSpec:
         feature_dim: features per row.
         default_stream_mix: the share of each class in the application's request stream.
         majority_first: relabel a binary dataset so its most frequent class is label 0.
+        variants: the model variants the application registers (names of
+            ``switchyard.apps.variants.VARIANT_SPECS``), fastest first. Each set is
+            chosen so that a faster variant is clearly less accurate on this data (see
+            ``docs/benchmarks.md``): the easy datasets need a one-component logistic
+            regression for a weak, fast variant, where digits needs four.
     """
 
     name: str
@@ -72,6 +77,7 @@ class DatasetSpec:
     feature_dim: int
     default_stream_mix: tuple[float, ...]
     majority_first: bool = False
+    variants: tuple[str, ...] = ("logreg-pca4", "mlp-small", "mlp-large")
 
 
 DATASET_SPECS: dict[str, DatasetSpec] = {
@@ -84,6 +90,7 @@ DATASET_SPECS: dict[str, DatasetSpec] = {
             feature_dim=30,
             default_stream_mix=(0.95, 0.05),
             majority_first=True,
+            variants=("logreg-pca1", "mlp-small", "mlp-large"),
         ),
         DatasetSpec(
             name="digits",
@@ -98,6 +105,7 @@ DATASET_SPECS: dict[str, DatasetSpec] = {
             class_names=("class_0", "class_1", "class_2"),
             feature_dim=13,
             default_stream_mix=(0.8, 0.1, 0.1),
+            variants=("logreg-pca1", "mlp-small", "mlp-large"),
         ),
     )
 }

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from switchyard.apps.datasets import DATASET_NAMES, Dataset, load_dataset
+from switchyard.apps.datasets import DATASET_NAMES, DATASET_SPECS, Dataset, load_dataset
 from switchyard.apps.registry import (
     Application,
     PenaltySpec,
@@ -34,7 +34,7 @@ from switchyard.apps.registry import (
     Registry,
     VariantProfile,
 )
-from switchyard.apps.variants import VARIANT_NAMES, Variant, load_variant, train_application
+from switchyard.apps.variants import Variant, load_variant, train_application
 
 __all__ = [
     "DEFAULT_BATCH_SIZES",
@@ -143,7 +143,7 @@ def build_registry(
     repeats: int = 20,
     *,
     applications: Sequence[str] = DATASET_NAMES,
-    variants: Sequence[str] = VARIANT_NAMES,
+    variants: Sequence[str] | None = None,
     worker_type: str = WORKER_TYPE,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     deadline_ms: float = DEFAULT_DEADLINE_MS,
@@ -160,7 +160,8 @@ def build_registry(
         seed: the training seed.
         repeats: timed calls per batch size.
         applications: which datasets to build (default all three).
-        variants: which variants to build (default all).
+        variants: which variants to build (default: each application's own set,
+            ``DatasetSpec.variants``).
         worker_type, batch_sizes: as for :func:`profile_variant`.
         deadline_ms: every application's deadline.
         on_variant: called with ``(application, variant)`` after each is profiled.
@@ -169,7 +170,8 @@ def build_registry(
     apps: list[Application] = []
     for name in applications:
         dataset = load_dataset(name)
-        files = train_application(dataset, out_dir, seed, variants)
+        names = DATASET_SPECS[name].variants if variants is None else variants
+        files = train_application(dataset, out_dir, seed, names)
         profiles: dict[str, VariantProfile] = {}
         for variant_name, path in files.items():
             variant = load_variant(path)

@@ -1,12 +1,14 @@
 """Model variants of a classification application: train, predict, save and load.
 
-Every application gets the same three variants, from fast and weak to slow and strong:
+Each application registers three variants, from light and weak to heavy and strong
+(which ones: ``DatasetSpec.variants``):
 
-``logreg-pca4``
-    scikit-learn ``PCA(4)`` then ``LogisticRegression``. Served as one numpy affine
-    map and a softmax (``PCA`` and the logits are both affine, so they fold into one
-    ``[features, classes]`` matrix): scikit-learn's own ``predict_proba`` spends about
-    0.3 ms per call checking its input, more than the model itself costs.
+``logreg-pca1``, ``logreg-pca4``
+    scikit-learn ``PCA(k)`` (1 or 4 components) then ``LogisticRegression``. Served
+    as one numpy affine map and a softmax (``PCA`` and the logits are both affine, so
+    they fold into one ``[features, classes]`` matrix): scikit-learn's own
+    ``predict_proba`` spends about 0.3 ms per call checking its input, more than the
+    model itself costs.
 ``mlp-small``
     torch, one hidden layer of 32 ReLU units.
 ``mlp-large``
@@ -18,7 +20,7 @@ gives the same weights. Adam is written out (:class:`switchyard.torch_training.A
 because ``torch.optim`` loads torch's compiler stack on first use, which costs more than
 a whole fit here.
 
-Files: ``logreg-pca4`` is a pickle (``.pkl``) of the fitted scikit-learn pipeline inside
+Files: a ``logreg-pca*`` variant is a pickle (``.pkl``) of the fitted scikit-learn pipeline inside
 a small tagged dict. A network is a JSON header (``.json``: architecture and dimensions)
 beside its ``torch.save(state_dict)`` weights (``.pt``, loaded with
 ``weights_only=True``), so loading a network unpickles no torch module. Only load a
@@ -92,6 +94,7 @@ class VariantSpec:
 VARIANT_SPECS: dict[str, VariantSpec] = {
     spec.name: spec
     for spec in (
+        VariantSpec(name="logreg-pca1", kind="logreg-pca", pca_components=1),
         VariantSpec(name="logreg-pca4", kind="logreg-pca", pca_components=4),
         VariantSpec(name="mlp-small", kind="mlp", hidden=(32,), epochs=300, learning_rate=1e-2),
         VariantSpec(
