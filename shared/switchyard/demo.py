@@ -195,9 +195,9 @@ async def run_demo(settings: Settings, *, requests: int = 2000, speedup: float =
             _progress(index + 1, len(trace), len(tally.completed))
 
     try:
-        await asyncio.wait_for(report_stop.wait(), timeout=120)
+        await asyncio.wait_for(report_stop.wait(), timeout=60)
     except TimeoutError:
-        print("\n  not every request completed within 120 s", file=sys.stderr)
+        print("\n  not every request completed within 60 s", file=sys.stderr)
     _progress(len(trace), len(trace), len(tally.completed))
     elapsed_s = time.time() - started_s
     replica_b.stopping.set()
