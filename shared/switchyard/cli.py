@@ -164,6 +164,12 @@ def _cmd_sneakpeek_accuracy(settings: Settings, args: argparse.Namespace) -> int
     return run_accuracy(args)
 
 
+def _cmd_multimodel(settings: Settings, args: argparse.Namespace) -> int:
+    from switchyard.multimodel.command import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="switchyard",
@@ -212,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
             "sneakpeek",
             _cmd_sneakpeek,
             "Compare window schedulers (SneakPeek) on the classification applications.",
+        )
+    )
+    from switchyard.multimodel import command as multimodel_command
+
+    multimodel_command.add_arguments(
+        add(
+            "multimodel",
+            _cmd_multimodel,
+            "Compare multi-model placement policies (pipelines, heterogeneous workers).",
         )
     )
     sneakpeek_command.add_accuracy_arguments(

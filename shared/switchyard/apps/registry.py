@@ -17,6 +17,23 @@ installed)::
             "memory_bytes": 11048, "load_ms": 1.2, "accuracy": 0.97,
             "recall": [1.0, ..., 0.96], "model_file": "digits/mlp-small.json"}}}]}
 
+The same file also holds the multi-model applications (one registry for all
+applications): ``models`` (name -> resource vector, load and execution seconds) and
+``pipelines`` (DAGs of model stages, each with an SLO)::
+
+    {"models": {"encoder": {"resources": {"cpu": 2, "gpu": 0.25, "mem_gib": 4},
+                            "load_s": 3, "exec_s": 0.2}, ...},
+     "pipelines": [{"name": "txt2img", "slo_s": 10, "stages": [
+        {"name": "encode", "model": "encoder"},
+        {"name": "generate", "model": "sd15", "after": ["encode"]},
+        {"name": "upscale", "model": "esrgan", "after": ["generate"]}]}]}
+
+``applications``, ``models`` and ``pipelines`` are each optional, but a registry needs
+at least one application or pipeline. Application and pipeline names share one
+namespace. A pipeline is rejected when it has a cycle (the message names the stages on
+it), a stage names an unknown model, an ``after`` names an unknown stage, or two stages
+share a name; every time must be positive.
+
 The models here are frozen and validate every field (ranges, one value per class,
 unique names, a known dataset whose feature count matches). :func:`load_registry` turns
 every problem into one :class:`RegistryError` line naming the file and the field path::
@@ -41,13 +58,18 @@ from pydantic_core import ErrorDetails
 
 from switchyard.apps.datasets import DATASET_NAMES, DATASET_SPECS, check_mix
 from switchyard.apps.penalty import Penalty, PenaltyKind
+from switchyard.multimodel.dag import find_cycle
 
 __all__ = [
     "Application",
+    "ModelEntry",
     "PenaltySpec",
+    "PipelineEntry",
     "PriorSpec",
     "Registry",
     "RegistryError",
+    "ResourcesEntry",
+    "StageEntry",
     "UnknownApplicationError",
     "VariantProfile",
     "load_registry",
@@ -58,6 +80,9 @@ __all__ = [
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 PositiveMs = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 BatchSize = Annotated[int, Field(ge=1)]
+PositiveSeconds = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Name = Annotated[str, Field(min_length=1)]
 
 
 class RegistryError(ValueError):
@@ -242,30 +267,118 @@ class Application(_Frozen):
         return self.penalty.to_penalty()
 
 
+class ResourcesEntry(_Frozen):
+    """A model's resource vector: cores, GPUs (fractions allowed) and GiB of memory."""
+
+    cpu: NonNegative
+    gpu: NonNegative
+    mem_gib: NonNegative
+
+
+class ModelEntry(_Frozen):
+    """One servable model of the multi-model applications.
+
+    Attributes:
+        resources: what it takes on a worker while resident.
+        load_s: seconds to load it onto a worker.
+        exec_s: mean seconds to serve one request on a worker of speed 1.0.
+    """
+
+    resources: ResourcesEntry
+    load_s: PositiveSeconds
+    exec_s: PositiveSeconds
+
+
+class StageEntry(_Frozen):
+    """One stage of a pipeline: a model, run after the stages named in ``after``."""
+
+    name: Name
+    model: Name
+    after: tuple[Name, ...] = ()
+
+
+class PipelineEntry(_Frozen):
+    """A multi-model application: a DAG of stages and its latency SLO in seconds."""
+
+    name: Name
+    slo_s: PositiveSeconds
+    stages: tuple[StageEntry, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _a_dag(self) -> PipelineEntry:
+        seen: dict[str, int] = {}
+        for index, stage in enumerate(self.stages):
+            if stage.name in seen:
+                raise _FieldError(
+                    ("stages", index, "name"),
+                    f"duplicate stage name {stage.name!r} (also stages[{seen[stage.name]}])",
+                )
+            seen[stage.name] = index
+        for index, stage in enumerate(self.stages):
+            for position, name in enumerate(stage.after):
+                if name not in seen:
+                    raise _FieldError(
+                        ("stages", index, "after", position),
+                        f"unknown stage {name!r}; stages: {', '.join(seen)}",
+                    )
+                if name in stage.after[:position]:
+                    raise _FieldError(
+                        ("stages", index, "after", position), f"stage {name!r} is named twice"
+                    )
+        cycle = find_cycle({stage.name: stage.after for stage in self.stages})
+        if cycle is not None:
+            raise _FieldError(("stages",), f"cycle {' -> '.join(cycle)}")
+        return self
+
+
 class Registry(_Frozen):
-    """Every application, with unique names; see the module docstring for the format."""
+    """Every application and pipeline, with unique names; see the module docstring for
+    the format."""
 
-    applications: tuple[Application, ...]
+    applications: tuple[Application, ...] = ()
+    models: dict[Name, ModelEntry] = Field(default_factory=dict)
+    pipelines: tuple[PipelineEntry, ...] = ()
 
-    @field_validator("applications")
+    @model_validator(mode="before")
     @classmethod
-    def _not_empty(cls, value: tuple[Application, ...]) -> tuple[Application, ...]:
-        if not value:
-            raise ValueError("needs at least one application")
-        return value
+    def _something_given(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "applications" not in data and "pipelines" not in data:
+            raise _FieldError(
+                ("applications",), "Field required (a registry needs applications or pipelines)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _unique_names(self) -> Registry:
-        seen: dict[str, int] = {}
+        if not self.applications and not self.pipelines:
+            raise _FieldError(("applications",), "needs at least one application or pipeline")
+        seen: dict[str, str] = {}
         for index, app in enumerate(self.applications):
             if app.name in seen:
                 raise _FieldError(
                     ("applications", index, "name"),
-                    f"duplicate application name {app.name!r} "
-                    f"(also applications[{seen[app.name]}])",
+                    f"duplicate application name {app.name!r} (also {seen[app.name]})",
                 )
-            seen[app.name] = index
+            seen[app.name] = f"applications[{index}]"
+        for index, pipeline in enumerate(self.pipelines):
+            if pipeline.name in seen:
+                raise _FieldError(
+                    ("pipelines", index, "name"),
+                    f"duplicate application name {pipeline.name!r} (also {seen[pipeline.name]})",
+                )
+            seen[pipeline.name] = f"pipelines[{index}]"
+            for position, stage in enumerate(pipeline.stages):
+                if stage.model not in self.models:
+                    known = ", ".join(self.models) if self.models else "none (no models given)"
+                    raise _FieldError(
+                        ("pipelines", index, "stages", position, "model"),
+                        f"unknown model {stage.model!r}; known: {known}",
+                    )
         return self
+
+    def pipeline_names(self) -> tuple[str, ...]:
+        """The pipeline names, in file order."""
+        return tuple(pipeline.name for pipeline in self.pipelines)
 
     def names(self) -> tuple[str, ...]:
         """The application names, in file order."""
@@ -323,7 +436,8 @@ def registry_from_data(data: Any, source: str) -> Registry:
     """Validate already-parsed registry data; errors name ``source`` and the field path."""
     if not isinstance(data, Mapping):
         raise RegistryError(
-            f"registry {source}: expected an object with an 'applications' list, "
+            f"registry {source}: expected an object with an 'applications' list "
+            "and/or a 'pipelines' list, "
             f"got {type(data).__name__}"
         )
     try:
@@ -397,6 +511,10 @@ def save_registry(registry: Registry, path: str | os.PathLike[str]) -> None:
     file = Path(path)
     source = str(path)
     data = registry.model_dump(mode="json", exclude_none=True)
+    # Leave out empty sections, so that a classification-only registry keeps its format.
+    for section in ("models", "pipelines", "applications"):
+        if not data.get(section):
+            data.pop(section, None)
     if _is_yaml(file):
         text = _yaml_module(source).safe_dump(data, sort_keys=False)
     else:

@@ -154,14 +154,14 @@ def check_runs(runs: Iterable[object]) -> list[Run]:
     return checked
 
 
-def _json_ready(value: Any) -> Any:
+def json_ready(value: Any) -> Any:
     # JSON has no NaN or infinity; null is what readers of runs.json can handle.
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
-        return {str(k): _json_ready(v) for k, v in value.items()}
+        return {str(k): json_ready(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_ready(v) for v in value]
+        return [json_ready(v) for v in value]
     return value
 
 
@@ -172,7 +172,7 @@ def runs_to_json(runs: Sequence[Mapping[str, Any]]) -> str:
         >>> runs_to_json([{"policy": "jsq", "p99_s": float("nan")}])
         '[\\n  {\\n    "policy": "jsq",\\n    "p99_s": null\\n  }\\n]\\n'
     """
-    return json.dumps(_json_ready(list(runs)), indent=2, allow_nan=False) + "\n"
+    return json.dumps(json_ready(list(runs)), indent=2, allow_nan=False) + "\n"
 
 
 def write_runs_json(runs: Sequence[Mapping[str, Any]], path: Path) -> Path:

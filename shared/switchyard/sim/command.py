@@ -10,28 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from switchyard.cli_args import comma_list
 from switchyard.policies.registry import llm_policy_names
 
 EXIT_BAD_INPUT = 2
-
-T = TypeVar("T")
-
-
-def _list_of(kind: Callable[[str], T], what: str) -> Callable[[str], tuple[T, ...]]:
-    def parse(text: str) -> tuple[T, ...]:
-        items = [part.strip() for part in text.split(",") if part.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"{what}: expected a comma-separated list")
-        try:
-            return tuple(kind(item) for item in items)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what}: cannot read {text!r}") from None
-
-    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,20 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "in the Azure format (default azure-conv-sample)",
     )
     parser.add_argument(
-        "--workers", type=_list_of(int, "--workers"), default=(8,),
+        "--workers", type=comma_list(int, "--workers"), default=(8,),
         help="cluster size, or a comma-separated list to sweep (default 8)",
     )  # fmt: skip
     parser.add_argument(
-        "--policies", type=_list_of(str, "--policies"), default=tuple(llm_policy_names()),
+        "--policies", type=comma_list(str, "--policies"), default=tuple(llm_policy_names()),
         help=f"comma-separated policies (default all: {', '.join(llm_policy_names())})",
     )  # fmt: skip
     parser.add_argument(
-        "--gpu", type=_list_of(str, "--gpu"), default=("a100-80gb/llama-2-7b",),
+        "--gpu", type=comma_list(str, "--gpu"), default=("a100-80gb/llama-2-7b",),
         help="performance profile GPU/MODEL; several (comma-separated) make a mixed cluster, "
         "assigned to workers in turn (default a100-80gb/llama-2-7b)",
     )  # fmt: skip
     parser.add_argument(
-        "--load-scale", type=_list_of(float, "--load-scale"), default=(1.0,),
+        "--load-scale", type=comma_list(float, "--load-scale"), default=(1.0,),
         help="divide inter-arrival times by this (2 = twice the rate); a list sweeps (default 1)",
     )  # fmt: skip
     parser.add_argument(
@@ -64,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="SLO: latency at most this times the service time on an idle worker (default 5)",
     )  # fmt: skip
     parser.add_argument(
-        "--predictor-error", type=_list_of(float, "--predictor-error"), default=(0.0,),
+        "--predictor-error", type=comma_list(float, "--predictor-error"), default=(0.0,),
         help="multiplicative error injected into predictions, 0..1 (0.4 = 40 %%); a list sweeps",
     )  # fmt: skip
     parser.add_argument(

@@ -1,0 +1,459 @@
+"""The adaptive policy: greedy minimisation of ``alpha * D + beta * U`` over placements.
+
+State and decision. The snapshot is ``s_t = [m_t, r_t, q_t]``: where every model is
+resident or loading, each worker's free resources, and the queues. The decision is the
+joint placement (which models are resident where; a replica's resources are its
+allocation) that minimises the running cost
+
+    cost = alpha * D + beta * U
+
+Delay ``D`` (stage-seconds per second; by Little's law, the mean number of stages in
+the system). Per model ``m`` with effective demand ``lam = demand_rps + backlog /
+horizon_s`` (the queue present now must also be served within the horizon), mean
+service ``e = exec_s`` at speed 1, and replicas ``r`` on workers of speed ``v_r``, each
+counted with its availability ``a_r = H / (H + t_r)`` where ``t_r`` is the seconds until
+it is ready (0 for a ready replica, ``load_s`` for one this plan loads; ``H =
+horizon_s``), so loading time discounts what a replica contributes:
+
+- capacity ``mu = sum(a_r * v_r) / e`` stages per second, ``c = sum(a_r)`` servers,
+  ``rho = lam / mu``;
+- service: a router that balances work sends a replica stages in proportion to its
+  rate, so the mean service time is ``c / mu`` (``e / v`` on identical workers);
+- queueing: the M/M/c queue length by Sakasegawa's approximation, ``Lq = rho **
+  sqrt(2 * (c + 1)) / (1 - rho)`` (exact for c = 1); beyond ``rho_cap`` (0.95) it goes on
+  linearly with the fluid backlog ``(lam - rho_cap * mu) * H / 2`` so that overload is
+  finite, continuous and still worth reducing;
+- ``D_m = lam * c / mu + Lq``; a model with demand and no replica costs
+  ``lam * (e + unplaced_penalty_s)``.
+
+``D = sum_m D_m`` -- weighted by demand by construction.
+
+Resource cost ``U``: the dominant shares held, ``sum over replicas of
+share_of(model resources, worker capacity)``, i.e. how many workers' worth of resources
+the placement holds (loading replicas included). With ``beta`` in stages per worker,
+holding a whole worker is worth ``beta`` stages waiting.
+
+Defaults: ``alpha = 1``, ``beta = 2``, ``H = 10 s``. Worked number: a 1 s model at 0.6
+rps on one ready speed-1 replica is an M/M/1 queue: ``D_m = 0.6 * 1 + 0.6**2 / 0.4 =
+1.5``. A second ready replica on a speed-1 worker (dominant share 0.25) gives ``rho =
+0.3, c = 2``: ``Lq = 0.3**sqrt(6) / 0.7 = 0.075``, ``D_m = 0.675``; the delay falls by
+0.825 and ``U`` rises by 0.25 (x beta = 0.5), so the load pays (net -0.325). Loading it
+takes 2 s: ``a = 10 / 12``, ``c = mu = 1.833``, ``rho = 0.327``, ``D_m = 0.704``, net
+-0.296: still worth it. At 0.3 rps the same replica gains only 0.12 < 0.5: not added.
+So with these defaults (hysteresis included) a second replica of a quarter-worker 1 s
+model is added once the first is about 54 % busy, of a half-worker one at about 65 %.
+
+Search. From the current placement, repeat: evaluate every single action -- load a
+replica (on each kind of worker: speed and capacity; within a kind the least-loaded
+worker that fits), evict one, move one to another kind of worker, or, for a model with
+demand and no replica that fits nowhere, replace one resident by it -- and apply the one
+with the largest cost reduction, while it fits (each worker's residents within its
+capacity) and up to ``max_actions`` actions per update (loads of a model with no replica
+at all are not counted: they are never churn). Cost is a sum over models plus a sum over
+replicas, so an action only changes its own model's terms and the search caches the
+rest. Hysteresis, so that it does not thrash: an action must reduce the cost by more
+than ``hysteresis`` (twice that for a move or a replace), a replica younger than
+``min_residency_s`` (from the start of its load) or still loading is never evicted or
+moved, and the search resumes from exactly the state its own plan leads to (the same
+snapshot after the plan gives no further change). Ties go to the less loaded worker
+(predicted busy share), then the first listed, so equal workers fill evenly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from switchyard.multimodel.planning import (
+    WorkingPlacement,
+    dominant_share,
+    effective_demand_rps,
+    triple,
+)
+from switchyard.multimodel.snapshot import PlacementPlan, PlacementSnapshot
+from switchyard.policies.base import DecisionContext
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_BETA",
+    "AdaptiveConfig",
+    "AdaptivePlacement",
+    "model_delay",
+    "placement_cost",
+]
+
+DEFAULT_ALPHA = 1.0
+"""Weight of the delay term (per stage-second per second)."""
+DEFAULT_BETA = 2.0
+"""Weight of the resource term (stages per worker's worth of resources held)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdaptiveConfig:
+    """Tunables of the adaptive policy; the module docstring explains each."""
+
+    alpha: float = DEFAULT_ALPHA
+    beta: float = DEFAULT_BETA
+    horizon_s: float = 10.0
+    unplaced_penalty_s: float = 30.0
+    rho_cap: float = 0.95
+    hysteresis: float = 0.05
+    min_residency_s: float = 5.0
+    max_actions: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "unplaced_penalty_s", "hysteresis", "min_residency_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        if not (math.isfinite(self.horizon_s) and self.horizon_s > 0):
+            raise ValueError(f"horizon_s: must be > 0, got {self.horizon_s!r}")
+        if not 0.0 < self.rho_cap < 1.0:
+            raise ValueError(f"rho_cap: must be within (0, 1), got {self.rho_cap!r}")
+        if self.max_actions < 0:
+            raise ValueError(f"max_actions: must be >= 0, got {self.max_actions!r}")
+
+
+def model_delay(
+    rate: float, exec_s: float, speed_sum: float, servers: float, config: AdaptiveConfig
+) -> float:
+    """``D_m`` of one model: stage-seconds per second at effective demand ``rate`` on
+    replicas whose availability-weighted speeds sum to ``speed_sum`` over ``servers``
+    availability-weighted servers. Example: ``model_delay(0.6, 1.0, 1.0, 1.0, cfg)`` is
+    ``0.6 + 0.6**2 / 0.4 = 1.5``."""
+    if rate <= 0.0:
+        return 0.0
+    if speed_sum <= 0.0 or servers <= 0.0:
+        return rate * (exec_s + config.unplaced_penalty_s)
+    if exec_s <= 0.0:
+        return 0.0
+    mu = speed_sum / exec_s
+    rho = rate / mu
+    exponent = math.sqrt(2.0 * (servers + 1.0))
+    if rho < config.rho_cap:
+        queue = math.pow(rho, exponent) / (1.0 - rho)
+    else:
+        cap = config.rho_cap
+        queue = math.pow(cap, exponent) / (1.0 - cap) + (rate - cap * mu) * config.horizon_s / 2.0
+    return rate * servers / mu + queue
+
+
+def _availability(wait_s: float, horizon_s: float) -> float:
+    return horizon_s / (horizon_s + max(0.0, wait_s))
+
+
+@dataclass(slots=True)
+class _Candidate:
+    score: float
+    """Cost change plus the action's hysteresis (applied when negative)."""
+    delta: float
+    kind: int
+    """0 load, 1 evict, 2 move, 3 replace: the order among equal scores."""
+    model: str
+    source: int
+    """Worker losing a replica (evict, move) or -1."""
+    target_class: int
+    """Kind of worker gaining a replica (load, move) or -1."""
+    victim: str = ""
+    """Replace: the resident evicted to make room on ``source``."""
+
+
+class _Search:
+    """One update's greedy search (the module docstring has the model)."""
+
+    def __init__(self, snapshot: PlacementSnapshot, cfg: AdaptiveConfig) -> None:
+        self.cfg = cfg
+        self.snapshot = snapshot
+        self.work = WorkingPlacement(snapshot)
+        self.rates = effective_demand_rps(snapshot, cfg.horizon_s)
+        workers = snapshot.workers
+        self.speeds = [max(0.0, w.spec.speed) for w in workers]
+        self.util = [w.utilization for w in workers]
+        classes: dict[tuple[float, tuple[float, float, float]], int] = {}
+        self.class_of: list[int] = []
+        self.members: list[list[int]] = []
+        self.class_speed: list[float] = []
+        self.class_capacity: list[tuple[float, float, float]] = []
+        for index, worker in enumerate(workers):
+            key = (self.speeds[index], triple(worker.spec.capacity))
+            if key not in classes:
+                classes[key] = len(self.members)
+                self.members.append([])
+                self.class_speed.append(key[0])
+                self.class_capacity.append(key[1])
+            self.class_of.append(classes[key])
+            self.members[classes[key]].append(index)
+        self.order = {name: i for i, name in enumerate(snapshot.models)}
+        self._share: dict[tuple[str, int], float] = {}
+        # Availability-weighted speed and server sums per model.
+        self.speed_sum: dict[str, float] = {}
+        self.servers: dict[str, float] = {}
+        self.avail: dict[tuple[int, str], float] = {}
+        for index, worker in enumerate(workers):
+            for resident in worker.resident:
+                a = _availability(resident.ready_at_s - snapshot.now_s, cfg.horizon_s)
+                self.avail[(index, resident.model)] = a
+                self.speed_sum[resident.model] = (
+                    self.speed_sum.get(resident.model, 0.0) + a * self.speeds[index]
+                )
+                self.servers[resident.model] = self.servers.get(resident.model, 0.0) + a
+        self.delay = {
+            m: self._delay(m, self.speed_sum.get(m, 0.0), self.servers.get(m, 0.0))
+            for m in snapshot.models
+        }
+        self.load = [0.0] * len(workers)
+        for index in range(len(workers)):
+            for model in self.work.models_on(index):
+                self.load[index] += self._busy_share(model, index)
+        self.cache: dict[str, list[_Candidate]] = {}
+
+    # -- model --------------------------------------------------------------------
+
+    def share(self, model: str, cls: int) -> float:
+        key = (model, cls)
+        value = self._share.get(key)
+        if value is None:
+            value = dominant_share(self.work.demand(model), self.class_capacity[cls])
+            self._share[key] = value
+        return value
+
+    def _delay(self, model: str, speed_sum: float, servers: float) -> float:
+        spec = self.snapshot.models.get(model)
+        if spec is None:
+            return 0.0
+        return model_delay(self.rates.get(model, 0.0), spec.exec_s, speed_sum, servers, self.cfg)
+
+    def _busy_share(self, model: str, index: int) -> float:
+        spec = self.snapshot.models.get(model)
+        speed_sum = self.speed_sum.get(model, 0.0)
+        if spec is None or speed_sum <= 0.0:
+            return 0.0
+        rho = min(1.0, self.rates.get(model, 0.0) * spec.exec_s / speed_sum)
+        return rho * self.share(model, self.class_of[index])
+
+    def cost(self) -> float:
+        u = 0.0
+        for index in range(len(self.speeds)):
+            for model in self.work.models_on(index):
+                u += self.share(model, self.class_of[index])
+        return self.cfg.alpha * sum(self.delay.values()) + self.cfg.beta * u
+
+    def _new_avail(self, model: str) -> float:
+        spec = self.snapshot.models[model]
+        return _availability(spec.load_s, self.cfg.horizon_s)
+
+    def _evictable(self, index: int, model: str) -> bool:
+        return (
+            self.work.is_ready(index, model)
+            and self.work.age_s(index, model) >= self.cfg.min_residency_s
+        )
+
+    # -- candidates ---------------------------------------------------------------
+
+    def _candidates(self, model: str) -> list[_Candidate]:
+        """Every improving action on ``model`` (by cost alone; feasibility of loads and
+        moves on a kind of worker is checked when one is chosen)."""
+        cfg = self.cfg
+        found: list[_Candidate] = []
+        if model not in self.snapshot.models:
+            return found
+        rate = self.rates.get(model, 0.0)
+        s0 = self.speed_sum.get(model, 0.0)
+        c0 = self.servers.get(model, 0.0)
+        d0 = self.delay[model]
+        a_new = self._new_avail(model)
+        if rate > 0.0:
+            for cls, speed in enumerate(self.class_speed):
+                share = self.share(model, cls)
+                if not math.isfinite(share) or share > 1.0 + 1e-9:
+                    continue
+                delta = cfg.alpha * (self._delay(model, s0 + a_new * speed, c0 + a_new) - d0)
+                delta += cfg.beta * share
+                if delta + cfg.hysteresis < 0.0:
+                    found.append(_Candidate(delta + cfg.hysteresis, delta, 0, model, -1, cls))
+        for index in list(self.work.holders.get(model, ())):
+            if not self._evictable(index, model):
+                continue
+            a_old = self.avail.get((index, model), 1.0)
+            v_old = self.speeds[index]
+            share_old = self.share(model, self.class_of[index])
+            s1 = s0 - a_old * v_old
+            c1 = c0 - a_old
+            if c1 <= 1e-12:
+                s1 = c1 = 0.0
+            d1 = self._delay(model, s1, c1)
+            delta = cfg.alpha * (d1 - d0) - cfg.beta * share_old
+            if delta + cfg.hysteresis < 0.0:
+                found.append(_Candidate(delta + cfg.hysteresis, delta, 1, model, index, -1))
+            if rate <= 0.0:
+                continue
+            for cls, speed in enumerate(self.class_speed):
+                share = self.share(model, cls)
+                if not math.isfinite(share) or share > 1.0 + 1e-9:
+                    continue
+                d2 = self._delay(model, s1 + a_new * speed, c1 + a_new)
+                move = cfg.alpha * (d2 - d0) + cfg.beta * (share - share_old)
+                threshold = 2.0 * cfg.hysteresis
+                if move + threshold < 0.0:
+                    found.append(_Candidate(move + threshold, move, 2, model, index, cls))
+        return found
+
+    def _evict_delta(self, index: int, model: str) -> float:
+        s0 = self.speed_sum.get(model, 0.0)
+        c0 = self.servers.get(model, 0.0)
+        a = self.avail.get((index, model), 1.0)
+        s1, c1 = s0 - a * self.speeds[index], c0 - a
+        if c1 <= 1e-12:
+            s1 = c1 = 0.0
+        d1 = self._delay(model, s1, c1)
+        return self.cfg.alpha * (d1 - self.delay[model]) - self.cfg.beta * self.share(
+            model, self.class_of[index]
+        )
+
+    def _replace_candidates(self) -> list[_Candidate]:
+        """For each model with demand and no replica that fits no worker as things are,
+        the best single eviction that makes room for it."""
+        cfg = self.cfg
+        work = self.work
+        found: list[_Candidate] = []
+        for model in self.snapshot.models:
+            if self.rates.get(model, 0.0) <= 0.0 or work.holders.get(model):
+                continue
+            if any(work.fits(i, model) for i in range(len(self.speeds))):
+                continue
+            a_new = self._new_avail(model)
+            best: _Candidate | None = None
+            for index in range(len(self.speeds)):
+                cls = self.class_of[index]
+                gain = cfg.alpha * (
+                    self._delay(model, a_new * self.speeds[index], a_new) - self.delay[model]
+                ) + cfg.beta * self.share(model, cls)
+                for victim in work.models_on(index):
+                    if not self._evictable(index, victim):
+                        continue
+                    if not work.fits(index, model, work.demand(victim)):
+                        continue
+                    delta = gain + self._evict_delta(index, victim)
+                    score = delta + 2.0 * cfg.hysteresis
+                    if score < 0.0 and (best is None or score < best.score):
+                        best = _Candidate(score, delta, 3, model, index, cls, victim)
+            if best is not None:
+                found.append(best)
+        return found
+
+    def _pick_member(self, model: str, cls: int, exclude: int) -> int | None:
+        best: int | None = None
+        best_key: tuple[float, float, int] | None = None
+        for index in self.members[cls]:
+            if index == exclude or self.work.holds(index, model):
+                continue
+            if not self.work.fits(index, model):
+                continue
+            key = (self.load[index], self.util[index], index)
+            if best_key is None or key < best_key:
+                best, best_key = index, key
+        return best
+
+    # -- edits --------------------------------------------------------------------
+
+    def _add(self, index: int, model: str, avail: float) -> None:
+        self.work.load(index, model)
+        restored = self.work.resident(index, model)
+        if restored is not None:  # evicted earlier in this plan and kept after all
+            avail = _availability(restored.ready_at_s - self.snapshot.now_s, self.cfg.horizon_s)
+        self.avail[(index, model)] = avail
+        self.speed_sum[model] = self.speed_sum.get(model, 0.0) + avail * self.speeds[index]
+        self.servers[model] = self.servers.get(model, 0.0) + avail
+        self.delay[model] = self._delay(model, self.speed_sum[model], self.servers[model])
+        self.load[index] += self._busy_share(model, index)
+
+    def _remove(self, index: int, model: str) -> None:
+        self.load[index] = max(0.0, self.load[index] - self._busy_share(model, index))
+        self.work.evict(index, model)
+        a = self.avail.pop((index, model), 1.0)
+        s = self.speed_sum.get(model, 0.0) - a * self.speeds[index]
+        c = self.servers.get(model, 0.0) - a
+        if c <= 1e-12:
+            s = c = 0.0
+        self.speed_sum[model], self.servers[model] = s, c
+        self.delay[model] = self._delay(model, s, c)
+
+    def run(self) -> PlacementPlan:
+        cfg = self.cfg
+        actions = 0
+        # Every applied action lowers the cost by more than the hysteresis, so the search
+        # ends; the cap only guards against a zero hysteresis and rounding.
+        for _ in range(cfg.max_actions + 2 * len(self.snapshot.models) + 1):
+            pool: list[_Candidate] = []
+            for model in self.snapshot.models:
+                cached = self.cache.get(model)
+                if cached is None:
+                    cached = self._candidates(model)
+                    self.cache[model] = cached
+                pool.extend(cached)
+            pool.extend(self._replace_candidates())
+            pool.sort(
+                key=lambda c: (c.score, c.kind, self.order[c.model], c.source, c.target_class)
+            )
+            applied = False
+            for cand in pool:
+                unplaced_load = cand.kind == 0 and not self.work.holders.get(cand.model)
+                if actions >= cfg.max_actions and not unplaced_load:
+                    continue
+                if self._apply(cand):
+                    applied = True
+                    if not unplaced_load:
+                        actions += 1
+                    break
+            if not applied:
+                break
+        return self.work.plan(cost_s=self.cost())
+
+    def _apply(self, cand: _Candidate) -> bool:
+        model = cand.model
+        touched = {model}
+        if cand.kind == 0:
+            target = self._pick_member(model, cand.target_class, -1)
+            if target is None:
+                return False
+            self._add(target, model, self._new_avail(model))
+        elif cand.kind == 1:
+            self._remove(cand.source, model)
+        elif cand.kind == 2:
+            target = self._pick_member(model, cand.target_class, cand.source)
+            if target is None:
+                return False
+            self._remove(cand.source, model)
+            self._add(target, model, self._new_avail(model))
+        else:
+            self._remove(cand.source, cand.victim)
+            self._add(cand.source, model, self._new_avail(model))
+            touched.add(cand.victim)
+        for name in touched:
+            self.cache.pop(name, None)
+        return True
+
+
+class AdaptivePlacement:
+    """``adaptive``: the paper's policy (see the module docstring).
+
+    Example:
+        >>> policy = AdaptivePlacement(AdaptiveConfig(alpha=1.0, beta=2.0))
+        >>> policy.name
+        'adaptive'
+    """
+
+    __slots__ = ("config",)
+
+    name = "adaptive"
+
+    def __init__(self, config: AdaptiveConfig | None = None) -> None:
+        self.config = config or AdaptiveConfig()
+
+    def place(self, snapshot: PlacementSnapshot, ctx: DecisionContext) -> PlacementPlan:
+        return _Search(snapshot, self.config).run()
+
+
+def placement_cost(snapshot: PlacementSnapshot, config: AdaptiveConfig | None = None) -> float:
+    """``alpha * D + beta * U`` of the snapshot's placement as it stands."""
+    return _Search(snapshot, config or AdaptiveConfig()).cost()

@@ -1,0 +1,155 @@
+"""The catalogue of multi-model serving: resource vectors, models, pipelines, workers.
+
+Units: ``cpu`` in cores, ``gpu`` in whole-GPU fractions (0.5 = half a GPU's compute and
+memory share), ``mem_gib`` in GiB of host memory; times in seconds. A model's ``exec_s``
+is its mean service time for one request on a worker of speed 1.0; a worker of speed
+``v`` serves it in ``exec_s / v``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "ZERO",
+    "ModelSpec",
+    "MultiModelRequest",
+    "PipelineSpec",
+    "ResourceVector",
+    "Stage",
+    "WorkerSpec",
+    "Workload",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceVector:
+    """``[cpu, gpu, mem]``: cores, GPUs (fractions allowed) and GiB of memory."""
+
+    cpu: float
+    gpu: float
+    mem_gib: float
+
+    def __post_init__(self) -> None:
+        for name in ("cpu", "gpu", "mem_gib"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+
+    def fits_in(self, capacity: ResourceVector) -> bool:
+        """Whether this demand fits within ``capacity`` in every dimension (1e-9 slack)."""
+        return (
+            self.cpu <= capacity.cpu + 1e-9
+            and self.gpu <= capacity.gpu + 1e-9
+            and self.mem_gib <= capacity.mem_gib + 1e-9
+        )
+
+    def __add__(self, other: ResourceVector) -> ResourceVector:
+        return ResourceVector(
+            self.cpu + other.cpu, self.gpu + other.gpu, self.mem_gib + other.mem_gib
+        )
+
+    def __sub__(self, other: ResourceVector) -> ResourceVector:
+        """Component-wise difference, floored at 0 (free capacity never goes negative)."""
+        return ResourceVector(
+            max(0.0, self.cpu - other.cpu),
+            max(0.0, self.gpu - other.gpu),
+            max(0.0, self.mem_gib - other.mem_gib),
+        )
+
+    def share_of(self, capacity: ResourceVector) -> float:
+        """The largest share of ``capacity`` this vector takes in any dimension (the
+        dominant share; 0 for dimensions the capacity lacks and the demand does not
+        need). Example: (4 cores, 0.5 GPU, 8 GiB) of (16, 1, 64) -> max(0.25, 0.5,
+        0.125) = 0.5."""
+        shares = []
+        for used, total in (
+            (self.cpu, capacity.cpu),
+            (self.gpu, capacity.gpu),
+            (self.mem_gib, capacity.mem_gib),
+        ):
+            if total > 0:
+                shares.append(used / total)
+            elif used > 0:
+                shares.append(math.inf)
+        return max(shares, default=0.0)
+
+
+ZERO = ResourceVector(0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """One servable model: what it takes while resident and how long it serves."""
+
+    name: str
+    resources: ResourceVector
+    load_s: float
+    """Seconds to load it onto a worker (placement cost)."""
+    exec_s: float
+    """Mean seconds to serve one request on a worker of speed 1.0."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stage:
+    """One stage of a pipeline: a model, run after the stages named in ``after``."""
+
+    name: str
+    model: str
+    after: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineSpec:
+    """An application: a DAG of stages (one stage for a single-model application).
+
+    A stage starts when every stage in its ``after`` has finished; a stage's output may
+    feed several later stages (shared intermediate result). A request's latency is the
+    end of its last stage minus its arrival; it meets its SLO within ``slo_s``.
+    """
+
+    name: str
+    stages: tuple[Stage, ...]
+    slo_s: float
+
+    def models(self) -> tuple[str, ...]:
+        """The models its stages use, in stage order, without repeats."""
+        return tuple(dict.fromkeys(stage.model for stage in self.stages))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """One worker: its GPU type, capacity and relative speed."""
+
+    worker_id: str
+    gpu_type: str
+    capacity: ResourceVector
+    speed: float = 1.0
+    """Service-time divisor relative to the reference GPU (2.0: twice as fast)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MultiModelRequest:
+    """One request to an application (a pipeline)."""
+
+    request_id: str
+    arrival_s: float
+    pipeline: str
+    exec_scale: float = 1.0
+    """This request's service times relative to its models' means (a trace row's
+    execution time over its model's mean; 1.0 for synthetic requests)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """A catalogue and a request stream, arrivals sorted, the first at 0.0 s."""
+
+    name: str
+    models: Mapping[str, ModelSpec]
+    pipelines: Mapping[str, PipelineSpec]
+    requests: tuple[MultiModelRequest, ...]
+    step_at_s: float | None = None
+    """When the workload changes its load or mix in one step (for responsiveness), if
+    it does."""
