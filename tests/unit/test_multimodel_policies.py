@@ -179,12 +179,13 @@ def test_adaptive_moves_demand_toward_fast_workers_and_lowers_its_cost() -> None
         (worker_spec("fast", speed=4.0), []),
     ]
     snap = snapshot(models, workers, demand={"a": 0.8})
-    policy = AdaptivePlacement()
-    before = placement_cost(snap)
+    cfg = AdaptiveConfig(gamma=0.0)  # delay and resources only: no load-balance term
+    policy = AdaptivePlacement(cfg)
+    before = placement_cost(snap, cfg)
     plan = policy.place(snap, ctx())
     assert ("fast", "a") in plan.load
     after = apply_plan(snap, plan)
-    assert plan.cost_s == pytest.approx(placement_cost(after))
+    assert plan.cost_s == pytest.approx(placement_cost(after, cfg))
     assert plan.cost_s < before
     # Once the fast replica is ready and the slow one adds little, the slow one goes.
     settled, _ = converge(policy, advance(after, 30.0))
@@ -195,7 +196,15 @@ def test_adaptive_prefers_the_fast_worker_for_a_new_model() -> None:
     models = [model("a")]
     workers = [(worker_spec("w-slow", speed=0.5), ()), (worker_spec("w-fast", speed=2.0), ())]
     snap = snapshot(models, workers, waiting={"a": 3}, demand={"a": 0.2})
-    assert AdaptivePlacement().place(snap, ctx()).load == (("w-fast", "a"),)
+    no_balance = AdaptivePlacement(AdaptiveConfig(gamma=0.0))
+    assert no_balance.place(snap, ctx()).load == (("w-fast", "a"),)
+
+
+def test_adaptive_balance_term_spreads_replicas_over_idle_workers() -> None:
+    models = [model("a")]
+    workers = [(worker_spec("w-slow", speed=0.5), ()), (worker_spec("w-fast", speed=2.0), ())]
+    snap = snapshot(models, workers, waiting={"a": 3}, demand={"a": 0.2})
+    assert set(AdaptivePlacement().place(snap, ctx()).load) == {("w-fast", "a"), ("w-slow", "a")}
 
 
 def test_adaptive_does_not_thrash_once_converged() -> None:

@@ -1,11 +1,11 @@
-"""The adaptive policy: greedy minimisation of ``alpha * D + beta * U`` over placements.
+"""The adaptive policy: greedy minimisation of ``alpha*D + beta*U + gamma*CoV(L)``.
 
 State and decision. The snapshot is ``s_t = [m_t, r_t, q_t]``: where every model is
 resident or loading, each worker's free resources, and the queues. The decision is the
 joint placement (which models are resident where; a replica's resources are its
 allocation) that minimises the running cost
 
-    cost = alpha * D + beta * U
+    cost = alpha * D + beta * U + gamma * CoV(L)
 
 Delay ``D`` (stage-seconds per second; by Little's law, the mean number of stages in
 the system). Per model ``m`` with effective demand ``lam = demand_rps + backlog /
@@ -33,7 +33,13 @@ share_of(model resources, worker capacity)``, i.e. how many workers' worth of re
 the placement holds (loading replicas included). With ``beta`` in stages per worker,
 holding a whole worker is worth ``beta`` stages waiting.
 
-Defaults: ``alpha = 1``, ``beta = 2``, ``H = 10 s``. Worked number: a 1 s model at 0.6
+Load balance ``CoV(L)``: the coefficient of variation over workers of ``L_w``, each
+worker's predicted busy share (for every model on it, that model's utilisation times the
+share of the worker its replica takes). Without it the delay term sends all work to the
+fastest workers and leaves slow ones idle (a load CoV above 1 in the evaluation);
+``gamma = 10`` brought it to 0.23 at the price of more changes (see docs/benchmarks.md).
+
+Defaults: ``alpha = 1``, ``beta = 2``, ``gamma = 10``, ``H = 10 s``. Worked number: a 1 s model at 0.6
 rps on one ready speed-1 replica is an M/M/1 queue: ``D_m = 0.6 * 1 + 0.6**2 / 0.4 =
 1.5``. A second ready replica on a speed-1 worker (dominant share 0.25) gives ``rho =
 0.3, c = 2``: ``Lq = 0.3**sqrt(6) / 0.7 = 0.075``, ``D_m = 0.675``; the delay falls by
@@ -76,6 +82,7 @@ from switchyard.policies.base import DecisionContext
 __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_BETA",
+    "DEFAULT_GAMMA",
     "AdaptiveConfig",
     "AdaptivePlacement",
     "model_delay",
@@ -86,6 +93,8 @@ DEFAULT_ALPHA = 1.0
 """Weight of the delay term (per stage-second per second)."""
 DEFAULT_BETA = 2.0
 """Weight of the resource term (stages per worker's worth of resources held)."""
+DEFAULT_GAMMA = 10.0
+"""Weight of the load-balance term (stages per unit of summed squared busy share)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +103,7 @@ class AdaptiveConfig:
 
     alpha: float = DEFAULT_ALPHA
     beta: float = DEFAULT_BETA
+    gamma: float = DEFAULT_GAMMA
     horizon_s: float = 10.0
     unplaced_penalty_s: float = 30.0
     rho_cap: float = 0.95
@@ -102,7 +112,14 @@ class AdaptiveConfig:
     max_actions: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta", "unplaced_penalty_s", "hysteresis", "min_residency_s"):
+        for name in (
+            "alpha",
+            "beta",
+            "gamma",
+            "unplaced_penalty_s",
+            "hysteresis",
+            "min_residency_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0.0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
@@ -136,6 +153,16 @@ def model_delay(
         cap = config.rho_cap
         queue = math.pow(cap, exponent) / (1.0 - cap) + (rate - cap * mu) * config.horizon_s / 2.0
     return rate * servers / mu + queue
+
+
+def _cov(loads: list[float]) -> float:
+    """Coefficient of variation (population) of the predicted busy shares; 0 if idle."""
+    total = math.fsum(loads)
+    if total <= 1e-12:
+        return 0.0
+    mean = total / len(loads)
+    var = math.fsum((x - mean) ** 2 for x in loads) / len(loads)
+    return math.sqrt(var) / mean
 
 
 def _availability(wait_s: float, horizon_s: float) -> float:
@@ -206,6 +233,7 @@ class _Search:
             for model in self.work.models_on(index):
                 self.load[index] += self._busy_share(model, index)
         self.cache: dict[str, list[_Candidate]] = {}
+        self.balance = cfg.gamma > 0.0
 
     # -- model --------------------------------------------------------------------
 
@@ -223,20 +251,41 @@ class _Search:
             return 0.0
         return model_delay(self.rates.get(model, 0.0), spec.exec_s, speed_sum, servers, self.cfg)
 
-    def _busy_share(self, model: str, index: int) -> float:
+    def _rho(self, model: str, speed_sum: float) -> float:
+        """Busy fraction of each replica of ``model`` (a balancing router gives every
+        replica the same utilisation) at availability-weighted speed sum ``speed_sum``."""
         spec = self.snapshot.models.get(model)
-        speed_sum = self.speed_sum.get(model, 0.0)
         if spec is None or speed_sum <= 0.0:
             return 0.0
-        rho = min(1.0, self.rates.get(model, 0.0) * spec.exec_s / speed_sum)
+        return min(1.0, self.rates.get(model, 0.0) * spec.exec_s / speed_sum)
+
+    def _busy_share(self, model: str, index: int) -> float:
+        rho = self._rho(model, self.speed_sum.get(model, 0.0))
         return rho * self.share(model, self.class_of[index])
+
+    def _balance_delta(self, model: str, new_speed_sum: float, drop: int, add: int) -> float:
+        """Change of ``gamma * sum_w load_w ** 2`` when ``model`` loses its replica on
+        ``drop`` and gains one on ``add`` (-1: none) and its speed sum becomes
+        ``new_speed_sum``: every holder's busy share moves with the model's utilisation."""
+        if not self.balance:
+            return 0.0
+        rho0 = self._rho(model, self.speed_sum.get(model, 0.0))
+        rho1 = self._rho(model, new_speed_sum)
+        loads = list(self.load)
+        for index in self.work.holders.get(model, ()):
+            share = self.share(model, self.class_of[index])
+            loads[index] += (0.0 if index == drop else rho1 * share) - rho0 * share
+        if add >= 0:
+            loads[add] += rho1 * self.share(model, self.class_of[add])
+        return self.cfg.gamma * (_cov(loads) - _cov(self.load))
 
     def cost(self) -> float:
         u = 0.0
         for index in range(len(self.speeds)):
             for model in self.work.models_on(index):
                 u += self.share(model, self.class_of[index])
-        return self.cfg.alpha * sum(self.delay.values()) + self.cfg.beta * u
+        balance = self.cfg.gamma * _cov(self.load)
+        return self.cfg.alpha * sum(self.delay.values()) + self.cfg.beta * u + balance
 
     def _new_avail(self, model: str) -> float:
         spec = self.snapshot.models[model]
@@ -269,6 +318,11 @@ class _Search:
                     continue
                 delta = cfg.alpha * (self._delay(model, s0 + a_new * speed, c0 + a_new) - d0)
                 delta += cfg.beta * share
+                if self.balance:
+                    target = self._pick_member(model, cls, -1)
+                    if target is None:
+                        continue
+                    delta += self._balance_delta(model, s0 + a_new * speed, -1, target)
                 if delta + cfg.hysteresis < 0.0:
                     found.append(_Candidate(delta + cfg.hysteresis, delta, 0, model, -1, cls))
         for index in list(self.work.holders.get(model, ())):
@@ -283,6 +337,7 @@ class _Search:
                 s1 = c1 = 0.0
             d1 = self._delay(model, s1, c1)
             delta = cfg.alpha * (d1 - d0) - cfg.beta * share_old
+            delta += self._balance_delta(model, s1, index, -1)
             if delta + cfg.hysteresis < 0.0:
                 found.append(_Candidate(delta + cfg.hysteresis, delta, 1, model, index, -1))
             if rate <= 0.0:
@@ -293,6 +348,11 @@ class _Search:
                     continue
                 d2 = self._delay(model, s1 + a_new * speed, c1 + a_new)
                 move = cfg.alpha * (d2 - d0) + cfg.beta * (share - share_old)
+                if self.balance:
+                    target = self._pick_member(model, cls, index)
+                    if target is None:
+                        continue
+                    move += self._balance_delta(model, s1 + a_new * speed, index, target)
                 threshold = 2.0 * cfg.hysteresis
                 if move + threshold < 0.0:
                     found.append(_Candidate(move + threshold, move, 2, model, index, cls))
@@ -356,7 +416,16 @@ class _Search:
 
     # -- edits --------------------------------------------------------------------
 
+    def _unload_share(self, model: str) -> None:
+        for index in self.work.holders.get(model, ()):
+            self.load[index] = max(0.0, self.load[index] - self._busy_share(model, index))
+
+    def _reload_share(self, model: str) -> None:
+        for index in self.work.holders.get(model, ()):
+            self.load[index] += self._busy_share(model, index)
+
     def _add(self, index: int, model: str, avail: float) -> None:
+        self._unload_share(model)
         self.work.load(index, model)
         restored = self.work.resident(index, model)
         if restored is not None:  # evicted earlier in this plan and kept after all
@@ -365,10 +434,10 @@ class _Search:
         self.speed_sum[model] = self.speed_sum.get(model, 0.0) + avail * self.speeds[index]
         self.servers[model] = self.servers.get(model, 0.0) + avail
         self.delay[model] = self._delay(model, self.speed_sum[model], self.servers[model])
-        self.load[index] += self._busy_share(model, index)
+        self._reload_share(model)
 
     def _remove(self, index: int, model: str) -> None:
-        self.load[index] = max(0.0, self.load[index] - self._busy_share(model, index))
+        self._unload_share(model)
         self.work.evict(index, model)
         a = self.avail.pop((index, model), 1.0)
         s = self.speed_sum.get(model, 0.0) - a * self.speeds[index]
@@ -377,6 +446,7 @@ class _Search:
             s = c = 0.0
         self.speed_sum[model], self.servers[model] = s, c
         self.delay[model] = self._delay(model, s, c)
+        self._reload_share(model)
 
     def run(self) -> PlacementPlan:
         cfg = self.cfg
@@ -429,8 +499,11 @@ class _Search:
             self._remove(cand.source, cand.victim)
             self._add(cand.source, model, self._new_avail(model))
             touched.add(cand.victim)
-        for name in touched:
-            self.cache.pop(name, None)
+        if self.balance:  # busy shares moved on every holder: every model's deltas change
+            self.cache.clear()
+        else:
+            for name in touched:
+                self.cache.pop(name, None)
         return True
 
 

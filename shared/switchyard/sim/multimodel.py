@@ -32,9 +32,11 @@ Three costs are charged in virtual time, so a high ``update_hz`` shows its overh
    Stages that become ready meanwhile wait in the pending queues; replicas keep serving
    what they already hold.
 2. **Loading.** A loaded replica serves nothing until ``ready_at = now + model.load_s``.
-   With ``load_blocks_worker`` (the default) a load also blocks its whole worker: no
-   replica on it *starts* a stage until every load there is done (weights transfer
-   saturates the worker's memory bus); stages already in service finish.
+   With ``load_blocks_worker`` (off by default) a load also blocks its whole worker: no
+   replica on it *starts* a stage until every load there is done, as when a weights
+   transfer saturates a worker's only memory bus; stages already in service finish.
+   Off by default because the workers here hold several GPUs, and loading onto one
+   leaves the others serving.
 3. **Eviction.** An evicted replica finishes the stage it serves; its queued stages go
    back to the router (they lose their place in line). Its resources count as free at
    once.
@@ -137,7 +139,7 @@ class MultiModelSimConfig:
     """Routing pause charged for every update."""
     decision_per_change_s: float = 0.01
     """Extra routing pause per load or eviction of the update's plan."""
-    load_blocks_worker: bool = True
+    load_blocks_worker: bool = False
     """A load blocks its worker from starting stages until it is done."""
     large_change: float | None = 0.5
     """Relative demand change that triggers an extra update; ``None`` turns it off."""
