@@ -329,6 +329,7 @@ def test_registry_bundles_each_placement_with_its_router() -> None:
     routers = {name: type(make_multimodel_policy(name).router) for name in NAMES}
     assert routers == {
         "adaptive": LeastWorkRouter,
+        "adaptive-balanced": LeastWorkRouter,
         "static-rr": RoundRobinRouter,
         "threshold": JoinShortestQueueRouter,
         "least-loaded": LeastWorkRouter,
@@ -340,7 +341,8 @@ def test_registry_bundles_each_placement_with_its_router() -> None:
 
 def test_unknown_policy_lists_the_known_ones() -> None:
     with pytest.raises(
-        UnknownMultiModelPolicyError, match="known policies are adaptive, static-rr"
+        UnknownMultiModelPolicyError,
+        match="known policies are adaptive, adaptive-balanced, static-rr",
     ):
         make_multimodel_policy("grouped")
     assert issubclass(UnknownMultiModelPolicyError, ValueError)

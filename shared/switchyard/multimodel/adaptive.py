@@ -37,7 +37,9 @@ Load balance ``CoV(L)``: the coefficient of variation over workers of ``L_w``, e
 worker's predicted busy share (for every model on it, that model's utilisation times the
 share of the worker its replica takes). Without it the delay term sends all work to the
 fastest workers and leaves slow ones idle (a load CoV above 1 in the evaluation);
-``gamma = 10`` brought it to 0.23 at the price of more changes (see docs/benchmarks.md).
+``gamma = 10`` brought it to 0.23 at the price of more changes and a decision a hundred
+times slower (see docs/benchmarks.md). The registry's ``adaptive`` is the paper's cost
+(``gamma = 0``); ``adaptive-balanced`` adds the term.
 
 Defaults: ``alpha = 1``, ``beta = 2``, ``gamma = 10``, ``H = 10 s``. Worked number: a 1 s model at 0.6
 rps on one ready speed-1 replica is an M/M/1 queue: ``D_m = 0.6 * 1 + 0.6**2 / 0.4 =
@@ -516,12 +518,11 @@ class AdaptivePlacement:
         'adaptive'
     """
 
-    __slots__ = ("config",)
+    __slots__ = ("config", "name")
 
-    name = "adaptive"
-
-    def __init__(self, config: AdaptiveConfig | None = None) -> None:
+    def __init__(self, config: AdaptiveConfig | None = None, *, name: str = "adaptive") -> None:
         self.config = config or AdaptiveConfig()
+        self.name = name
 
     def place(self, snapshot: PlacementSnapshot, ctx: DecisionContext) -> PlacementPlan:
         return _Search(snapshot, self.config).run()

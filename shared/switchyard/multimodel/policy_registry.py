@@ -8,6 +8,7 @@ its initial plan on the instance).
 name            placement                               router
 ==============  ======================================  ===================
 adaptive        greedy ``alpha*D + beta*U``             least-work
+adaptive-bal    the same plus ``gamma*CoV(load)``       least-work
 static-rr       round-robin once, never changed         round-robin
 threshold       add/evict on queue and utilisation      jsq
 least-loaded    replicas ~ demand, least-loaded worker  least-work
@@ -69,7 +70,15 @@ _REGISTRY: dict[str, _Build] = {
     "adaptive": lambda alpha, beta: MultiModelPolicy(
         name="adaptive",
         summary="greedy placement minimising alpha*D + beta*U, least-work routing",
-        placement=AdaptivePlacement(AdaptiveConfig(alpha=alpha, beta=beta)),
+        placement=AdaptivePlacement(AdaptiveConfig(alpha=alpha, beta=beta, gamma=0.0)),
+        router=LeastWorkRouter(),
+    ),
+    "adaptive-balanced": lambda alpha, beta: MultiModelPolicy(
+        name="adaptive-balanced",
+        summary="adaptive plus a load-balance term gamma*CoV(predicted worker load)",
+        placement=AdaptivePlacement(
+            AdaptiveConfig(alpha=alpha, beta=beta), name="adaptive-balanced"
+        ),
         router=LeastWorkRouter(),
     ),
     "static-rr": lambda alpha, beta: MultiModelPolicy(
