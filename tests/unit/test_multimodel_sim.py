@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from switchyard.multimodel import command
@@ -339,3 +341,25 @@ def test_format_table_averages_seeds() -> None:
     (row,) = command.aggregate(runs)
     assert row["p99_s"] == 2.0
     assert "fluctuation" in command.format_table(runs).splitlines()[0]
+
+
+def test_a_sweep_writes_every_run_and_a_plot_per_metric(tmp_path: Path) -> None:
+    out = tmp_path / "runs.json"
+    report = tmp_path / "report"
+    argv = (
+        "--workload", "synthetic", "--workers", "4", "--duration-s", "40", "--seeds", "1",
+        "--policies", "static-rr,adaptive", "--sweep", "fluctuation", "--values", "0,1",
+        "--json", str(out), "--report", str(report),
+    )  # fmt: skip
+    assert command.run(_args(*argv)) == 0
+
+    runs = json.loads(out.read_text())["runs"]
+    assert {(r["policy"], r["sweep"], r["value"]) for r in runs} == {
+        (policy, "fluctuation", value) for policy in ("static-rr", "adaptive") for value in (0, 1)
+    }
+    for run in runs:
+        for key in ("utilization", "load_cov", "stability", "p99_s", "slo_violation_rate"):
+            assert run[key] is not None
+    pngs = {p.name for p in report.glob("*.png")}
+    assert {"fluctuation_utilization.png", "fluctuation_load_cov.png"} <= pngs
+    assert "fluctuation_stability.png" in (report / "index.html").read_text()
