@@ -7,7 +7,6 @@ scheduler defined here keep these tests independent of the real schedulers.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
@@ -71,8 +70,6 @@ def test_an_unknown_scheduler_is_one_line_listing_the_known(
 
 
 def test_an_unknown_registered_scheduler_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    if importlib.util.find_spec("switchyard.selection.registry") is None:
-        pytest.skip("the window scheduler registry is not there yet")
     assert run(_args(["--schedulers", "no-such-scheduler"])) == EXIT_BAD_INPUT
     assert "unknown scheduler 'no-such-scheduler'" in _one_line(capsys)
 
@@ -141,7 +138,6 @@ def test_the_table_and_json_hold_every_scheduler_and_seed(
 def test_the_report_has_bar_charts_and_a_page(
     registry_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("matplotlib")
     report = tmp_path / "report"
     argv = ["--registry", str(registry_file), "--windows", "3", "--seeds", "1"]
     assert run(_args([*argv, "--report", str(report)]), schedulers=SCHEDULERS) == 0

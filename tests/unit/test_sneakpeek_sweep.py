@@ -51,7 +51,6 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
 def test_a_sweep_runs_every_scheduler_at_every_value_and_draws_the_charts(
     registry_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("matplotlib")
     out, report = tmp_path / "runs.json", tmp_path / "report"
     argv = ["--registry", str(registry_file), "--windows", "3", "--seeds", "1"]
     argv += ["--sweep", "deadline", "--values", "50,300", "--json", str(out)]
