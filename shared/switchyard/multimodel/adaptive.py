@@ -82,6 +82,7 @@ from switchyard.multimodel.planning import (
 )
 from switchyard.multimodel.snapshot import PlacementPlan, PlacementSnapshot
 from switchyard.policies.base import DecisionContext
+from switchyard.stats import coefficient_of_variation
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -157,16 +158,6 @@ def model_delay(
         cap = config.rho_cap
         queue = math.pow(cap, exponent) / (1.0 - cap) + (rate - cap * mu) * config.horizon_s / 2.0
     return rate * servers / mu + queue
-
-
-def _cov(loads: list[float]) -> float:
-    """Coefficient of variation (population) of the predicted busy shares; 0 if idle."""
-    total = math.fsum(loads)
-    if total <= 1e-12:
-        return 0.0
-    mean = total / len(loads)
-    var = math.fsum((x - mean) ** 2 for x in loads) / len(loads)
-    return math.sqrt(var) / mean
 
 
 def _availability(wait_s: float, horizon_s: float) -> float:
@@ -281,14 +272,16 @@ class _Search:
             loads[index] += (0.0 if index == drop else rho1 * share) - rho0 * share
         if add >= 0:
             loads[add] += rho1 * self.share(model, self.class_of[add])
-        return self.cfg.gamma * (_cov(loads) - _cov(self.load))
+        return self.cfg.gamma * (
+            coefficient_of_variation(loads) - coefficient_of_variation(self.load)
+        )
 
     def cost(self) -> float:
         u = 0.0
         for index in range(len(self.speeds)):
             for model in self.work.models_on(index):
                 u += self.share(model, self.class_of[index])
-        balance = self.cfg.gamma * _cov(self.load)
+        balance = self.cfg.gamma * coefficient_of_variation(self.load)
         return self.cfg.alpha * sum(self.delay.values()) + self.cfg.beta * u + balance
 
     def _new_avail(self, model: str) -> float:

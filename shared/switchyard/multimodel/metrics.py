@@ -69,6 +69,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from switchyard.sim.multimodel import MultiModelResult
+from switchyard.stats import coefficient_of_variation, quantile
 
 __all__ = [
     "MultiModelMetrics",
@@ -111,27 +112,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
     Example: ``percentile([1, 2, 3, 4], 50) == 2.5``.
     """
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def coefficient_of_variation(values: Sequence[float]) -> float:
-    """Population standard deviation over mean; 0 for an empty or all-zero series.
-
-    Example: ``coefficient_of_variation([0.2, 0.6]) == 0.5``.
-    """
-    if not values:
-        return 0.0
-    mean = math.fsum(values) / len(values)
-    if mean <= 0:
-        return 0.0
-    var = math.fsum((v - mean) ** 2 for v in values) / len(values)
-    return math.sqrt(var) / mean
+    return quantile(sorted(values), q / 100.0)
 
 
 def windowed_means(

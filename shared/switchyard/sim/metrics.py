@@ -9,23 +9,13 @@ perfectly even spread). Quantiles interpolate linearly between order statistics.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from switchyard.stats import coefficient_of_variation, quantile
+
 if TYPE_CHECKING:
     from switchyard.sim.simulator import Simulator
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q``-quantile (0..1) of already sorted values; NaN when there are none."""
-    if not sorted_values:
-        return math.nan
-    position = q * (len(sorted_values) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    fraction = position - low
-    return sorted_values[low] * (1 - fraction) + sorted_values[high] * fraction
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,7 +57,6 @@ def summarise(sim: Simulator, *, start_s: float, end_s: float, rejected: int) ->
     duration_s = max(end_s - start_s, 1e-9)
     utils = [inst.util_area / duration_s for inst in sim.instances]
     mean_util = sum(utils) / len(utils)
-    spread = math.sqrt(sum((u - mean_util) ** 2 for u in utils) / len(utils))
     errors = [
         abs(r.predicted_s[r.served_by] - (r.finished_s - r.started_s))
         / max(r.finished_s - r.started_s, 1e-9)
@@ -88,7 +77,7 @@ def summarise(sim: Simulator, *, start_s: float, end_s: float, rejected: int) ->
         migrations=sim.migrations,
         migration_cost_s=sim.migration_cost_s,
         mean_utilization=mean_util,
-        load_cov=spread / mean_util if mean_util > 0 else 0.0,
+        load_cov=coefficient_of_variation(utils),
         throughput_rps=len(done) / duration_s,
         predictor_mape=sum(errors) / len(errors) if errors else None,
         decisions=sim.decisions,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
+from switchyard.stats import quantile
 
 __all__ = ["Outcome", "RequestOutcome", "WindowSimResult", "summarise"]
 
@@ -116,9 +116,7 @@ class WindowSimResult:
 
 
 def _percentile(samples: Sequence[float], q: float) -> float:
-    if not samples:
-        return 0.0
-    return float(np.percentile(np.asarray(samples, dtype=np.float64), q))
+    return quantile(sorted(samples), q / 100.0) if samples else 0.0
 
 
 def summarise(
