@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -22,6 +22,8 @@ help:
 	@echo "make bench-eval   the GAPS evaluation grid (both Azure traces, 4-32 workers, 3 seeds)"
 	@echo "make bench-sneakpeek  SneakPeek estimation time per 24-request batch (flat, IVF, HNSW)"
 	@echo "make bench-selection  window scheduler overhead (24 requests, 5 applications)"
+	@echo "make bench-selection-eval  the classification tables: variants, window scheduling, accuracy"
+	@echo "make bench-multimodel  the multi-model tables: policies, LoRA mix, update frequency, decision time"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
@@ -83,6 +85,13 @@ bench-sneakpeek: deps
 
 bench-selection: deps
 	$(BIN)/python -m bench.selection_bench
+
+bench-selection-eval: deps
+	$(BIN)/python -m bench.selection_eval
+
+bench-multimodel: deps
+	$(BIN)/python -m bench.multimodel_eval
+	$(BIN)/python -m bench.multimodel_policy_bench
 
 infra-up:
 	@$(INFRA) up

@@ -30,6 +30,7 @@ in ``[0, 1]``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -106,16 +107,35 @@ class Penalty:
             raise ValueError("lateness_ms: must be a number, got nan")
         if lateness_ms <= 0.0:
             return 1.0
+        return self.late_factor()(lateness_ms)
+
+    def late_factor(self) -> Callable[[float], float]:
+        """:meth:`factor` for ``lateness_ms > 0`` as a function with its constants worked
+        out once and no validation: for search loops that evaluate it thousands of times
+        a window."""
         if self.kind == "step":
-            return 0.0
+            return lambda lateness_ms: 0.0
         if self.kind == "linear":
             assert self.span_ms is not None  # checked in __post_init__
-            return max(0.0, 1.0 - lateness_ms / self.span_ms)
+            span_ms = self.span_ms
+            return lambda lateness_ms: max(0.0, 1.0 - lateness_ms / span_ms)
         assert self.steepness_per_ms is not None
         assert self.midpoint_ms is not None
-        at_deadline = _logistic_tail(-self.steepness_per_ms * self.midpoint_ms)
-        late = _logistic_tail(self.steepness_per_ms * (lateness_ms - self.midpoint_ms))
-        return min(1.0, late / at_deadline)
+        steepness, midpoint = self.steepness_per_ms, self.midpoint_ms
+        at_deadline = _logistic_tail(-steepness * midpoint)
+        exp = math.exp
+
+        def sigmoid(lateness_ms: float) -> float:
+            # _logistic_tail, inlined: this is the innermost call of the grouped search.
+            z = steepness * (lateness_ms - midpoint)
+            if z >= 0.0:
+                e = exp(-z) if z < 745.0 else 0.0
+                late = e / (1.0 + e)
+            else:
+                late = 1.0 / (1.0 + exp(z))
+            return min(1.0, late / at_deadline)
+
+        return sigmoid
 
     def utility(self, accuracy: float, lateness_ms: float) -> float:
         """``accuracy * factor(lateness_ms)``: what an answer this late is worth.

@@ -75,35 +75,9 @@ def group_requests(
 
 
 def lateness_factor(penalty: Penalty) -> Callable[[float], float]:
-    """``penalty.factor`` for ``lateness_ms > 0``, with the constants worked out once.
-
-    The search evaluates the factor thousands of times a window; this is the same
-    arithmetic as :meth:`~switchyard.apps.penalty.Penalty.factor` (checked against it by
-    the tests) minus the per-call validation and the sigmoid's value at the deadline.
-    """
-    if penalty.kind == "step":
-        return lambda lateness_ms: 0.0
-    if penalty.kind == "linear":
-        assert penalty.span_ms is not None
-        span_ms = penalty.span_ms
-        return lambda lateness_ms: max(0.0, 1.0 - lateness_ms / span_ms)
-    assert penalty.steepness_per_ms is not None
-    assert penalty.midpoint_ms is not None
-    steepness, midpoint = penalty.steepness_per_ms, penalty.midpoint_ms
-    z0 = -steepness * midpoint  # <= 0: the logistic tail at the deadline, 1 / (1 + e^z0)
-    at_deadline = 1.0 / (1.0 + math.exp(z0))
-    exp = math.exp
-
-    def sigmoid(lateness_ms: float) -> float:
-        z = steepness * (lateness_ms - midpoint)
-        if z >= 0.0:
-            e = exp(-z) if z < 745.0 else 0.0
-            late = e / (1.0 + e)
-        else:
-            late = 1.0 / (1.0 + exp(z))
-        return min(1.0, late / at_deadline)
-
-    return sigmoid
+    """``penalty.factor`` for ``lateness_ms > 0``, with the constants worked out once
+    (:meth:`~switchyard.apps.penalty.Penalty.late_factor`)."""
+    return penalty.late_factor()
 
 
 class _Choice:

@@ -1,0 +1,46 @@
+"""The classification figures of docs/benchmarks.md, every table from one run.
+
+1. ``switchyard apps build``: train and profile each application's variants (the
+   classification variants table; ``apps show`` prints it).
+2. ``switchyard sneakpeek`` at the defaults, then on the x200 / x50 emulated device with
+   the step and the sigmoid penalty (SneakPeek window scheduling tables), three seeds.
+3. The deadline sweep (utility against the deadline).
+4. ``switchyard sneakpeek-accuracy`` (the accuracy-estimation table).
+
+Run ``make bench-selection-eval`` or ``python -m bench.selection_eval [--out DIR]``;
+JSON of every run goes to DIR (default bench/results/selection).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.cli_runs import run_command
+
+STRESSED = ("--latency-scale", "200", "--load-scale", "50")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results/selection"))
+    out = parser.parse_args().out
+    out.mkdir(parents=True, exist_ok=True)
+    run_command(["apps", "build", "--out", str(out / "apps")])
+    run_command(["apps", "show", str(out / "apps" / "registry.json")])
+    common = ["--registry", str(out / "apps" / "registry.json"), "--seeds", "3", "--windows", "100"]
+    run_command(["sneakpeek", *common, "--json", str(out / "default.json")])
+    for penalty in ("step", "sigmoid"):
+        run_command(
+            ["sneakpeek", *common, *STRESSED, "--penalty", penalty,
+             "--json", str(out / f"{penalty}.json")]
+        )  # fmt: skip
+    run_command(
+        ["sneakpeek", *common, *STRESSED, "--penalty", "step", "--sweep", "deadline",
+         "--json", str(out / "deadline.json"), "--report", str(out / "deadline-report")]
+    )  # fmt: skip
+    run_command(["sneakpeek-accuracy", "--registry", str(out / "apps" / "registry.json")])
+
+
+if __name__ == "__main__":
+    main()
