@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import html
-import importlib
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,36 +151,29 @@ def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- the data side
 
 
-def _function(module: str, name: str) -> Callable[..., Any]:
-    """A function of another part of the project, imported only when a run needs it."""
-    try:
-        found = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        raise CommandError(f"{module}.{name} is not available in this installation") from None
-    if not callable(found):
-        raise CommandError(f"{module}.{name} is not callable")
-    return found  # type: ignore[no-any-return]
-
-
 def policy_names() -> tuple[str, ...]:
-    return tuple(_function("switchyard.multimodel.policy_registry", "multimodel_policy_names")())
+    from switchyard.multimodel.policy_registry import multimodel_policy_names
+
+    return tuple(multimodel_policy_names())
 
 
 def make_policy(name: str) -> Any:
     """The registered policy ``name``: an object with ``.name``, ``.placement``, ``.router``."""
-    return _function("switchyard.multimodel.policy_registry", "make_multimodel_policy")(name)
+    from switchyard.multimodel.policy_registry import make_multimodel_policy
+
+    return make_multimodel_policy(name)
 
 
 def build_workers(
     args: argparse.Namespace, sweep: str | None, value: float | None, seed: int
 ) -> Any:
+    from switchyard.multimodel.cluster import alibaba_cluster, synthetic_cluster
+
     cluster = args.cluster or ("alibaba" if args.workload == "lora" else "synthetic")
     heterogeneity = value if sweep == "heterogeneity" else None
     if cluster == "alibaba":
-        return _function("switchyard.multimodel.cluster", "alibaba_cluster")(
-            args.workers, seed, heterogeneity
-        )
-    return _function("switchyard.multimodel.cluster", "synthetic_cluster")(
+        return alibaba_cluster(args.workers, seed, heterogeneity)
+    return synthetic_cluster(
         args.workers, heterogeneity if heterogeneity is not None else 0.5, seed
     )
 
@@ -192,16 +184,15 @@ def build_workload(
     """The workload of one setting: the LoRA trace mix cut at ``--duration-s``, or the
     synthetic mix (a step of ``--step-factor`` at half the duration, for responsiveness)."""
     from switchyard.multimodel.model import Workload
+    from switchyard.multimodel.workload import lora_workload, synthetic_workload
 
     if args.workload == "lora":
-        if sweep in ("fluctuation", "invocation-ratio"):
-            raise CommandError(f"--sweep {sweep} needs --workload synthetic")
         kwargs: dict[str, Any] = {"seed": seed}
         if args.models is not None:
             kwargs["models"] = args.models
         if args.time_scale is not None:
             kwargs["time_scale"] = args.time_scale
-        full = _function("switchyard.multimodel.workload", "lora_workload")(**kwargs)
+        full = lora_workload(**kwargs)
         requests = tuple(r for r in full.requests if r.arrival_s < args.duration_s)
         return Workload(
             name=full.name,
@@ -226,7 +217,7 @@ def build_workload(
         kwargs["fluctuation"] = value
     if sweep == "invocation-ratio" and value is not None:
         kwargs["invocation_ratio"] = value
-    return _function("switchyard.multimodel.workload", "synthetic_workload")(**kwargs)
+    return synthetic_workload(**kwargs)
 
 
 # --------------------------------------------------------------------------- the runs

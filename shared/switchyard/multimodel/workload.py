@@ -44,6 +44,7 @@ definitions of ``fluctuation``, ``invocation_ratio`` and the load step.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import os
 import random
@@ -137,7 +138,10 @@ class _Row:
         self.steps = steps
 
 
-def _read_lora(file: Path) -> list[_Row]:
+@functools.lru_cache(maxsize=4)
+def _read_lora(file: Path) -> tuple[_Row, ...]:
+    """The trace's rows, sorted by time; read once per file and process (a sweep builds
+    a workload per setting and seed from the same file)."""
     try:
         handle = file.open(newline="", encoding="utf-8")
     except OSError as exc:
@@ -176,7 +180,7 @@ def _read_lora(file: Path) -> list[_Row]:
                 )
             rows.append(_Row(at, exec_s, model, steps))
     rows.sort(key=lambda r: r.at)  # stable: rows of the same second keep file order
-    return rows
+    return tuple(rows)
 
 
 def _base_models(rows: list[_Row], names: list[str]) -> dict[str, ModelSpec]:
@@ -235,7 +239,7 @@ def lora_workload(
     if max_requests is not None and max_requests < 1:
         raise ValueError(f"max_requests: must be >= 1, got {max_requests}")
     file = Path(path) if path is not None else alibaba_trace_file(LORA_FILE, LORA_SAMPLE)
-    rows = _read_lora(file)
+    rows = list(_read_lora(file))
     popularity = Counter(row.model for row in rows)
     ranked = sorted(popularity, key=lambda m: (-popularity[m], m))
     kept = ranked if models is None else ranked[:models]
