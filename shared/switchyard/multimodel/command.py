@@ -426,12 +426,11 @@ def write_report(
 ) -> Path:
     """One PNG per metric (against the swept value, or a bar per policy without a sweep)
     and ``index.html``; returns the page's path."""
-    from switchyard.report.plots import INSTALL_HINT, SERIES_COLOURS, SERIES_MARKERS
+    from switchyard.report.plots import INSTALL_HINT, SERIES_COLOURS, SERIES_MARKERS, new_figure
     from switchyard.report.table import ReportError, ensure_out_dir
 
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        import matplotlib  # noqa: F401
     except ImportError:
         raise ReportError(
             f"plots need matplotlib, which is not installed; install the report extra: {INSTALL_HINT}"
@@ -442,9 +441,7 @@ def write_report(
     sweep = config.get("sweep")
     images: list[tuple[str, str]] = []
     for key, _, label in METRICS:
-        figure = Figure(figsize=(7.0, 4.4), dpi=110, layout="constrained")
-        FigureCanvasAgg(figure)
-        axes = figure.add_subplot()
+        figure, axes = new_figure()
         drawn = False
         for index, policy in enumerate(policies):
             colour = SERIES_COLOURS[index % len(SERIES_COLOURS)]

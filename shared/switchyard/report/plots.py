@@ -80,7 +80,9 @@ def _require_matplotlib() -> None:
         ) from exc
 
 
-def _new_figure() -> tuple[Figure, Axes]:
+def new_figure() -> tuple[Figure, Axes]:
+    """A figure of the reports' size on an Agg canvas (no pyplot, no global state), with
+    one axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -165,7 +167,7 @@ def _cdf_plots(
     for group in groups.values():
         if len(written) >= limit:
             break
-        figure, axes = _new_figure()
+        figure, axes = new_figure()
         drawn = 0
         for row in group:
             quantiles: list[float] = row["latency_quantiles_s"]
@@ -261,7 +263,7 @@ def _sweep_figure(
     title: str,
     path: Path,
 ) -> PlotFile:
-    figure, axes = _new_figure()
+    figure, axes = new_figure()
     x_scale = 100.0 if axis == "predictor_error" else 1.0
     by_policy: dict[str, list[AggregateRow]] = {}
     for row in group:

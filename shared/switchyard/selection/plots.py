@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from switchyard.selection.sweep import Sweep
 
-from switchyard.report.plots import INSTALL_HINT, SERIES_COLOURS, SERIES_MARKERS
+from switchyard.report.plots import INSTALL_HINT, SERIES_COLOURS, SERIES_MARKERS, new_figure
 
 __all__ = ["PlotError", "format_value", "write_report"]
 
@@ -41,15 +41,6 @@ def format_value(value: object) -> str:
 
 class PlotError(ValueError):
     """The report cannot be drawn (matplotlib missing); one line naming ``--report``."""
-
-
-def _new_figure() -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(7.0, 4.4), dpi=110, layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
 
 
 def _names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -70,8 +61,7 @@ def _row(rows: Sequence[Mapping[str, Any]], name: str, value: Any) -> Mapping[st
 def _bars(
     rows: Sequence[Mapping[str, Any]], key: str, title: str, sweep: Sweep | None, footer: str
 ) -> Figure:
-    figure = _new_figure()
-    axes = figure.add_subplot()
+    figure, axes = new_figure()
     names = _names(rows)
     values = _values(rows)
     width = 0.8 / len(values)
@@ -114,8 +104,7 @@ def _bars(
 def _lines(
     rows: Sequence[Mapping[str, Any]], key: str, ylabel: str, sweep: Sweep, footer: str
 ) -> Figure:
-    figure = _new_figure()
-    axes = figure.add_subplot()
+    figure, axes = new_figure()
     values = _values(rows)
     xs: list[Any] = list(values) if sweep.numeric else list(range(len(values)))
     for i, name in enumerate(_names(rows)):
