@@ -105,6 +105,104 @@ class Settings(BaseModel):
         ),
     )
 
+    # -- what the live stack serves -------------------------------------------------
+    registry: str | None = Field(
+        default=None,
+        description=(
+            "Application registry file (JSON or YAML). Unset: the default registry, built "
+            "once into SWITCHYARD_CACHE_DIR (three classification applications and the "
+            "default LLM applications)."
+        ),
+    )
+    cache_dir: str = Field(
+        default_factory=lambda: os.path.join(os.path.expanduser("~"), ".cache", "switchyard"),
+        description="Where built models and downloads are cached.",
+    )
+
+    # -- ingress ---------------------------------------------------------------------
+    http_host: str = Field(default="0.0.0.0", description="Address of the ingress HTTP API.")
+    http_port: int = Field(
+        default=8080, ge=0, le=65535, description="Port of the ingress HTTP API; 0 picks one."
+    )
+    max_body_bytes: int = Field(
+        default=1_048_576, ge=1024, description="Largest request body the ingress accepts."
+    )
+    answer_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Longest the ingress holds an HTTP call open waiting for its answer.",
+    )
+
+    # -- scheduler, predictor, monitor ----------------------------------------------------
+    llm_policy: str = Field(
+        default="gaps", description="LLM scheduling policy (a name from `switchyard simulate`)."
+    )
+    window_policy: str = Field(
+        default="sneakpeek",
+        description="Classification window scheduler (a name from `switchyard sneakpeek`).",
+    )
+    window_s: float = Field(
+        default=0.02,
+        gt=0,
+        le=10,
+        description="How long the scheduler gathers classification requests into one window.",
+    )
+    prediction_wait_s: float = Field(
+        default=0.05,
+        ge=0,
+        le=10,
+        description=(
+            "Longest the scheduler waits for a request's prediction or estimate before "
+            "deciding without it."
+        ),
+    )
+    heartbeat_interval_s: float = Field(
+        default=0.5, gt=0, le=60, description="How often a worker reports its state."
+    )
+    worker_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=600,
+        description="A worker silent this long is declared dead and its work re-assigned.",
+    )
+    rebalance_interval_s: float = Field(
+        default=1.0, gt=0, le=600, description="How often the rebalancer looks for moves."
+    )
+
+    # -- worker ---------------------------------------------------------------------------
+    worker_id: str | None = Field(
+        default=None, description="This worker's id; unset: the instance id."
+    )
+    worker_backend: Literal["emulated-llm", "torch"] = Field(
+        default="emulated-llm",
+        description=(
+            "emulated-llm: spends the time the performance model gives for worker_profile "
+            "(an emulation, labelled so in every completion); torch: runs the real "
+            "classification variants and the tiny torch language model."
+        ),
+    )
+    worker_profile: str = Field(
+        default="a100-80gb/llama-2-7b",
+        description="Performance profile (GPU/model) an emulated-llm worker emulates.",
+    )
+    worker_time_scale: float = Field(
+        default=1.0,
+        gt=0,
+        le=1e6,
+        description="Emulated time runs this many times faster than the modelled time.",
+    )
+    worker_device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Torch device of a torch worker; auto: CUDA when present."
+    )
+    worker_memory_bytes: int = Field(
+        default=2 * 1024**3,
+        ge=1,
+        description="Memory budget of a torch worker's model cache.",
+    )
+    worker_max_batch: int = Field(
+        default=32, ge=1, le=4096, description="Most requests a worker runs in one batch."
+    )
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_level(cls, value: object) -> object:

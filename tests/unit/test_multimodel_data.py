@@ -150,7 +150,7 @@ def _stages(data: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         pytest.param(
             lambda d: d.update(pipelines=[]),
-            "applications: needs at least one application or pipeline",
+            "applications: needs at least one application, pipeline or LLM application",
             id="empty",
         ),
         pytest.param(

@@ -28,9 +28,15 @@ applications): ``models`` (name -> resource vector, load and execution seconds) 
         {"name": "generate", "model": "sd15", "after": ["encode"]},
         {"name": "upscale", "model": "esrgan", "after": ["generate"]}]}]}
 
-``applications``, ``models`` and ``pipelines`` are each optional, but a registry needs
-at least one application or pipeline. Application and pipeline names share one
-namespace. A pipeline is rejected when it has a cycle (the message names the stages on
+LLM applications name the model a client asks for (the OpenAI ``model`` field) and the
+served model behind it::
+
+    {"llm_applications": [{"name": "chat", "model": "llama-2-7b", "slo_s": 30,
+                           "workload": "conversation"}]}
+
+``applications``, ``models``, ``pipelines`` and ``llm_applications`` are each optional,
+but a registry needs at least one application, pipeline or LLM application. Every
+application name (classification, pipeline, LLM) shares one namespace. A pipeline is rejected when it has a cycle (the message names the stages on
 it), a stage names an unknown model, an ``after`` names an unknown stage, or two stages
 share a name; every time must be positive.
 
@@ -331,6 +337,28 @@ class PipelineEntry(_Frozen):
         return self
 
 
+class LlmApplicationEntry(_Frozen):
+    """An LLM application: the name clients send as the OpenAI ``model`` field.
+
+    Attributes:
+        name: the application (and OpenAI model) name.
+        model: the served model: a performance-model model profile (``llama-2-7b``) for
+            emulated workers, or ``tiny-lm`` for the real torch language model.
+        slo_s: the latency objective; a request without a deadline gets arrival + slo_s.
+        max_prompt_tokens: the longest prompt accepted.
+        max_output_tokens: the most output tokens one request may ask for.
+        workload: the workload class the predictor sees (``code``, ``conversation``,
+            ``other``).
+    """
+
+    name: Name
+    model: Name
+    slo_s: PositiveSeconds
+    max_prompt_tokens: int = Field(default=8192, ge=1, le=10_000_000)
+    max_output_tokens: int = Field(default=4096, ge=1, le=1_000_000)
+    workload: Literal["code", "conversation", "other"] = "other"
+
+
 class Registry(_Frozen):
     """Every application and pipeline, with unique names; see the module docstring for
     the format."""
@@ -338,20 +366,27 @@ class Registry(_Frozen):
     applications: tuple[Application, ...] = ()
     models: dict[Name, ModelEntry] = Field(default_factory=dict)
     pipelines: tuple[PipelineEntry, ...] = ()
+    llm_applications: tuple[LlmApplicationEntry, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
     def _something_given(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and "applications" not in data and "pipelines" not in data:
+        if isinstance(data, Mapping) and not any(
+            key in data for key in ("applications", "pipelines", "llm_applications")
+        ):
             raise _FieldError(
-                ("applications",), "Field required (a registry needs applications or pipelines)"
+                ("applications",),
+                "Field required (a registry needs applications, pipelines or llm_applications)",
             )
         return data
 
     @model_validator(mode="after")
     def _unique_names(self) -> Registry:
-        if not self.applications and not self.pipelines:
-            raise _FieldError(("applications",), "needs at least one application or pipeline")
+        if not self.applications and not self.pipelines and not self.llm_applications:
+            raise _FieldError(
+                ("applications",),
+                "needs at least one application, pipeline or LLM application",
+            )
         seen: dict[str, str] = {}
         for index, app in enumerate(self.applications):
             if app.name in seen:
@@ -374,6 +409,13 @@ class Registry(_Frozen):
                         ("pipelines", index, "stages", position, "model"),
                         f"unknown model {stage.model!r}; known: {known}",
                     )
+        for index, llm_app in enumerate(self.llm_applications):
+            if llm_app.name in seen:
+                raise _FieldError(
+                    ("llm_applications", index, "name"),
+                    f"duplicate application name {llm_app.name!r} (also {seen[llm_app.name]})",
+                )
+            seen[llm_app.name] = f"llm_applications[{index}]"
         return self
 
     def pipeline_names(self) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, model_validator
 
@@ -244,10 +244,33 @@ class ResourceVector(_Part):
     mem_bytes: NonNegativeInt = 0
 
 
+class QueuedEntry(_Part):
+    """One request a worker holds (waiting or running), as its heartbeat lists it."""
+
+    request_id: Identifier
+    app: Identifier
+    running: bool
+    epoch: NonNegativeInt = 0
+    queued_at_s: float
+    prompt_tokens: NonNegativeInt = 0
+    generated_tokens: NonNegativeInt = 0
+    kv_tokens: NonNegativeInt = 0
+    remaining_s: NonNegativeFloat = 0.0
+    """The worker's own estimate of the service time it still needs."""
+
+
 class Heartbeat(Message):
-    """A worker's periodic report of its queue, load and resources."""
+    """A worker's periodic report of its queue, load and resources.
+
+    ``queue_length`` counts waiting requests, ``running`` those in the running batch.
+    ``profile`` names the performance profile (``GPU/model``) of an LLM worker; the
+    scheduler reads the profile's constants from it. ``outstanding`` lists every request
+    the worker holds (running first, then waiting in queue order), capped at
+    ``MAX_LISTED``; ``outstanding_total`` says how many there really are.
+    """
 
     MESSAGE_TYPE = "heartbeat"
+    MAX_LISTED: ClassVar[int] = 256
 
     worker_id: Identifier
     worker_type: Identifier
@@ -258,9 +281,43 @@ class Heartbeat(Message):
     running: NonNegativeInt
     utilization: Annotated[float, Field(ge=0.0, le=1.0)]
     resident_models: list[Identifier] = Field(default_factory=list)
+    servable_models: list[Identifier] = Field(
+        default_factory=list,
+        description="Models this worker can serve (loading them first when not resident).",
+    )
+    backend: Identifier | None = None
+    profile: Identifier | None = None
+    max_slots: NonNegativeInt = 0
+    kv_used_tokens: NonNegativeInt = 0
+    kv_capacity_tokens: NonNegativeInt = 0
+    queued_tokens: NonNegativeInt = 0
+    decode_step_s: NonNegativeFloat = 0.0
+    outstanding: list[QueuedEntry] = Field(default_factory=list)
+    outstanding_total: NonNegativeInt = 0
+    draining: bool = False
     capacity: ResourceVector = Field(default_factory=ResourceVector)
     free: ResourceVector = Field(default_factory=ResourceVector)
     kv_cache_free_bytes: NonNegativeInt | None = None
+    emulated: bool = False
+    sent_at_s: float
+
+
+class OutputChunk(Message):
+    """Part of a streamed LLM answer: the tokens a worker generated since its last chunk.
+
+    Published only for requests with ``stream`` set; ``index`` counts from 0 per request
+    and epoch, so the ingress can drop repeats after a redelivery. The final answer is
+    still the :class:`Completion`.
+    """
+
+    MESSAGE_TYPE = "output-chunk"
+
+    request_id: Identifier
+    epoch: NonNegativeInt = 0
+    index: NonNegativeInt
+    text: str = ""
+    tokens: NonNegativeInt
+    reply_to: Identifier | None = None
     emulated: bool = False
     sent_at_s: float
 

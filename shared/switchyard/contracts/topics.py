@@ -19,6 +19,7 @@ from switchyard.contracts.messages import (
     Heartbeat,
     InferenceRequest,
     Migration,
+    OutputChunk,
     ServiceTimePrediction,
     WorkerDown,
 )
@@ -76,6 +77,12 @@ COMPLETIONS: Topic[Completion] = Topic(
     lambda m: m.request_id,
     "Finished requests (workers -> ingress, monitor, predictor).",
 )
+OUTPUT_CHUNKS: Topic[OutputChunk] = Topic(
+    "switchyard.output-chunks",
+    OutputChunk,
+    lambda m: m.request_id,
+    "Streamed LLM output, a few tokens at a time (workers -> the ingress replica that asked).",
+)
 HEARTBEATS: Topic[Heartbeat] = Topic(
     "switchyard.heartbeats",
     Heartbeat,
@@ -102,6 +109,7 @@ ALL_TOPICS: tuple[Topic[Any], ...] = (
     ASSIGNMENTS,
     MIGRATIONS,
     COMPLETIONS,
+    OUTPUT_CHUNKS,
     HEARTBEATS,
     WORKER_EVENTS,
     DEAD_LETTERS,

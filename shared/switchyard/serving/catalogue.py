@@ -1,0 +1,200 @@
+"""The serving catalogue: which applications the live stack answers, and their limits.
+
+Built from an application registry (:mod:`switchyard.apps.registry`): its
+classification ``applications`` (with the profiled variants a worker loads from
+``registry_dir``) and its ``llm_applications``. A registry without LLM applications gets
+:data:`DEFAULT_LLM_APPLICATIONS`, so the stack always answers the OpenAI-compatible API.
+
+The catalogue is immutable; every service builds its own from the same file
+(``SWITCHYARD_REGISTRY``), so they agree without talking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from switchyard.apps.registry import Application, LlmApplicationEntry, Registry
+from switchyard.contracts.messages import WorkloadType
+
+TINY_LM_MODEL = "tiny-lm"
+"""The served-model name of the real torch language model (random weights, CPU or CUDA)."""
+
+
+class UnknownServedApplicationError(KeyError):
+    """A request named an application (or OpenAI model) the catalogue does not serve."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown application"
+
+
+@dataclass(frozen=True, slots=True)
+class LlmApplication:
+    """An LLM application, addressed by the OpenAI ``model`` field.
+
+    Attributes:
+        name: the application name (what clients send as ``model``).
+        model: the served model: a performance-model profile's model (``llama-2-7b``) for
+            emulated workers, or :data:`TINY_LM_MODEL` for the real torch model.
+        slo_s: latency objective; a request without a deadline gets arrival + slo_s.
+        max_prompt_tokens: the longest prompt accepted.
+        max_output_tokens: the most output tokens a request may ask for.
+        workload: the workload class the predictor sees.
+    """
+
+    name: str
+    model: str
+    slo_s: float
+    max_prompt_tokens: int
+    max_output_tokens: int
+    workload: WorkloadType
+
+    @classmethod
+    def from_entry(cls, entry: LlmApplicationEntry) -> LlmApplication:
+        return cls(
+            name=entry.name,
+            model=entry.model,
+            slo_s=entry.slo_s,
+            max_prompt_tokens=entry.max_prompt_tokens,
+            max_output_tokens=entry.max_output_tokens,
+            workload=WorkloadType(entry.workload),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClassificationApplication:
+    """A classification application: one feature vector in, one label out.
+
+    Attributes:
+        name: the application name (the ``{app}`` of ``/v1/apps/{app}/infer``).
+        feature_dim: the number of features a request must carry.
+        deadline_s: the default relative deadline.
+        classes: the class names, index = label.
+        variants: the model variants that can serve it, in registry order.
+        spec: the full registry entry (penalty, prior, profiled variants).
+    """
+
+    name: str
+    feature_dim: int
+    deadline_s: float
+    classes: tuple[str, ...]
+    variants: tuple[str, ...]
+    spec: Application
+
+    @classmethod
+    def from_application(cls, app: Application) -> ClassificationApplication:
+        return cls(
+            name=app.name,
+            feature_dim=app.feature_dim,
+            deadline_s=app.deadline_ms / 1000.0,
+            classes=tuple(app.classes),
+            variants=tuple(app.variants),
+            spec=app,
+        )
+
+
+DEFAULT_LLM_APPLICATIONS: tuple[LlmApplication, ...] = (
+    LlmApplication(
+        name="llama-2-7b",
+        model="llama-2-7b",
+        slo_s=30.0,
+        max_prompt_tokens=8192,
+        max_output_tokens=4096,
+        workload=WorkloadType.CONVERSATION,
+    ),
+    LlmApplication(
+        name="llama-2-13b",
+        model="llama-2-13b",
+        slo_s=60.0,
+        max_prompt_tokens=8192,
+        max_output_tokens=4096,
+        workload=WorkloadType.CODE,
+    ),
+    LlmApplication(
+        name=TINY_LM_MODEL,
+        model=TINY_LM_MODEL,
+        slo_s=10.0,
+        max_prompt_tokens=512,
+        max_output_tokens=256,
+        workload=WorkloadType.OTHER,
+    ),
+)
+"""The LLM applications of a registry that names none: two emulated Llama 2 sizes (a
+performance model, not a measurement) and the real tiny torch language model."""
+
+
+@dataclass(frozen=True)
+class ServingCatalogue:
+    """Every application the stack serves, by name; read-only.
+
+    Attributes:
+        llm: LLM applications by name (the OpenAI ``model`` field).
+        classification: classification applications by name.
+        registry_dir: the folder the registry was read from; classification variants'
+            model files are relative to it. None for a catalogue built in memory.
+    """
+
+    llm: Mapping[str, LlmApplication]
+    classification: Mapping[str, ClassificationApplication]
+    registry_dir: Path | None = None
+    _registry: Registry | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_registry(
+        cls, registry: Registry, registry_dir: Path | None = None
+    ) -> ServingCatalogue:
+        """The catalogue of ``registry``; :data:`DEFAULT_LLM_APPLICATIONS` when it has no
+        LLM applications."""
+        llm_apps = (
+            tuple(LlmApplication.from_entry(entry) for entry in registry.llm_applications)
+            or DEFAULT_LLM_APPLICATIONS
+        )
+        return cls(
+            llm=MappingProxyType({app.name: app for app in llm_apps}),
+            classification=MappingProxyType(
+                {
+                    app.name: ClassificationApplication.from_application(app)
+                    for app in registry.applications
+                }
+            ),
+            registry_dir=registry_dir,
+            _registry=registry,
+        )
+
+    @property
+    def registry(self) -> Registry | None:
+        """The registry this catalogue was built from, when it was."""
+        return self._registry
+
+    def llm_application(self, name: str) -> LlmApplication:
+        """The LLM application ``name``.
+
+        Raises:
+            UnknownServedApplicationError: naming the known LLM applications.
+        """
+        try:
+            return self.llm[name]
+        except KeyError:
+            raise UnknownServedApplicationError(
+                f"unknown model {name!r}; served models: {', '.join(sorted(self.llm)) or 'none'}"
+            ) from None
+
+    def classification_application(self, name: str) -> ClassificationApplication:
+        """The classification application ``name``.
+
+        Raises:
+            UnknownServedApplicationError: naming the known classification applications.
+        """
+        try:
+            return self.classification[name]
+        except KeyError:
+            known = ", ".join(sorted(self.classification)) or "none"
+            raise UnknownServedApplicationError(
+                f"unknown application {name!r}; classification applications: {known}"
+            ) from None
+
+    def llm_models(self) -> frozenset[str]:
+        """Every served LLM model name (``llama-2-7b``, ``tiny-lm``, ...)."""
+        return frozenset(app.model for app in self.llm.values())
