@@ -146,6 +146,14 @@ class Assignment(Message):
     predicted_s: NonNegativeFloat | None = None
     deadline_s: float | None = None
     assigned_at_s: float
+    generated_tokens: NonNegativeInt = Field(
+        default=0,
+        description="Output tokens already generated elsewhere (a migrated running request).",
+    )
+    not_before_s: float | None = Field(
+        default=None,
+        description="The request may not start before this (its KV cache is still in transfer).",
+    )
 
 
 class Migration(Message):
