@@ -2,7 +2,9 @@
 
 1. ``switchyard multimodel`` on the synthetic mix, 16 workers, three seeds (the policy
    table), and on the Alibaba LoRA mix (arrivals compressed 50 times, 600 s).
-2. The update-frequency sweep on the synthetic mix, two seeds.
+2. The sweeps on the synthetic mix, two seeds each: update frequency, load fluctuation
+   intensity, cluster heterogeneity (share of slow workers) and model invocation ratio
+   (share of requests that run a multi-stage pipeline).
 (The decision-time table comes from ``bench/multimodel_policy_bench.py``.)
 
 Run ``make bench-multimodel`` or ``python -m bench.multimodel_eval [--out DIR]``; JSON
@@ -28,10 +30,12 @@ def main() -> None:
         ["multimodel", "--workload", "lora", "--workers", "16", "--time-scale", "50",
          "--duration-s", "600", "--seeds", "3", "--json", str(out / "lora.json")]
     )  # fmt: skip
-    run_command(
-        [*synthetic, "--seeds", "2", "--sweep", "update-frequency",
-         "--json", str(out / "update_frequency.json"), "--report", str(out / "report")]
-    )  # fmt: skip
+    for sweep in ("update-frequency", "fluctuation", "heterogeneity", "invocation-ratio"):
+        stem = sweep.replace("-", "_")
+        run_command(
+            [*synthetic, "--seeds", "2", "--sweep", sweep,
+             "--json", str(out / f"{stem}.json"), "--report", str(out / f"report_{stem}")]
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

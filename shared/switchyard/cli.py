@@ -134,10 +134,17 @@ def _cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(_dead_letters(settings, args.limit, args.idle_s))
 
 
-def _cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+def _cmd_demo_bus(settings: Settings, args: argparse.Namespace) -> int:
     from switchyard.demo import run_demo
 
     return asyncio.run(run_demo(settings, requests=args.requests))
+
+
+def _cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from services.demo import run
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    return run(settings, policies, args.limit, args.speedup)
 
 
 def _cmd_simulate(settings: Settings, args: argparse.Namespace) -> int:
@@ -168,6 +175,18 @@ def _cmd_multimodel(settings: Settings, args: argparse.Namespace) -> int:
     from switchyard.multimodel.command import run
 
     return run(args)
+
+
+def _cmd_service(settings: Settings, args: argparse.Namespace) -> int:
+    from services.cli import run_one
+
+    return run_one(settings, args)
+
+
+def _cmd_up(settings: Settings, args: argparse.Namespace) -> int:
+    from services.cli import run_up
+
+    return run_up(settings, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,12 +255,36 @@ def build_parser() -> argparse.ArgumentParser:
             "Error of profiled accuracy against SneakPeek's estimate, per application.",
         )
     )
+    from services import cli as services_cli
+
+    services_cli.add_service_arguments(
+        add(
+            "service",
+            _cmd_service,
+            "Run one service of the live stack (configured by SWITCHYARD_*).",
+        )
+    )
+    services_cli.add_up_arguments(
+        add("up", _cmd_up, "Run the whole live stack in this process (--embedded).")
+    )
     demo = add(
         "demo",
         _cmd_demo,
+        "Start the embedded stack and replay the bundled trace sample through its HTTP API.",
+    )
+    demo.add_argument(
+        "--policies", default="gaps,jsq", help="LLM policies, one stack each (default gaps,jsq)"
+    )
+    demo.add_argument("--limit", type=int, default=1200, help="requests to replay (default 1200)")
+    demo.add_argument(
+        "--speedup", type=float, default=10.0, help="arrivals and emulated time x this (default 10)"
+    )
+    demo_bus = add(
+        "demo-bus",
+        _cmd_demo_bus,
         "Replay the bundled trace sample through the bus and state store (the foundation demo).",
     )
-    demo.add_argument("--requests", type=int, default=2000, help="requests to replay")
+    demo_bus.add_argument("--requests", type=int, default=2000, help="requests to replay")
     return parser
 
 

@@ -50,7 +50,7 @@ def test_check_names_an_unreachable_broker_and_exits_1() -> None:
 
 
 def test_demo_answers_every_request_exactly_once_despite_the_crash() -> None:
-    done = _switchyard("demo", "--requests", "300")
+    done = _switchyard("demo-bus", "--requests", "300")
     assert done.returncode == 0, done.stderr
     assert "completions (one per request)   300   missing 0, doubled 0" in done.stdout
     assert "requests traced end to end      300" in done.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -17,12 +18,13 @@ from switchyard.multimodel.policy_registry import (
     multimodel_policy_names,
 )
 from switchyard.multimodel.routing import (
+    BalancedWorkRouter,
     GapsHybridRouter,
     JoinShortestQueueRouter,
     LeastWorkRouter,
     RoundRobinRouter,
 )
-from switchyard.multimodel.snapshot import PlacementPlan, PlacementSnapshot
+from switchyard.multimodel.snapshot import PlacementPlan, PlacementSnapshot, WorkerState
 from switchyard.policies.base import DecisionContext
 
 from tests.support.multimodel import (
@@ -215,9 +217,9 @@ def test_adaptive_does_not_thrash_once_converged() -> None:
     for sequence in (1, 2):
         plan = policy.place(settled, ctx(sequence))
         assert (plan.load, plan.evict) == ((), ())
-    # Loads finish and replicas age past the minimum residency: it settles once more,
-    # then, demand unchanged, stays put update after update.
-    settled, _ = converge(policy, advance(settled, 30.0))
+    # Loads finish and replicas age past the minimum residency (30 s): it settles once
+    # more, then, demand unchanged, stays put update after update.
+    settled, _ = converge(policy, advance(settled, 60.0))
     for second in range(1, 6):
         plan = policy.place(advance(settled, float(second)), ctx(second))
         assert (plan.load, plan.evict) == ((), ())
@@ -245,11 +247,72 @@ def test_adaptive_evicts_an_unused_model_to_make_room_for_a_demanded_one() -> No
 
 
 def test_adaptive_keeps_a_young_replica() -> None:
-    models = [model("a")]
+    # A whole-worker model nobody uses: worth evicting (beta x 1 > hysteresis), once it
+    # is past the 30 s minimum residency. (An unused quarter-worker replica saves
+    # beta x 0.25 = 0.5, not more than the hysteresis: it goes only when its room is
+    # needed.)
+    models = [model("a", gpu=1.0)]
     young = resident("a", ready_at_s=98.5)  # loaded 2 s from 96.5: 3.5 s old at 100
     snap = snapshot(models, [(worker_spec("w0"), [young])], demand={})
     assert AdaptivePlacement().place(snap, ctx()).evict == ()
-    assert AdaptivePlacement().place(advance(snap, 5.0), ctx()).evict == (("w0", "a"),)
+    assert AdaptivePlacement().place(advance(snap, 26.0), ctx()).evict == ()  # 29.5 s
+    assert AdaptivePlacement().place(advance(snap, 27.0), ctx()).evict == (("w0", "a"),)
+
+
+@pytest.mark.parametrize("name", ["adaptive", "adaptive-balanced"])
+def test_adaptive_never_evicts_or_moves_within_the_minimum_residency(name: str) -> None:
+    # An unused model on the slow worker, a fast worker free: eviction (and a move) would
+    # lower the cost, but not before the replica is 30 s old (from the start of its load).
+    models = [model("a", gpu=1.0), model("b", gpu=1.0)]
+    loaded_at = 100.0 - 12.0
+    workers = [
+        (worker_spec("slow", speed=1.0), [resident("a", ready_at_s=loaded_at + 2.0)]),
+        (worker_spec("fast", speed=4.0), []),
+    ]
+    snap = snapshot(models, workers, demand={"a": 0.0})
+    policy = make_multimodel_policy(name).placement
+    for seconds in (0.0, 10.0, 17.9):  # 12 .. 29.9 s old
+        plan = policy.place(advance(snap, seconds), ctx())
+        assert ("slow", "a") not in plan.evict, seconds
+    assert ("slow", "a") in policy.place(advance(snap, 18.1), ctx()).evict
+
+
+def test_balanced_adaptive_spreads_a_hot_model_over_fast_and_slow_workers() -> None:
+    # 3 stages/s of a 1 s model: more than any one worker serves. The balance term
+    # puts replicas on several workers, slow ones included, not only the fast ones.
+    models = [model("hot", exec_s=1.0, load_s=2.0), model("cold", exec_s=1.0)]
+    workers = [
+        (worker_spec(f"w{i}", speed=speed), ()) for i, speed in enumerate((1.0, 1.0, 2.0, 2.0))
+    ]
+    snap = snapshot(models, workers, waiting={"hot": 6}, demand={"hot": 3.0, "cold": 0.05})
+    plan = make_multimodel_policy("adaptive-balanced").placement.place(snap, ctx())
+    hot = {worker for worker, name in plan.load if name == "hot"}
+    assert len(hot) > 1
+    assert hot & {"w0", "w1"}
+    assert hot & {"w2", "w3"}
+
+
+@pytest.mark.parametrize("name", ["adaptive", "adaptive-balanced"])
+def test_adaptive_decides_the_same_on_identical_snapshots(name: str) -> None:
+    # No hidden clock, state or randomness: the same snapshot gives the same plan, from a
+    # fresh instance or the same one, whatever the context's rng and sequence.
+    for seed in (3, 4):
+        snap = random_snapshot(random.Random(seed), n_workers=24, n_models=30)
+        policy = make_multimodel_policy(name).placement
+        first = policy.place(snap, ctx(0, seed=1))
+        assert policy.place(snap, ctx(5, seed=2)) == first
+        assert make_multimodel_policy(name).placement.place(snap, ctx(9, seed=3)) == first
+
+
+def test_balanced_adaptive_plan_is_a_fixed_point_at_scale() -> None:
+    # The lazy search still ends in a local optimum: applied as it is, the same policy
+    # finds nothing more to do (no action cap reached, nothing still loading re-priced).
+    snap = random_snapshot(random.Random(21), n_workers=64, n_models=100)
+    policy = AdaptivePlacement(AdaptiveConfig(max_actions=10_000), name="adaptive-balanced")
+    plan = policy.place(snap, ctx())
+    after = apply_plan(snap, plan)
+    again = policy.place(after, ctx())
+    assert (again.load, again.evict) == ((), ())
 
 
 def test_adaptive_config_rejects_bad_weights() -> None:
@@ -276,7 +339,14 @@ def routing_snapshot() -> PlacementSnapshot:
 
 
 @pytest.mark.parametrize(
-    "router", [LeastWorkRouter(), JoinShortestQueueRouter(), RoundRobinRouter(), GapsHybridRouter()]
+    "router",
+    [
+        LeastWorkRouter(),
+        JoinShortestQueueRouter(),
+        RoundRobinRouter(),
+        GapsHybridRouter(),
+        BalancedWorkRouter(),
+    ],
 )
 def test_routers_pick_holders_only(router: object) -> None:
     snap = routing_snapshot()
@@ -299,6 +369,45 @@ def test_least_work_picks_the_least_work_plus_service() -> None:
         ],
     )
     assert LeastWorkRouter().route("a", idle_fast, ctx()) == "w1"
+
+
+def test_balanced_work_uses_an_idle_slow_replica_within_its_slack() -> None:
+    models = [model("a", exec_s=1.0)]
+    workers = [
+        (worker_spec("fast", speed=2.0), [resident("a")]),
+        (worker_spec("slow", speed=1.0), [resident("a")]),
+    ]
+    snap = snapshot(models, workers)
+    busy_fast = PlacementSnapshot(
+        now_s=snap.now_s,
+        workers=(
+            replace_utilization(snap.workers[0], 0.4),
+            replace_utilization(snap.workers[1], 0.1),
+        ),
+        models=snap.models,
+        pipelines=snap.pipelines,
+        demand_rps=snap.demand_rps,
+        waiting=snap.waiting,
+    )
+    # fast 0.5 s, slow 1.0 s: within 2 x 1 s of the best, the less busy slow worker wins;
+    # with no slack it is least work, the fast one.
+    assert BalancedWorkRouter().route("a", busy_fast, ctx()) == "slow"
+    assert BalancedWorkRouter(slack=0.0).route("a", busy_fast, ctx()) == "fast"
+    # A slow replica more than the slack behind (3 stages queued: 4 s) is not chosen.
+    queued = snapshot(
+        models,
+        [
+            (worker_spec("fast", speed=2.0), [resident("a")]),
+            (worker_spec("slow", speed=1.0), [resident("a", queued=2, running=1)]),
+        ],
+    )
+    assert BalancedWorkRouter().route("a", queued, ctx()) == "fast"
+    with pytest.raises(ValueError, match="slack"):
+        BalancedWorkRouter(slack=-1.0)
+
+
+def replace_utilization(state: WorkerState, utilization: float) -> WorkerState:
+    return dataclasses.replace(state, utilization=utilization)
 
 
 def test_jsq_and_round_robin() -> None:
@@ -328,8 +437,8 @@ def test_routers_prefer_ready_holders_and_fall_back_to_loading_ones() -> None:
 def test_registry_bundles_each_placement_with_its_router() -> None:
     routers = {name: type(make_multimodel_policy(name).router) for name in NAMES}
     assert routers == {
-        "adaptive": LeastWorkRouter,
-        "adaptive-balanced": LeastWorkRouter,
+        "adaptive": BalancedWorkRouter,
+        "adaptive-balanced": BalancedWorkRouter,
         "static-rr": RoundRobinRouter,
         "threshold": JoinShortestQueueRouter,
         "least-loaded": LeastWorkRouter,

@@ -15,6 +15,7 @@ from switchyard.multimodel.metrics import (
     percentile,
     responsiveness_s,
     stability,
+    steady_stability,
     summarize,
     windowed_means,
 )
@@ -286,6 +287,23 @@ def test_utilization_is_the_resource_weighted_busy_share() -> None:
     assert metrics.utilization == pytest.approx(12.5)
     assert metrics.load_cov == pytest.approx(1.0)
     assert metrics.slo_violation_rate == 1.0
+
+
+def test_stability_is_measured_within_steady_segments() -> None:
+    # Warm-up (0..30 s) and the 30 s after a step at 100 s are cut; the level may change
+    # at the step, only the variation around each segment's own level counts.
+    windows = [(0.0, 9.0), (10.0, 5.0)]
+    windows += [(30.0 + 10 * k, 1.0) for k in range(7)]  # 30 .. 90: flat at 1
+    windows += [(100.0, 20.0), (110.0, 8.0)]  # the step's transient
+    windows += [(130.0, 1.0), (140.0, 2.0), (150.0, 3.0)]  # steady at a higher level
+    expected = (7 * 1.0 + 3 * stability([1.0, 2.0, 3.0])) / 10
+    assert steady_stability(windows, 100.0) == pytest.approx(expected)
+    # A level shift alone (flat before, flat after) is perfectly stable.
+    shift = [(30.0 + 10 * k, 1.0) for k in range(7)] + [(130.0 + 10 * k, 3.0) for k in range(5)]
+    assert steady_stability(shift, 100.0) == 1.0
+    # Without a step only the warm-up is cut; with too few windows, the whole run counts.
+    assert steady_stability([(0.0, 9.0), (30.0, 1.0), (40.0, 1.0)], None) == 1.0
+    assert steady_stability([(0.0, 1.0), (10.0, 3.0)], None) == stability([1.0, 3.0])
 
 
 def test_metrics_on_a_hand_made_series() -> None:

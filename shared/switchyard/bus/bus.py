@@ -294,6 +294,9 @@ class Subscription(Generic[M]):
         # The task iterating: middleware contexts (trace context) must be left in the task
         # that entered them, so a close from another task leaves them to it.
         self._owner: asyncio.Task[Any] | None = None
+        # The deliveries of the last next_batch(): handled once the next batch is asked
+        # for or a clean `async with` exit, like one step of `async for`.
+        self._batch: list[Envelope] = []
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -322,6 +325,7 @@ class Subscription(Generic[M]):
     ) -> None:
         # A body that raised leaves its message unhandled: it will be delivered again.
         self._finish_current(exc, handled=exc is None)
+        self._finish_batch(handled=exc is None)
         await self.close()
 
     async def close(self) -> None:
@@ -329,6 +333,7 @@ class Subscription(Generic[M]):
         if self._closed:
             return
         self._finish_current(None, handled=False)
+        self._finish_batch(handled=False)
         try:
             await self._commit(force=True)
         finally:
@@ -373,8 +378,62 @@ class Subscription(Generic[M]):
         """
         return await self._next(deadline_s=time.monotonic() + timeout_s)
 
+    async def next_batch(self, max_records: int, timeout_s: float) -> list[Delivery[M]]:
+        """Up to ``max_records`` deliveries: those already fetched, waiting at most
+        ``timeout_s`` for the first one (an empty list when none came or the subscription
+        stopped).
+
+        For services that decide on many messages at once (waiting on each in turn would
+        cap their rate at one message per wait). The whole batch counts as handled when
+        the next batch (or delivery) is asked for, or when an ``async with`` body exits
+        cleanly; if the body raises, none of it is committed and all of it is delivered
+        again. Handle each delivery inside :meth:`handling` so its trace span is the
+        parent of what that handling publishes.
+        """
+        if max_records < 1:
+            raise ValueError(f"max_records must be at least 1, got {max_records}")
+        self._finish_current(None, handled=True)
+        self._finish_batch(handled=True)
+        deadline_s = time.monotonic() + timeout_s
+        batch: list[Delivery[M]] = []
+        while len(batch) < max_records:
+            await self._commit(force=False)
+            if self._closed or (self._stopping is not None and self._stopping.is_set()):
+                break
+            if batch and not self._buffer:
+                break  # return what has arrived rather than wait for a full batch
+            if time.monotonic() >= deadline_s and not self._buffer:
+                break
+            envelope = await self._next_envelope(deadline_s)
+            if envelope is None:
+                continue
+            try:
+                message = codec.decode(envelope, self.topic.message_type)
+            except DecodeError as exc:
+                await self._dead_letter_and_mark(envelope, exc.kind, str(exc))
+                continue
+            self._batch.append(envelope)
+            batch.append(Delivery(message, envelope, self.group))
+        return batch
+
+    def handling(self, delivery: Delivery[M]) -> AbstractContextManager[None]:
+        """The middleware scope (the CONSUMER trace span) of handling one delivery of a
+        batch: enter it around the work done for that delivery, one delivery at a time."""
+        message_type = self.topic.message_type.MESSAGE_TYPE
+        return _enter_all(
+            mw.consuming(delivery.envelope, self.group, message_type)
+            for mw in self._bus.middlewares
+        )
+
+    def _finish_batch(self, *, handled: bool) -> None:
+        if handled:
+            for envelope in self._batch:
+                self._mark(envelope)
+        self._batch = []
+
     async def _next(self, deadline_s: float | None) -> Delivery[M] | None:
         self._finish_current(None, handled=True)
+        self._finish_batch(handled=True)
         while True:
             await self._commit(force=False)
             if self._closed or (self._stopping is not None and self._stopping.is_set()):

@@ -104,6 +104,9 @@ class ServiceTimePrediction(Message):
     by_worker_type_s: dict[str, NonNegativeFloat] = Field(
         default_factory=dict, description="Calibrated service time per worker type."
     )
+    raw_by_worker_type_s: dict[str, NonNegativeFloat] = Field(
+        default_factory=dict, description="Uncalibrated prediction per worker type."
+    )
     mae_s: NonNegativeFloat = 0.0
     mape: NonNegativeFloat = 0.0
     predictor: Identifier
@@ -303,6 +306,14 @@ class Heartbeat(Message):
     outstanding: list[QueuedEntry] = Field(default_factory=list)
     outstanding_total: NonNegativeInt = 0
     draining: bool = False
+    time_scale: Annotated[float, Field(gt=0)] = Field(
+        default=1.0,
+        description=(
+            "An emulated worker runs this many times faster than its performance model: its "
+            "times (queued work, decode step) are wall seconds, the profile's constants "
+            "divided by this."
+        ),
+    )
     capacity: ResourceVector = Field(default_factory=ResourceVector)
     free: ResourceVector = Field(default_factory=ResourceVector)
     kv_cache_free_bytes: NonNegativeInt | None = None

@@ -52,7 +52,7 @@ WORKLOADS = ("lora", "synthetic")
 METRICS: tuple[tuple[str, str, str], ...] = (
     ("utilization", "util %", "resource utilisation (%)"),
     ("load_cov", "load CoV", "load balance: CoV of worker load (lower is better)"),
-    ("stability", "stability", "stability (1 - CoV of windowed latency)"),
+    ("stability", "stability", "stability (1 - CoV of windowed latency, steady segments)"),
     ("responsiveness_s", "resp s", "adaptation responsiveness (s, lower is better)"),
     ("p99_s", "P99 s", "P99 latency (s)"),
     ("slo_violation_rate", "SLO viol", "SLO violation rate"),

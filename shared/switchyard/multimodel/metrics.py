@@ -27,10 +27,30 @@ load_cov
     Lower is better. Example: ``u = (0.2, 0.6)`` -> mean 0.4, std 0.2, CoV 0.5.
 
 stability
-    ``clip(1 - std(m_k) / mean(m_k), 0, 1)`` over the latency windows ``k``, ``m_k`` the
-    mean latency of window ``k``, population standard deviation. 1 is a flat latency
-    series; 0 is variability as large as the mean or larger. Example: window means
-    ``(1, 2, 3)`` -> std 0.8165, mean 2, stability 0.5918.
+    Variability of latency *in steady operation*, measured within steady segments.
+    The run is cut into segments at the workload's step (``Workload.step_at_s``, if
+    any): ``[0, step)`` and ``[step, end)``. From each segment the first
+    ``transient_s`` seconds (:data:`STABILITY_TRANSIENT_S`, 30 s) are dropped: the
+    warm-up from an empty cluster and the reaction to the step are transients, which
+    responsiveness measures, not steady-state variability. Within a segment ``g`` with
+    windows ``k`` (``m_k`` the mean latency of window ``k``), ``stab_g = clip(1 -
+    std(m_k) / mean(m_k), 0, 1)`` (population standard deviation); stability is the
+    mean of ``stab_g`` weighted by each segment's number of windows (segments with
+    fewer than two windows are skipped; if none is left, the whole run is one segment).
+    The latency *level* may differ between segments (the offered load differs); only
+    the variation around each segment's own level counts. 1 is a flat latency series;
+    0 is variability as large as the mean or larger. Example: window means ``(1, 2,
+    3)`` in one segment -> std 0.8165, mean 2, stability 0.5918; segments ``(1, 1)``
+    and ``(1, 2, 3)`` -> ``(2 * 1 + 3 * 0.5918) / 5 = 0.7551``.
+
+    Why segments and the transient cut: an earlier definition took ``1 - CoV`` over
+    every window of the run. Each run starts with no model resident (the first
+    windows wait up to the longest load time, 17 s on the synthetic mix) and the
+    synthetic mix doubles its rate halfway; both swamp the steady-state variation, so
+    every policy with a low steady latency scored 0 (a 6 s warm-up window against
+    0.3 s steady windows gives a CoV above 1) whatever its behaviour afterwards. The
+    paper's stability is the variance of latency over time windows in operation; the
+    adaptation to a change is its separate responsiveness metric.
 
 responsiveness_s
     Settling time after the workload's step (``Workload.step_at_s``): the windows that
@@ -77,11 +97,14 @@ __all__ = [
     "percentile",
     "responsiveness_s",
     "stability",
+    "steady_stability",
     "summarize",
     "windowed_means",
 ]
 
 RESPONSIVENESS_BAND = 0.10
+STABILITY_TRANSIENT_S = 30.0
+"""Seconds dropped from the start of each steady segment (warm-up and the step)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +164,33 @@ def stability(window_means: Sequence[float]) -> float:
     return min(1.0, max(0.0, 1.0 - coefficient_of_variation(window_means)))
 
 
+def steady_stability(
+    windows: Sequence[tuple[float, float]],
+    step_at_s: float | None,
+    transient_s: float = STABILITY_TRANSIENT_S,
+) -> float:
+    """Stability within steady segments (module docstring): the window-count-weighted
+    mean of :func:`stability` over ``[transient_s, step)`` and ``[step + transient_s,
+    end)`` (just ``[transient_s, end)`` without a step).
+
+    Example: windows at 0..40 s of 10 s, step ``None``, ``transient_s=10`` -> the
+    windows at 10, 20, 30, 40 s form one segment.
+    """
+    bounds = [0.0] if step_at_s is None else [0.0, step_at_s]
+    segments: list[list[float]] = [[] for _ in bounds]
+    for start, mean in windows:
+        g = len(bounds) - 1
+        while g > 0 and start < bounds[g] - 1e-9:
+            g -= 1
+        if start >= bounds[g] + transient_s - 1e-9:
+            segments[g].append(mean)
+    kept = [segment for segment in segments if len(segment) >= 2]
+    if not kept:
+        return stability([mean for _, mean in windows])
+    total = sum(len(segment) for segment in kept)
+    return math.fsum(len(segment) * stability(segment) for segment in kept) / total
+
+
 def responsiveness_s(
     windows: Sequence[tuple[float, float]],
     window_s: float,
@@ -168,8 +218,13 @@ def responsiveness_s(
     return after[settled_at][0] + window_s - step_at_s
 
 
-def summarize(result: MultiModelResult, window_s: float | None = None) -> MultiModelMetrics:
-    """The figures of ``result`` (latency windows of ``window_s``, default the run's)."""
+def summarize(
+    result: MultiModelResult,
+    window_s: float | None = None,
+    transient_s: float = STABILITY_TRANSIENT_S,
+) -> MultiModelMetrics:
+    """The figures of ``result`` (latency windows of ``window_s``, default the run's;
+    ``transient_s`` cut from each steady segment for stability)."""
     width = window_s if window_s is not None else result.config.window_s
     horizon = result.end_s
     per_worker = [(share / horizon if horizon > 0 else 0.0) for share in result.worker_share_s]
@@ -187,7 +242,7 @@ def summarize(result: MultiModelResult, window_s: float | None = None) -> MultiM
     return MultiModelMetrics(
         utilization=utilization,
         load_cov=coefficient_of_variation(per_worker),
-        stability=stability([mean for _, mean in windows]),
+        stability=steady_stability(windows, result.step_at_s, transient_s),
         responsiveness_s=responsiveness_s(windows, width, result.step_at_s),
         p99_s=percentile(result.latencies_s, 99.0),
         mean_latency_s=math.fsum(result.latencies_s) / n if n else math.nan,

@@ -7,8 +7,8 @@ its initial plan on the instance).
 ==============  ======================================  ===================
 name            placement                               router
 ==============  ======================================  ===================
-adaptive        greedy ``alpha*D + beta*U``             least-work
-adaptive-bal    the same plus ``gamma*CoV(load)``       least-work
+adaptive        greedy ``alpha*D + beta*U``             balanced-work
+adaptive-bal    the same plus ``gamma*CoV(load)``       balanced-work
 static-rr       round-robin once, never changed         round-robin
 threshold       add/evict on queue and utilisation      jsq
 least-loaded    replicas ~ demand, least-loaded worker  least-work
@@ -35,6 +35,7 @@ from switchyard.multimodel.placement_baselines import (
     ThresholdPlacement,
 )
 from switchyard.multimodel.routing import (
+    BalancedWorkRouter,
     GapsHybridRouter,
     JoinShortestQueueRouter,
     LeastWorkRouter,
@@ -69,9 +70,9 @@ _Build = Callable[[float, float], MultiModelPolicy]
 _REGISTRY: dict[str, _Build] = {
     "adaptive": lambda alpha, beta: MultiModelPolicy(
         name="adaptive",
-        summary="greedy placement minimising alpha*D + beta*U, least-work routing",
+        summary="greedy placement minimising alpha*D + beta*U, balanced-work routing",
         placement=AdaptivePlacement(AdaptiveConfig(alpha=alpha, beta=beta, gamma=0.0)),
-        router=LeastWorkRouter(),
+        router=BalancedWorkRouter(),
     ),
     "adaptive-balanced": lambda alpha, beta: MultiModelPolicy(
         name="adaptive-balanced",
@@ -79,7 +80,7 @@ _REGISTRY: dict[str, _Build] = {
         placement=AdaptivePlacement(
             AdaptiveConfig(alpha=alpha, beta=beta), name="adaptive-balanced"
         ),
-        router=LeastWorkRouter(),
+        router=BalancedWorkRouter(),
     ),
     "static-rr": lambda alpha, beta: MultiModelPolicy(
         name="static-rr",

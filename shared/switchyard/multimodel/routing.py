@@ -15,6 +15,8 @@ worker's: "work" below is that replica's predicted work,
   service time ``exec_s / speed``. Example: a replica on a speed-2 worker with 3 stages
   of a 1 s model ahead has 3 * 0.5 + 0.5 = 2.0 s; an idle one on a speed-1 worker has
   0 + 1.0 = 1.0 s and wins.
+- ``balanced-work``: among the holders within ``slack * exec_s`` of the least work, the
+  one on the least busy worker (the adaptive policies' router).
 - ``jsq``: fewest stages queued and running on the replica (faster worker on ties).
 - ``round-robin``: the ``ctx.sequence``-th holder in turn.
 - ``gaps``: the GAPS hybrid -- below a utilisation threshold (the mean ``utilization`` of
@@ -30,6 +32,7 @@ from switchyard.multimodel.snapshot import PlacementSnapshot, ResidentModel, Wor
 from switchyard.policies.base import DecisionContext
 
 __all__ = [
+    "BalancedWorkRouter",
     "GapsHybridRouter",
     "JoinShortestQueueRouter",
     "LeastWorkRouter",
@@ -102,6 +105,44 @@ class LeastWorkRouter:
 
     def route(self, model: str, snapshot: PlacementSnapshot, ctx: DecisionContext) -> str | None:
         return _least_work(model, snapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class BalancedWorkRouter:
+    """Least work within a slack, then the least busy worker.
+
+    Among the holders (ready first, as every router) whose predicted completion --
+    ``least-work``'s key, work ahead plus this stage's service -- is within ``slack``
+    times the model's speed-1 ``exec_s`` of the best one, the holder on the worker with
+    the lowest ``utilization`` (busy share over the last update) wins; ties go to less
+    work. A stage thus waits at most ``slack * exec_s`` longer than under ``least-work``,
+    and an idle slow replica is used instead of always queueing behind the fast
+    workers, so the busy share of fast and slow workers evens out. Example: a 1 s model
+    idle on a speed-2 worker at utilisation 0.4 (0.5 s) and idle on a speed-1 worker
+    at 0.1 (1.0 s): within the default slack of 2 s both qualify and the speed-1 worker
+    wins.
+    """
+
+    slack: float = 2.0
+    name: str = "balanced-work"
+
+    def __post_init__(self) -> None:
+        if not self.slack >= 0.0:
+            raise ValueError(f"slack must be >= 0, got {self.slack}")
+
+    def route(self, model: str, snapshot: PlacementSnapshot, ctx: DecisionContext) -> str | None:
+        ready, loading = holders(model, snapshot)
+        pool = ready or loading
+        if not pool:
+            return None
+        keys = [_work_key(model, holder, snapshot)[0] for holder in pool]
+        spec = snapshot.models.get(model)
+        limit = min(keys) + self.slack * (spec.exec_s if spec is not None else 0.0) + 1e-12
+        best = min(
+            (i for i in range(len(pool)) if keys[i] <= limit),
+            key=lambda i: (pool[i][0].utilization, keys[i]),
+        )
+        return pool[best][0].spec.worker_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
 import sys
@@ -317,8 +318,12 @@ async def _close(ctx: ServiceContext, *, step_timeout_s: float) -> None:
         log.warning("flushing telemetry failed: %s", exc)
 
 
+ServiceFactory = Callable[[ServiceContext], "Service | Awaitable[Service]"]
+"""What builds a service from its context: the class itself, or an async ``create``."""
+
+
 async def run_service(
-    factory: Callable[[ServiceContext], Service],
+    factory: ServiceFactory,
     *,
     name: str,
     settings: Settings | None = None,
@@ -337,7 +342,8 @@ async def run_service(
     the health server stops. A second signal during the drain stops at once.
 
     Args:
-        factory: builds the service from its context, e.g. the service class.
+        factory: builds the service from its context: the service class, or an async
+            function (awaited before the health endpoint opens).
         name: the service's name, in logs and traces.
         settings: configuration; read from the environment when None.
         build_context: builds the context; tests pass one with fakes.
@@ -391,7 +397,10 @@ async def run_service(
     health: HealthServer | None = None
     code = EXIT_FAILED
     try:
-        service = built = factory(ctx)
+        made = factory(ctx)
+        # A factory may be a coroutine function: services that load models or train at
+        # start build themselves before the health endpoint opens.
+        service = built = await made if inspect.isawaitable(made) else made
         health = HealthServer(settings.health_host, settings.health_port, alive=lambda: built.alive)
         await health.start()
         started = await _start(service, health, ctx, stop_requested, connect_timeout_s)
@@ -401,6 +410,10 @@ async def run_service(
     except _StartError as exc:
         log.error("%s", exc, extra={"event": "start-failed"})
         print(f"switchyard {name}: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # e.g. a bad registry file, found while building
+        log.error("%s", exc, extra={"event": "start-failed"})
+        print(f"switchyard {name}: {exc}", file=sys.stderr)
+        code = EXIT_CONFIG
     except OSError as exc:  # the health port is taken, typically
         log.error("could not start: %s", exc, extra={"event": "start-failed"})
         print(f"switchyard {name}: could not start: {exc}", file=sys.stderr)
@@ -538,7 +551,7 @@ async def _drain(
     return EXIT_OK
 
 
-def main_for(factory: Callable[[ServiceContext], Service], *, name: str) -> None:
+def main_for(factory: ServiceFactory, *, name: str) -> None:
     """The synchronous entry point of a service process; never returns.
 
     Reads the configuration; when it is invalid, prints ``switchyard <name>: <message>``

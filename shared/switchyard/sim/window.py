@@ -73,8 +73,8 @@ from switchyard.sneakpeek import (
     PRIOR_KINDS,
     NeighbourIndex,
     SneakPeekEstimator,
-    dirichlet_alpha,
 )
+from switchyard.sneakpeek.application import estimator_for_application
 
 __all__ = [
     "DEFAULT_PENALTIES",
@@ -277,21 +277,6 @@ class WindowSimulator:
                 if key not in models:
                     models[key] = load_variant(profile.model_path(registry_dir))
             dataset = load_dataset(application.dataset)
-            if dataset.name not in indexes:
-                indexes[dataset.name] = NeighbourIndex.build(
-                    dataset.x_train, dataset.y_train, config.index, seed=0
-                )
-            frequencies = np.bincount(dataset.y_train, minlength=dataset.num_classes) / len(
-                dataset.y_train
-            )
-            prior_kind = application.prior.kind if config.prior is None else config.prior
-            concentration = application.prior.concentration if config.prior is None else None
-            alpha = dirichlet_alpha(
-                prior_kind,
-                frequencies,
-                None if prior_kind == "jeffreys" else concentration,
-            )
-            recalls = {v: np.asarray(p.recall) for v, p in application.variants.items()}
             apps.append(
                 _App(
                     name=name,
@@ -305,7 +290,14 @@ class WindowSimulator:
                         name=name,
                     ),
                     models={v: models[(application.name, v)] for v in application.variants},
-                    estimator=SneakPeekEstimator(indexes[dataset.name], alpha, recalls, k=config.k),
+                    estimator=estimator_for_application(
+                        application,
+                        index_kind=config.index,
+                        k=config.k,
+                        prior_kind=config.prior,
+                        indexes=indexes,
+                        dataset=dataset,
+                    ),
                 )
             )
         self._apps = tuple(apps)

@@ -44,6 +44,8 @@ class Telemetry:
         span_exporters: every exporter spans go to (OTLP, and any passed in).
         metric_exporters: every exporter metrics are pushed to (OTLP).
         is_global: whether these are the process-wide providers.
+        owns_providers: whether :meth:`shutdown` shuts the providers down; False for a
+            view another owner shuts down (the embedded stack's services share one).
     """
 
     tracer_provider: TracerProvider
@@ -52,11 +54,12 @@ class Telemetry:
     span_exporters: tuple[SpanExporter, ...] = ()
     metric_exporters: tuple[MetricExporter, ...] = ()
     is_global: bool = False
+    owns_providers: bool = True
     _shut_down: bool = field(default=False, repr=False)
 
     def shutdown(self) -> None:
         """Flush what is still buffered and close the exporters. Safe to call again."""
-        if self._shut_down:
+        if self._shut_down or not self.owns_providers:
             return
         self._shut_down = True
         try:

@@ -1,0 +1,85 @@
+"""``switchyard service NAME`` and ``switchyard up --embedded``: running the live stack.
+
+``service`` runs one service as its own process, configured by ``SWITCHYARD_*``
+variables (what docker-compose and a process supervisor use). ``up --embedded`` runs
+every service in this process over the in-memory bus and state, with the HTTP API on
+``--port``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from switchyard.config import Settings
+from switchyard.runtime import run_service
+
+from services.catalog import SERVICE_NAMES, service_factory
+
+
+def add_service_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "name", choices=SERVICE_NAMES, metavar="NAME", help=", ".join(SERVICE_NAMES)
+    )
+
+
+def run_one(settings: Settings, args: argparse.Namespace) -> int:
+    """Run service ``args.name`` until SIGTERM/SIGINT; returns its exit code."""
+    factory = service_factory(args.name)
+    return asyncio.run(run_service(factory, name=args.name, settings=settings))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_up_arguments(parser: argparse.ArgumentParser) -> None:
+    from services.embedded import DEFAULT_LLM_WORKERS
+
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        required=True,
+        help="every service in this process over the in-memory bus and state (the only mode "
+        "of `up`; run services separately with `switchyard service NAME`)",
+    )
+    parser.add_argument(
+        "--port", type=_positive_int, default=8080, help="HTTP API port (default 8080)"
+    )
+    parser.add_argument(
+        "--llm-workers",
+        default=",".join(DEFAULT_LLM_WORKERS),
+        help="emulated LLM workers, one performance profile (GPU/model) each, comma-separated "
+        f"(default {','.join(DEFAULT_LLM_WORKERS)}); emulation is a performance model, not a "
+        "measurement",
+    )
+    parser.add_argument(
+        "--torch-workers",
+        type=_positive_int,
+        default=1,
+        help="workers running the real torch models (default 1)",
+    )
+
+
+def run_up(settings: Settings, args: argparse.Namespace) -> int:
+    """Run the embedded stack until Ctrl-C."""
+    from switchyard.perf.profiles import profile_names
+
+    from services.embedded import EmbeddedPlan, run_embedded
+
+    profiles = tuple(p.strip() for p in args.llm_workers.split(",") if p.strip())
+    known = profile_names()
+    for profile in profiles:
+        if profile not in known:
+            print(
+                f"switchyard up: --llm-workers: unknown profile {profile!r}; known: {', '.join(known)}"
+            )
+            return 2
+    plan = EmbeddedPlan(llm_workers=profiles, torch_workers=args.torch_workers, http_port=args.port)
+    return asyncio.run(run_embedded(settings, plan))

@@ -1,0 +1,178 @@
+"""The request bodies the ingress accepts, as strict pydantic models, and how a
+validation failure becomes a 400 that names the field.
+
+Validation is strict: no coercion (``"16"`` is not a number, ``1`` is not ``true``), NaN
+and infinities are refused. Unknown top-level fields are ignored (OpenAI clients send
+``temperature``, ``top_p``, ... which Switchyard does not use); unknown fields inside the
+``switchyard`` block are refused, so a misspelt option is not silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.ingress.errors import ApiError, bad_request
+
+_StrictT = TypeVar("_StrictT", bound=BaseModel)
+
+MAX_TOKENS_DEFAULT = 16
+"""OpenAI's default ``max_tokens`` for ``/v1/completions``."""
+
+RequestId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9._:/@-]+$",
+        description="Client idempotency id: letters, digits and ._:/@- only, at most 128.",
+    ),
+]
+DeadlineMs = Annotated[
+    float,
+    Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="Relative deadline in milliseconds from arrival; must be > 0.",
+    ),
+]
+Priority = Annotated[int, Field(ge=0, le=1000, description="0 (default) .. 1000.")]
+TokenCount = Annotated[int, Field(ge=1, le=1_000_000)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class SwitchyardOptions(_Strict):
+    """The ``switchyard`` block of an OpenAI-compatible request."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    deadline_ms: DeadlineMs | None = None
+    priority: Priority | None = None
+    prompt_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+        default=None,
+        description="The prompt's token count, when the client knows only the length "
+        "(trace replay); wins over the count approximated from the text.",
+    )
+    output_tokens_hint: TokenCount | None = Field(
+        default=None, description="Expected output length (capped at max_tokens)."
+    )
+    request_id: RequestId | None = None
+
+
+class CompletionBody(_Strict):
+    """``POST /v1/completions``."""
+
+    model: Annotated[str, Field(min_length=1)]
+    prompt: str | None = Field(
+        default=None,
+        description="One prompt string (a list of prompts is refused). May be left out "
+        "when switchyard.prompt_tokens is given.",
+    )
+    max_tokens: TokenCount | None = MAX_TOKENS_DEFAULT
+    stream: bool | None = False
+    switchyard: SwitchyardOptions | None = None
+
+
+class TextPart(_Strict):
+    """One part of a message's content given as a list (only text parts)."""
+
+    type: Literal["text"]
+    text: str
+
+
+ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class ChatMessage(_Strict):
+    role: ChatRole
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatBody(_Strict):
+    """``POST /v1/chat/completions``."""
+
+    model: Annotated[str, Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: TokenCount | None = MAX_TOKENS_DEFAULT
+    max_completion_tokens: TokenCount | None = Field(
+        default=None, description="OpenAI's newer name for max_tokens; wins when given."
+    )
+    stream: bool | None = False
+    switchyard: SwitchyardOptions | None = None
+
+
+class InferBody(_Strict):
+    """``POST /v1/apps/{app}/infer``."""
+
+    features: Annotated[list[Annotated[float, Field(allow_inf_nan=False)]], Field(min_length=1)]
+    deadline_ms: DeadlineMs | None = None
+    priority: Priority | None = None
+    request_id: RequestId | None = None
+
+
+def param_of(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a field path: ``messages[0].content``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+_TYPE_ERRORS = ("_type", "_parsing", "literal_error", "union_tag", "is_instance_of")
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    """The 400 for the first problem pydantic found, naming its field."""
+    error = exc.errors(include_url=False)[0]
+    loc = _without_union_branches(error["loc"])
+    param = param_of(loc) or None
+    kind = error["type"]
+    message = error["msg"]
+    if kind == "missing":
+        return bad_request(f"missing required field '{param}'", param=param, code="missing_field")
+    if kind == "extra_forbidden":
+        return bad_request(f"unknown field '{param}'", param=param, code="unknown_field")
+    if param == "prompt" and isinstance(error.get("input"), list):
+        return bad_request(
+            "'prompt' must be a single string; a list of prompts is not supported",
+            param=param,
+            code="invalid_type",
+        )
+    if kind in ("finite_number",):
+        message = "must be a finite number (NaN and infinities are refused)"
+    code = "invalid_type" if any(t in kind for t in _TYPE_ERRORS) else "invalid_value"
+    return bad_request(f"invalid '{param}': {message}", param=param, code=code)
+
+
+def _without_union_branches(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """Pydantic names the union member it tried (``str``, ``list[TextPart]``) inside the
+    location; a client wants the field only."""
+    return tuple(
+        part
+        for part in loc
+        if not (isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part))
+    )
+
+
+def parse(model: type[_StrictT], data: Any) -> _StrictT:
+    """``data`` validated as ``model``; raises the 400 :class:`ApiError` naming the field."""
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object", param=None, code="invalid_type")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None

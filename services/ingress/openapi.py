@@ -1,0 +1,369 @@
+"""The OpenAPI 3.1 document of the ingress API (``GET /openapi.json``).
+
+Request bodies come from the pydantic models that validate them
+(:mod:`services.ingress.openai_schema`), so the document cannot drift from what is
+checked; the response shapes are written out here, next to nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from switchyard.serving import ServingCatalogue
+
+from services.ingress.openai_schema import ChatBody, CompletionBody, InferBody
+
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_NUMBER = {"type": "number"}
+_STRING = {"type": "string"}
+_INTEGER = {"type": "integer"}
+_BOOLEAN = {"type": "boolean"}
+
+_TIMELINE = {
+    "type": "object",
+    "description": "When each step happened, epoch seconds (null: it did not happen).",
+    "properties": {
+        name: _nullable(_NUMBER)
+        for name in ("arrival_s", "assigned_s", "started_s", "first_token_s", "finished_s")
+    },
+}
+
+_SWITCHYARD_BLOCK = {
+    "type": "object",
+    "description": "Where and how the request was served. emulated: the latency is a "
+    "performance model's output, not a measurement (header X-Switchyard-Emulated: true).",
+    "properties": {
+        "request_id": _STRING,
+        "status": {"type": "string", "enum": ["ok", "failed", "expired", "cancelled"]},
+        "worker_id": _STRING,
+        "worker_type": _STRING,
+        "variant": _STRING,
+        "emulated": _BOOLEAN,
+        "deadline_s": _nullable(_NUMBER),
+        "deadline_met": _BOOLEAN,
+        "timeline": _ref("Timeline"),
+    },
+}
+
+_USAGE = {
+    "type": "object",
+    "properties": {
+        "prompt_tokens": _INTEGER,
+        "completion_tokens": _INTEGER,
+        "total_tokens": _INTEGER,
+    },
+}
+
+_COMPLETION = {
+    "type": "object",
+    "description": "object is text_completion (choices[0].text) or chat.completion "
+    "(choices[0].message). A stream sends chunks (text_completion or "
+    "chat.completion.chunk with choices[0].text / choices[0].delta.content), then a "
+    "final chunk with finish_reason, usage and switchyard, then data: [DONE].",
+    "properties": {
+        "id": _STRING,
+        "object": {"type": "string", "enum": ["text_completion", "chat.completion"]},
+        "created": _INTEGER,
+        "model": _STRING,
+        "choices": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "index": _INTEGER,
+                    "text": _STRING,
+                    "message": {
+                        "type": "object",
+                        "properties": {"role": {"const": "assistant"}, "content": _STRING},
+                    },
+                    "finish_reason": {"type": "string", "enum": ["length"]},
+                },
+            },
+        },
+        "usage": _ref("Usage"),
+        "switchyard": _ref("SwitchyardBlock"),
+    },
+}
+
+_CLASSIFICATION = {
+    "type": "object",
+    "properties": {
+        "request_id": _STRING,
+        "app": _STRING,
+        "status": _STRING,
+        "label": _nullable(_INTEGER),
+        "class_name": _nullable(_STRING),
+        "probabilities": {"type": "array", "items": _NUMBER},
+        "variant": _STRING,
+        "worker_id": _STRING,
+        "worker_type": _STRING,
+        "emulated": _BOOLEAN,
+        "deadline_s": _nullable(_NUMBER),
+        "deadline_met": _BOOLEAN,
+        "timeline": _ref("Timeline"),
+    },
+}
+
+_STATUS = {
+    "type": "object",
+    "properties": {
+        "request_id": _STRING,
+        "app": _STRING,
+        "kind": _nullable({"type": "string", "enum": ["llm", "classification"]}),
+        "status": {
+            "type": "string",
+            "enum": ["queued", "assigned", "ok", "failed", "expired", "cancelled"],
+        },
+        "deadline_s": _nullable(_NUMBER),
+        "deadline_met": _BOOLEAN,
+        "worker_id": _nullable(_STRING),
+        "worker_type": _STRING,
+        "variant": _STRING,
+        "emulated": _BOOLEAN,
+        "result": _nullable({"type": "object"}),
+        "error": _nullable(_STRING),
+        "timeline": _ref("Timeline"),
+    },
+    "required": ["request_id", "app", "status"],
+}
+
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": _STRING,
+                "type": _STRING,
+                "param": _nullable(_STRING),
+                "code": _nullable(_STRING),
+            },
+            "required": ["message", "type", "param", "code"],
+        },
+        "switchyard": {"type": "object"},
+    },
+    "required": ["error"],
+}
+
+_MODEL_LIST = {
+    "type": "object",
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": _STRING,
+                    "object": {"const": "model"},
+                    "created": _INTEGER,
+                    "owned_by": _STRING,
+                    "switchyard": {"type": "object"},
+                },
+            },
+        },
+    },
+}
+
+_APP_LIST = {
+    "type": "object",
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": _STRING,
+                    "feature_dim": _INTEGER,
+                    "classes": {"type": "array", "items": _STRING},
+                    "deadline_ms": _NUMBER,
+                    "variants": {"type": "array", "items": _STRING},
+                },
+            },
+        },
+    },
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    text = {
+        400: "Invalid input; the message and param name the field.",
+        404: "Unknown model, application or request.",
+        405: "Wrong method.",
+        413: "Body larger than the configured limit.",
+        415: "Content-Type is not JSON.",
+        502: "The worker failed (or cancelled) the request.",
+        503: "Could not queue the request, or draining; see Retry-After.",
+        504: "Expired before being served, or no answer within the answer timeout "
+        "(poll GET /v1/requests/{id}).",
+    }
+    return {str(s): _json(_ref("Error"), text[s]) for s in statuses}
+
+
+_POST_ERRORS = (400, 404, 405, 413, 415, 502, 503, 504)
+
+_HEADERS = [
+    {
+        "name": "X-Switchyard-Deadline-Ms",
+        "in": "header",
+        "required": False,
+        "description": "Relative deadline in ms (> 0); the body's value wins.",
+        "schema": {"type": "number", "exclusiveMinimum": 0},
+    },
+    {
+        "name": "X-Switchyard-Priority",
+        "in": "header",
+        "required": False,
+        "description": "Priority 0..1000; the body's value wins.",
+        "schema": {"type": "integer", "minimum": 0, "maximum": 1000},
+    },
+]
+
+
+def _body_schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
+    schema = model.model_json_schema(ref_template=_REF)
+    components.update(schema.pop("$defs", {}))
+    components[model.__name__] = schema
+    return _ref(model.__name__)
+
+
+def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
+    """The OpenAPI 3.1 document; the served model and application names are listed in
+    the descriptions."""
+    components: dict[str, Any] = {
+        "Timeline": _TIMELINE,
+        "SwitchyardBlock": _SWITCHYARD_BLOCK,
+        "Usage": _USAGE,
+        "Completion": _COMPLETION,
+        "ClassificationAnswer": _CLASSIFICATION,
+        "RequestStatus": _STATUS,
+        "Error": _ERROR,
+        "ModelList": _MODEL_LIST,
+        "AppList": _APP_LIST,
+    }
+    models = ", ".join(sorted(catalogue.llm)) or "none"
+    apps = ", ".join(sorted(catalogue.classification)) or "none"
+    completion_body = _body_schema(CompletionBody, components)
+    chat_body = _body_schema(ChatBody, components)
+    infer_body = _body_schema(InferBody, components)
+    answer_ok = {
+        "description": "The answer (or, with stream=true, text/event-stream chunks).",
+        "headers": {
+            "X-Switchyard-Emulated": {
+                "description": "true when the latency is a performance model's output",
+                "schema": _STRING,
+            },
+            "X-Switchyard-Request-Id": {"schema": _STRING},
+        },
+        "content": {
+            "application/json": {"schema": _ref("Completion")},
+            "text/event-stream": {"schema": _STRING},
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Switchyard ingress",
+            "version": "1",
+            "description": "OpenAI-compatible completions and classification inference, "
+            "scheduled by Switchyard.",
+        },
+        "paths": {
+            "/v1/completions": {
+                "post": {
+                    "summary": f"Text completion. Served models: {models}.",
+                    "parameters": _HEADERS,
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": completion_body}},
+                    },
+                    "responses": {"200": answer_ok, **_errors(*_POST_ERRORS)},
+                }
+            },
+            "/v1/chat/completions": {
+                "post": {
+                    "summary": f"Chat completion. Served models: {models}. The prompt is one "
+                    "'role: content' line per message, then 'assistant:'.",
+                    "parameters": _HEADERS,
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": chat_body}},
+                    },
+                    "responses": {"200": answer_ok, **_errors(*_POST_ERRORS)},
+                }
+            },
+            "/v1/apps/{app}/infer": {
+                "post": {
+                    "summary": f"Classify one feature vector. Applications: {apps}.",
+                    "parameters": [
+                        {"name": "app", "in": "path", "required": True, "schema": _STRING},
+                        *_HEADERS,
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": infer_body}},
+                    },
+                    "responses": {
+                        "200": _json(_ref("ClassificationAnswer"), "The label."),
+                        **_errors(*_POST_ERRORS),
+                    },
+                }
+            },
+            "/v1/requests/{request_id}": {
+                "get": {
+                    "summary": "A request's status and result, from any replica.",
+                    "parameters": [
+                        {"name": "request_id", "in": "path", "required": True, "schema": _STRING}
+                    ],
+                    "responses": {
+                        "200": _json(_ref("RequestStatus"), "The request's record."),
+                        **_errors(404, 503),
+                    },
+                }
+            },
+            "/v1/models": {
+                "get": {
+                    "summary": "The LLM applications (OpenAI model list).",
+                    "responses": {"200": _json(_ref("ModelList"), "The models.")},
+                }
+            },
+            "/v1/apps": {
+                "get": {
+                    "summary": "The classification applications.",
+                    "responses": {"200": _json(_ref("AppList"), "The applications.")},
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document.",
+                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1.")},
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "200 while serving, 503 while draining.",
+                    "responses": {
+                        "200": _json({"type": "object"}, "Serving."),
+                        "503": _json({"type": "object"}, "Draining."),
+                    },
+                }
+            },
+        },
+        "components": {"schemas": components},
+    }

@@ -1,0 +1,181 @@
+"""Placing LLM requests: the live scheduler's shell around an LLM assignment policy.
+
+Pure and synchronous: from worker heartbeats (as the monitor stored them) and the
+request with its prediction, build the same frozen views the simulator builds
+(:mod:`switchyard.policies.snapshot`), ask the policy, and account for the decision
+locally until the worker's next heartbeat reflects it. Without this accounting, a burst
+decided between two heartbeats would all go to the worker that looked idlest.
+
+Worker types are ``GPU/model`` names (the performance profile of an emulated worker,
+``cpu/tiny-lm`` for the torch language model), the keys of the predictions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from switchyard.contracts.messages import (
+    Heartbeat,
+    InferenceRequest,
+    LLMPayload,
+    ServiceTimePrediction,
+)
+from switchyard.policies.base import DecisionContext, NoWorkerError, Placement
+from switchyard.policies.registry import LlmPolicy, PredictionUse
+from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
+
+from services.cluster_state import worker_view
+
+
+def llm_worker_type(heartbeat: Heartbeat, model: str) -> str:
+    """The worker type under which a worker serves ``model``: its profile, or
+    ``device/model`` for a worker without one (the torch language model)."""
+    return heartbeat.profile or f"{heartbeat.worker_type}/{model}"
+
+
+def llm_worker_view(heartbeat: Heartbeat, model: str, *, alive: bool) -> WorkerView:
+    """The policy's view of one worker serving ``model``, from its last heartbeat."""
+    view = worker_view(heartbeat, alive=alive and not heartbeat.draining)
+    return replace(view, worker_type=llm_worker_type(heartbeat, model))
+
+
+def request_view(
+    request: InferenceRequest, prediction: ServiceTimePrediction | None, use: PredictionUse
+) -> RequestView:
+    """The policy's view of an LLM request, with its prediction when the policy reads one.
+
+    A policy that needs predictions but got none in time sees empty prediction maps,
+    which every predictive policy treats as "decide without".
+    """
+    payload = request.payload
+    if not isinstance(payload, LLMPayload):
+        raise TypeError(f"request {request.request_id} is not an LLM request")
+    raw: Mapping[str, float] = {}
+    calibrated: Mapping[str, float] = {}
+    deadline_s = request.deadline_s
+    if prediction is not None and use is not PredictionUse.NONE:
+        raw = prediction.raw_by_worker_type_s or prediction.by_worker_type_s
+        calibrated = prediction.by_worker_type_s
+        if prediction.deadline_s is not None:
+            deadline_s = prediction.deadline_s
+    return RequestView(
+        request_id=request.request_id,
+        arrival_s=request.arrival_s,
+        prompt_tokens=payload.prompt_tokens,
+        workload=payload.workload,
+        model=payload.model,
+        output_tokens_hint=payload.output_tokens_hint,
+        predicted_s=raw,
+        calibrated_s=calibrated,
+        deadline_s=deadline_s,
+    )
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What this scheduler sent a worker since the heartbeat it last saw."""
+
+    since_sent_at_s: float
+    waiting: int = 0
+    work_s: float = 0.0
+    tokens: int = 0
+
+
+class LlmPlacer:
+    """Decides LLM placements over the latest heartbeats plus its own recent decisions.
+
+    Args:
+        policy: the LLM policy bundle (its assignment policy decides).
+        ctx_seed: seed of the decision context's randomness.
+    """
+
+    def __init__(self, policy: LlmPolicy, ctx_seed: int = 0) -> None:
+        import random
+
+        self.policy = policy
+        self._rng = random.Random(ctx_seed)
+        self._sequence = 0
+        self._heartbeats: dict[str, Heartbeat] = {}
+        self._alive: dict[str, bool] = {}
+        self._pending: dict[str, _Pending] = {}
+
+    def observe(self, heartbeat: Heartbeat, *, alive: bool) -> None:
+        """Take a worker's latest heartbeat (as the monitor stored it: a restarted worker's
+        first one included); forget the local accounting a newer heartbeat covers."""
+        self._heartbeats[heartbeat.worker_id] = heartbeat
+        self._alive[heartbeat.worker_id] = alive
+        pending = self._pending.get(heartbeat.worker_id)
+        if pending is not None and heartbeat.sent_at_s > pending.since_sent_at_s:
+            del self._pending[heartbeat.worker_id]
+
+    def worker_type(self, worker_id: str, model: str) -> str:
+        """The worker type under which ``worker_id`` serves ``model`` (prediction key)."""
+        return llm_worker_type(self._heartbeats[worker_id], model)
+
+    def mark_down(self, worker_id: str) -> None:
+        self._alive[worker_id] = False
+
+    def forget_missing(self, present: Iterable[str]) -> None:
+        """Drop workers the monitor no longer lists."""
+        keep = set(present)
+        for worker_id in [w for w in self._heartbeats if w not in keep]:
+            self._heartbeats.pop(worker_id, None)
+            self._alive.pop(worker_id, None)
+            self._pending.pop(worker_id, None)
+
+    def cluster(
+        self, model: str, now_s: float, exclude: frozenset[str] = frozenset()
+    ) -> ClusterSnapshot:
+        """The snapshot of the workers that serve ``model``, with local accounting added."""
+        views = []
+        for worker_id in sorted(self._heartbeats):
+            heartbeat = self._heartbeats[worker_id]
+            if model not in heartbeat.servable_models or worker_id in exclude:
+                continue
+            view = llm_worker_view(heartbeat, model, alive=self._alive.get(worker_id, False))
+            pending = self._pending.get(worker_id)
+            if pending is not None:
+                view = replace(
+                    view,
+                    waiting=view.waiting + pending.waiting,
+                    queued_work_s=view.queued_work_s + pending.work_s,
+                    queued_tokens=view.queued_tokens + pending.tokens,
+                    utilization=1.0
+                    if pending.waiting and view.running >= view.max_slots
+                    else view.utilization,
+                )
+            views.append(view)
+        return ClusterSnapshot(now_s=now_s, workers=tuple(views))
+
+    def place(
+        self,
+        request: InferenceRequest,
+        prediction: ServiceTimePrediction | None,
+        now_s: float,
+        exclude: frozenset[str] = frozenset(),
+    ) -> tuple[Placement, RequestView]:
+        """The worker for ``request``; accounts for it until that worker's next heartbeat.
+
+        Raises:
+            NoWorkerError: no live worker serves the request's model.
+        """
+        view = request_view(request, prediction, self.policy.prediction)
+        cluster = self.cluster(view.model, now_s, exclude)
+        if not cluster.eligible():
+            raise NoWorkerError(f"no live worker serves model {view.model!r}")
+        ctx = DecisionContext(self._rng, self._sequence)
+        self._sequence += 1
+        placement = self.policy.assignment.assign(view, cluster, ctx)
+        self._account(placement.worker_id, view)
+        return placement, view
+
+    def _account(self, worker_id: str, view: RequestView) -> None:
+        heartbeat = self._heartbeats[worker_id]
+        pending = self._pending.get(worker_id)
+        if pending is None:
+            pending = self._pending[worker_id] = _Pending(since_sent_at_s=heartbeat.sent_at_s)
+        worker_type = llm_worker_type(heartbeat, view.model)
+        pending.waiting += 1
+        pending.work_s += view.calibrated_s.get(worker_type, 0.0)
+        pending.tokens += view.prompt_tokens

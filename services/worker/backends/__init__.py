@@ -1,0 +1,77 @@
+"""Execution backends of a worker, behind one interface (:class:`Backend`).
+
+- ``emulated-llm`` (:class:`EmulatedLlmBackend`): continuous batching that spends the
+  time a performance model gives for a named GPU and model; an emulation, labelled so.
+- ``torch`` (:class:`StaticBatchBackend` over the classifier and tiny-LM runners): real
+  models, on CPU or CUDA.
+
+Importing this package does not import torch: the tiny language model's module is
+imported by :func:`build_backend` only when a torch backend is asked for.
+"""
+
+from __future__ import annotations
+
+from switchyard.config import Settings
+from switchyard.perf import performance_model
+from switchyard.serving import ServingCatalogue
+
+from services.worker.backends.base import (
+    Backend,
+    BackendLoad,
+    ExecutionSink,
+    Preemption,
+    Result,
+    UnsupportedWorkError,
+    WorkSpec,
+)
+from services.worker.backends.emulated_llm import EmulatedLlmBackend
+from services.worker.backends.static import StaticBatchBackend, StaticRunner
+
+__all__ = [
+    "Backend",
+    "BackendLoad",
+    "EmulatedLlmBackend",
+    "ExecutionSink",
+    "Preemption",
+    "Result",
+    "StaticBatchBackend",
+    "StaticRunner",
+    "UnsupportedWorkError",
+    "WorkSpec",
+    "build_backend",
+    "build_torch_backend",
+]
+
+
+def build_torch_backend(settings: Settings, catalogue: ServingCatalogue) -> StaticBatchBackend:
+    """The torch backend: every classification variant of ``catalogue`` and the tiny
+    language model, sharing one model cache of ``settings.worker_memory_bytes``."""
+    from services.worker.backends.classifier import ClassifierRunner
+    from services.worker.backends.torch_lm import TinyLmRunner, resolve_device
+    from services.worker.model_cache import ModelCache
+
+    device = resolve_device(settings.worker_device)
+    cache = ModelCache(settings.worker_memory_bytes)
+    runners: list[StaticRunner] = [
+        ClassifierRunner(catalogue, cache, settings.worker_max_batch),
+        TinyLmRunner(cache, device),
+    ]
+    return StaticBatchBackend(
+        runners, cache, worker_type=device, max_batch=settings.worker_max_batch
+    )
+
+
+def build_backend(settings: Settings, catalogue: ServingCatalogue | None) -> Backend:
+    """The backend ``settings.worker_backend`` names.
+
+    Raises:
+        UnknownProfileError: an emulated backend's ``worker_profile`` is not a profile.
+        ValueError: a torch backend without a catalogue.
+    """
+    if settings.worker_backend == "emulated-llm":
+        return EmulatedLlmBackend(
+            performance_model(settings.worker_profile), time_scale=settings.worker_time_scale
+        )
+    if catalogue is None:
+        raise ValueError("a torch worker needs the serving catalogue")
+    return build_torch_backend(settings, catalogue)

@@ -1,0 +1,269 @@
+"""The emulated LLM backend: continuous batching that spends modelled time.
+
+It runs no model. It plays a vLLM-like engine (no chunked prefill) for one performance
+profile (``GPU/model``, :mod:`switchyard.perf`) exactly as the simulator's instance
+(:mod:`switchyard.sim.instance`) does, but in real time:
+
+- between iterations it admits waiting requests in queue order while a slot is free and
+  the KV cache can reserve the request's prompt plus its whole output, within the
+  prefill token budget (:func:`~services.worker.batching.admit_continuous`);
+- an iteration that admitted requests is a *prefill* of their contexts and yields each
+  one's next token (the first, for a fresh request); the running batch does not decode
+  meanwhile;
+- otherwise the iteration is one *decode step* of the running batch, one token for each;
+- each iteration sleeps ``modelled_s / time_scale`` (one sleep per iteration, paced
+  against a running target so that sleep overshoot does not accumulate).
+
+An emulated request generates exactly ``max_output_tokens`` (there is no end of sequence
+in an emulation, as with a benchmark's ``ignore_eos``), with empty text. A request that
+migrated in with ``generated_tokens = g`` is prefilled over prompt + g tokens (the
+modelled recomputation) and goes on from token g + 1.
+
+Everything it reports is the performance model's output, not a measurement: the worker
+labels every completion, chunk and heartbeat of this backend ``emulated``. Durations in
+heartbeats are wall seconds (modelled seconds divided by the time scale), so that they
+compare with the wall-clock timelines of completions the predictor learns from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+
+from switchyard.contracts.messages import Assignment, LLMPayload, LLMResult, ResourceVector
+from switchyard.perf import PerformanceModel
+
+from services.worker.backends.base import (
+    BackendLoad,
+    ExecutionSink,
+    Preemption,
+    UnsupportedWorkError,
+    WorkSpec,
+)
+from services.worker.batching import admit_continuous, kv_reservation_tokens
+from services.worker.queue import BatchKey, EmulatedTimes, LocalQueue, WorkItem
+
+
+class EmulatedLlmBackend:
+    """Continuous batching on :class:`PerformanceModel` ``perf``, ``time_scale`` times faster
+    than modelled.
+
+    Attributes:
+        modelled_now_s: the modelled clock: modelled seconds spent in iterations so far.
+        iterations: how many iterations (prefills plus decode steps) ran.
+    """
+
+    name = "emulated-llm"
+    emulated = True
+
+    def __init__(self, perf: PerformanceModel, *, time_scale: float = 1.0) -> None:
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be positive, got {time_scale}")
+        self.perf = perf
+        self.time_scale = time_scale
+        self.modelled_now_s = 0.0
+        self.iterations = 0
+        self._running: dict[str, WorkItem] = {}
+        self._reserved_tokens = 0
+        self._pace_s: float | None = None  # loop time the current iteration should end at
+
+    # -- identity -----------------------------------------------------------------------------
+
+    @property
+    def worker_type(self) -> str:
+        return self.perf.gpu
+
+    @property
+    def profile(self) -> str | None:
+        return self.perf.name
+
+    def servable_models(self) -> list[str]:
+        return [self.perf.model]
+
+    def resident_models(self) -> list[str]:
+        # Emulated weights are resident from the start: there is nothing to swap in.
+        return [self.perf.model]
+
+    def wall_s(self, modelled_s: float) -> float:
+        return modelled_s / self.time_scale
+
+    # -- intake -------------------------------------------------------------------------------
+
+    def describe(self, assignment: Assignment) -> WorkSpec:
+        payload = assignment.request.payload
+        if not isinstance(payload, LLMPayload):
+            raise UnsupportedWorkError(
+                f"this worker emulates LLM profile {self.perf.name} and serves only LLM "
+                f"requests for model {self.perf.model!r}; got a classification request for "
+                f"application {assignment.request.app!r}"
+            )
+        if payload.model != self.perf.model:
+            raise UnsupportedWorkError(
+                f"this worker emulates profile {self.perf.name} and serves model "
+                f"{self.perf.model!r}, not {payload.model!r}"
+            )
+        prompt = payload.prompt_tokens
+        output = payload.max_output_tokens
+        generated = assignment.generated_tokens
+        if generated >= output:
+            raise UnsupportedWorkError(
+                f"request already generated {generated} of its {output} output tokens"
+            )
+        if prompt + output > self.perf.kv_capacity_tokens:
+            raise UnsupportedWorkError(
+                f"request needs {prompt + output} KV-cache tokens (prompt {prompt} + output "
+                f"{output}), more than the {self.perf.kv_capacity_tokens} of profile "
+                f"{self.perf.name}"
+            )
+        estimate_s = self.perf.idle_service_s(prompt + generated, output - generated)
+        return WorkSpec(
+            key=BatchKey(self.perf.model, assignment.variant),
+            prompt_tokens=prompt,
+            output_tokens=output,
+            estimate_s=self.wall_s(estimate_s),
+        )
+
+    # -- execution ----------------------------------------------------------------------------
+
+    def has_running(self) -> bool:
+        return bool(self._running)
+
+    async def step(self, queue: LocalQueue, sink: ExecutionSink, *, admit: bool) -> bool:
+        if not self._running:
+            self._pace_s = None  # idle until now: pacing starts afresh
+        admitted: list[WorkItem] = []
+        if admit:
+            ready = queue.ready(time.time())
+            if ready:
+                admitted = admit_continuous(
+                    ready,
+                    free_slots=self.perf.max_batch_slots - len(self._running),
+                    kv_free_tokens=self.perf.kv_capacity_tokens - self._reserved_tokens,
+                    prefill_token_budget=self.perf.max_batched_tokens,
+                )
+        if admitted:
+            await self._prefill(admitted, queue, sink)
+            return True
+        if self._running:
+            await self._decode(sink)
+            return True
+        return False
+
+    async def _prefill(
+        self, admitted: list[WorkItem], queue: LocalQueue, sink: ExecutionSink
+    ) -> None:
+        queue.take(admitted)
+        for item in admitted:
+            self._running[item.request_id] = item
+            self._reserved_tokens += kv_reservation_tokens(item)
+            item.emulated = EmulatedTimes(started_s=self.modelled_now_s)
+        await sink.started(admitted)
+        await self._spend(self.perf.prefill_s([item.context_tokens for item in admitted]))
+        await self._yield_tokens(admitted, sink)
+
+    async def _decode(self, sink: ExecutionSink) -> None:
+        batch = list(self._running.values())
+        kv_tokens = sum(item.context_tokens for item in batch)
+        await self._spend(self.perf.decode_step_s(len(batch), kv_tokens))
+        await self._yield_tokens(batch, sink)
+
+    async def _yield_tokens(self, batch: list[WorkItem], sink: ExecutionSink) -> None:
+        """One token for each request of ``batch`` still running (a request preempted
+        during the iteration lost its step, as in the simulator)."""
+        now_s = self.modelled_now_s
+        for item in batch:
+            if self._running.get(item.request_id) is not item:
+                continue
+            item.generated_tokens += 1
+            times = item.emulated or EmulatedTimes(started_s=now_s)
+            if times.first_token_s is None:
+                times = EmulatedTimes(started_s=times.started_s, first_token_s=now_s)
+            done = item.generated_tokens >= item.output_tokens
+            if done:
+                times = EmulatedTimes(
+                    started_s=times.started_s, first_token_s=times.first_token_s, finished_s=now_s
+                )
+                self._release(item)
+            item.emulated = times
+            await sink.tokens(item, 1, "")
+            if done:
+                await sink.finished(item, LLMResult(output_tokens=item.output_tokens, text=""))
+
+    async def _spend(self, modelled_s: float) -> None:
+        """Sleep the wall time of ``modelled_s``, paced: the target moves by exactly the
+        scaled time each iteration, so a late wake-up shortens the next sleep."""
+        self.modelled_now_s += modelled_s
+        self.iterations += 1
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._pace_s is None or self._pace_s < now - _MAX_LAG_S:
+            self._pace_s = now
+        self._pace_s += self.wall_s(modelled_s)
+        await asyncio.sleep(max(0.0, self._pace_s - now))
+
+    def _release(self, item: WorkItem) -> None:
+        del self._running[item.request_id]
+        self._reserved_tokens -= kv_reservation_tokens(item)
+
+    def preempt(self, request_id: str) -> Preemption | None:
+        item = self._running.get(request_id)
+        if item is None:
+            return None
+        self._release(item)
+        kv_tokens = item.context_tokens
+        return Preemption(item, kv_tokens, self.wall_s(self.perf.kv_transfer_s(kv_tokens)))
+
+    # -- reporting ------------------------------------------------------------------------------
+
+    def remaining_s(self, item: WorkItem) -> float:
+        """Wall seconds a running request still needs alone: its prefill when it has not
+        produced a token here, then one decode step per token left."""
+        left = item.output_tokens - item.generated_tokens
+        if item.emulated is None or item.emulated.first_token_s is None:
+            return self.wall_s(self.perf.idle_service_s(item.context_tokens, left))
+        return self.wall_s(self.perf.decode_steps_s(1, item.context_tokens, left))
+
+    def load(self, waiting: Sequence[WorkItem]) -> BackendLoad:
+        perf = self.perf
+        running = list(self._running.values())
+        kv_tokens = sum(item.context_tokens for item in running)
+        if waiting:
+            utilization = 1.0
+        else:
+            utilization = max(
+                len(running) / perf.max_batch_slots,
+                self._reserved_tokens / perf.kv_capacity_tokens if perf.kv_capacity_tokens else 0.0,
+            )
+        utilization = min(1.0, utilization)
+        free_kv_tokens = max(0, perf.kv_capacity_tokens - self._reserved_tokens)
+        cpu = float(os.cpu_count() or 1)
+        return BackendLoad(
+            running=[(item, self.remaining_s(item)) for item in running],
+            waiting_s=sum(item.estimate_s for item in waiting),
+            utilization=utilization,
+            max_slots=perf.max_batch_slots,
+            kv_used_tokens=self._reserved_tokens,
+            kv_capacity_tokens=perf.kv_capacity_tokens,
+            running_kv_tokens=kv_tokens,
+            decode_step_s=self.wall_s(perf.decode_step_s(len(running), kv_tokens)),
+            # The KV cache is the memory requests compete for; the GPUs are the instance's.
+            capacity=ResourceVector(
+                cpu=cpu,
+                gpu=float(perf.tensor_parallel),
+                mem_bytes=perf.kv_bytes(perf.kv_capacity_tokens),
+            ),
+            free=ResourceVector(
+                cpu=cpu * (1.0 - utilization),
+                gpu=perf.tensor_parallel * (1.0 - utilization),
+                mem_bytes=perf.kv_bytes(free_kv_tokens),
+            ),
+            kv_cache_free_bytes=perf.kv_bytes(free_kv_tokens),
+        )
+
+
+_MAX_LAG_S = 0.05
+"""An iteration this far behind its pace target restarts the pacing instead of racing to
+catch up (the loop was busy elsewhere, or the time scale asks for sleeps shorter than the
+event loop can keep)."""

@@ -1,0 +1,130 @@
+"""The embedded stack end to end: every service in one process, answering over HTTP.
+
+Real services (ingress, monitor, predictor, sneakpeek, scheduler, rebalancer, workers)
+over the in-memory bus and state: an emulated LLM worker, a torch worker running the
+real classification variants and the tiny language model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import pytest_asyncio
+from switchyard.config import load_settings
+
+from services.embedded import EmbeddedPlan, EmbeddedStack
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack() -> AsyncIterator[EmbeddedStack]:
+    settings = load_settings(
+        {},
+        worker_time_scale=50.0,
+        log_level="WARNING",
+        heartbeat_interval_s=0.2,
+    )
+    plan = EmbeddedPlan(llm_workers=("a100-80gb/llama-2-7b",), torch_workers=1, http_port=0)
+    embedded = EmbeddedStack(settings, plan)
+    await embedded.start()
+    yield embedded
+    assert await embedded.stop() == 0
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(stack: EmbeddedStack) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=stack.url, timeout=60.0) as http:
+        yield http
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+async def test_an_llm_completion_is_served_by_the_emulated_worker(
+    client: httpx.AsyncClient,
+) -> None:
+    answer = await client.post(
+        "/v1/completions",
+        json={"model": "llama-2-7b", "prompt": "Tell me about trains", "max_tokens": 40},
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["usage"]["completion_tokens"] == 40
+    info = body["switchyard"]
+    assert info["worker_id"] == "llm-0"
+    assert info["emulated"] is True
+    assert answer.headers["x-switchyard-emulated"] == "true"
+    t = info["timeline"]
+    assert t["arrival_s"] <= t["assigned_s"] <= t["started_s"] <= t["finished_s"]
+    status = await client.get(f"/v1/requests/{info['request_id']}")
+    assert status.json()["status"] == "ok"
+
+
+async def test_the_tiny_language_model_really_generates_on_the_torch_worker(
+    client: httpx.AsyncClient,
+) -> None:
+    answer = await client.post(
+        "/v1/completions", json={"model": "tiny-lm", "prompt": "switch", "max_tokens": 12}
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["switchyard"]["worker_id"] == "torch-0"
+    assert body["switchyard"]["emulated"] is False
+    assert body["choices"][0]["text"]  # real tokens, decoded as bytes
+    assert body["usage"]["completion_tokens"] == 12
+
+
+async def test_a_streamed_chat_answer_arrives_in_chunks_then_done(
+    client: httpx.AsyncClient,
+) -> None:
+    events: list[str] = []
+    async with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "tiny-lm",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 16,
+            "stream": True,
+        },
+    ) as answer:
+        assert answer.status_code == 200
+        async for line in answer.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[len("data: ") :])
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) >= 2
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 16
+
+
+async def test_a_classification_request_gets_a_label_from_a_real_variant(
+    client: httpx.AsyncClient,
+) -> None:
+    from switchyard.apps.datasets import load_dataset
+
+    data = load_dataset("digits")
+    answers = []
+    for row in range(8):
+        answer = await client.post(
+            "/v1/apps/digits/infer", json={"features": [float(v) for v in data.x_test[row]]}
+        )
+        assert answer.status_code == 200, answer.text
+        answers.append(answer.json())
+    right = sum(a["label"] == int(data.y_test[i]) for i, a in enumerate(answers))
+    assert right >= 6  # real models: most of these rows are labelled right
+    assert {a["variant"] for a in answers} <= {"logreg-pca4", "mlp-small", "mlp-large", "sneakpeek"}
+
+
+async def test_bad_requests_get_a_4xx_naming_the_problem(client: httpx.AsyncClient) -> None:
+    unknown = await client.post("/v1/completions", json={"model": "gpt-9", "prompt": "x"})
+    assert unknown.status_code == 404
+    assert "gpt-9" in unknown.json()["error"]["message"]
+    negative = await client.post(
+        "/v1/completions", json={"model": "llama-2-7b", "prompt": "x", "max_tokens": -3}
+    )
+    assert negative.status_code == 400
+    assert negative.json()["error"]["param"] == "max_tokens"

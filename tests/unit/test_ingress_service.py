@@ -1,0 +1,225 @@
+"""The ingress service shell: uvicorn on a free port, the answer routines, the drain, the
+catalogue loaded by ``create``, and no heavy imports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import httpx
+import pytest
+from switchyard.bus import Bus, MemoryTransport
+from switchyard.config import load_settings
+from switchyard.runtime.service import ServiceContext
+from switchyard.state.memory import MemoryStateStore
+
+from services.ingress import create
+from services.ingress.service import IngressService
+from tests.unit.test_ingress_api import (
+    FakeWorker,
+    answer_text,
+    completion_body,
+    make_catalogue,
+    sse_events,
+)
+
+if TYPE_CHECKING:
+    from switchyard.telemetry import Telemetry
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_context(bus: Bus, **settings: object) -> ServiceContext:
+    values: dict[str, object] = {
+        "http_host": "127.0.0.1",
+        "http_port": 0,
+        "instance_id": "ingress-test",
+        "drain_timeout_s": 5.0,
+    }
+    values.update(settings)
+    return ServiceContext(
+        name="ingress",
+        settings=load_settings({}, **values),
+        bus=bus,
+        state=MemoryStateStore(),
+        telemetry=cast("Telemetry", object()),  # the ingress never touches it
+        logger=logging.getLogger("tests.ingress"),
+        stopping=asyncio.Event(),
+    )
+
+
+class Running:
+    def __init__(self, service: IngressService, worker: FakeWorker) -> None:
+        self.service = service
+        self.worker = worker
+        self.client = httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{service.http_port}", timeout=10.0
+        )
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[Running]:
+    bus = Bus(MemoryTransport(), commit_interval_s=0.05)
+    await bus.start()
+    ctx = make_context(bus)
+    service = await create(ctx, make_catalogue())
+    assert isinstance(service, IngressService)
+    worker = FakeWorker(bus)
+    worker_stop = asyncio.Event()
+    worker_task = asyncio.create_task(worker.run(worker_stop))
+    await service.start()
+    made = Running(service, worker)
+    try:
+        yield made
+    finally:
+        await made.client.aclose()
+        if not ctx.stopping.is_set():
+            ctx.stopping.set()
+            await asyncio.wait_for(service.drain(), 5)
+        await service.cancel_routines()
+        worker_stop.set()
+        await worker.close()
+        worker_task.cancel()
+        await asyncio.gather(worker_task, return_exceptions=True)
+        await bus.stop()
+
+
+async def test_serves_over_http_on_the_bound_port(running: Running) -> None:
+    assert running.service.http_port > 0
+    response = await running.client.post("/v1/completions", json=completion_body())
+    assert response.status_code == 200, response.text
+    request_id = response.json()["id"]
+    assert response.json()["choices"][0]["text"] == answer_text(request_id)
+    [request] = running.worker.requests_with_id(request_id)
+    assert request.reply_to == "ingress-test"
+
+    streamed = await running.client.post(
+        "/v1/completions", json=completion_body(stream=True, prompt="EMULATED")
+    )
+    assert streamed.status_code == 200, streamed.text
+    assert streamed.headers["X-Switchyard-Emulated"] == "true"
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["switchyard"]["emulated"] is True
+
+    health = await running.client.get("/healthz")
+    assert health.status_code == 200
+
+
+async def test_drain_finishes_calls_in_flight_and_refuses_new_ones(running: Running) -> None:
+    service = running.service
+    in_flight = asyncio.create_task(
+        running.client.post("/v1/completions", json=completion_body(prompt="DELAY"))
+    )
+    for _ in range(500):
+        if service.admission.in_flight:
+            break
+        await asyncio.sleep(0.01)
+    service.ctx.stopping.set()
+    drain = asyncio.create_task(service.drain())
+    await asyncio.sleep(0.05)
+    refused = await running.client.post("/v1/completions", json=completion_body())
+    assert refused.status_code == 503
+    assert refused.headers["Retry-After"] == "1"
+    assert "draining" in refused.json()["error"]["message"]
+    assert not drain.done()
+
+    answered = await in_flight
+    assert answered.status_code == 200, answered.text
+    await asyncio.wait_for(drain, 5)
+    assert service.running_routines() == []
+    with pytest.raises(httpx.ConnectError):
+        await running.client.get("/healthz")
+
+
+async def test_create_loads_the_catalogue_from_the_registry_file(tmp_path: Path) -> None:
+    registry = tmp_path / "registry.json"
+    registry.write_text(
+        json.dumps({"llm_applications": [{"name": "only-chat", "model": "llama-2-7b", "slo_s": 5}]})
+    )
+    bus = Bus(MemoryTransport())
+    service = await create(make_context(bus, registry=str(registry)))
+    assert isinstance(service, IngressService)
+    assert service.http_port == 0  # not bound yet
+    assert service.catalogue is not None
+    assert set(service.catalogue.llm) == {"only-chat"}
+
+
+async def test_a_taken_port_fails_the_start_with_a_message(running: Running) -> None:
+    bus = Bus(MemoryTransport())
+    await bus.start()
+    try:
+        ctx = make_context(bus, http_port=running.service.http_port, instance_id="second")
+        second = IngressService(ctx, make_catalogue())
+        with pytest.raises(Exception, match=f"cannot listen on 127.0.0.1:{ctx.settings.http_port}"):
+            await second.start()
+    finally:
+        await bus.stop()
+
+
+def test_importing_the_ingress_pulls_in_no_heavy_libraries() -> None:
+    code = (
+        "import sys\n"
+        "import services.ingress, services.ingress.service, services.ingress.api\n"
+        "heavy = sorted(m for m in ('torch', 'sklearn', 'faiss') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"the ingress imported {result.stdout.strip()}"
+
+
+async def test_runs_under_the_service_runtime_and_exits_cleanly() -> None:
+    from switchyard.config import Settings
+    from switchyard.runtime.service import EXIT_OK, run_service
+
+    bus = Bus(MemoryTransport(), commit_interval_s=0.05)
+    ctx = make_context(bus, health_port=0)
+    made: list[IngressService] = []
+
+    async def build_context(name: str, settings: Settings) -> ServiceContext:
+        return ctx
+
+    def factory(context: ServiceContext) -> IngressService:
+        made.append(IngressService(context, make_catalogue()))
+        return made[0]
+
+    stop = asyncio.Event()
+    run = asyncio.create_task(
+        run_service(
+            factory, name="ingress", settings=ctx.settings, build_context=build_context, stop=stop
+        )
+    )
+    for _ in range(500):
+        if made and made[0].http_port and made[0]._server and made[0]._server.started:
+            break
+        await asyncio.sleep(0.01)
+    worker = FakeWorker(bus)
+    worker_stop = asyncio.Event()
+    worker_task = asyncio.create_task(worker.run(worker_stop))
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{made[0].http_port}", timeout=10.0
+        ) as client:
+            response = await client.post("/v1/completions", json=completion_body())
+            assert response.status_code == 200, response.text
+    finally:
+        worker_stop.set()
+        await worker.close()
+        worker_task.cancel()
+        await asyncio.gather(worker_task, return_exceptions=True)
+        stop.set()
+    assert await asyncio.wait_for(run, 10) == EXIT_OK

@@ -1,0 +1,243 @@
+"""The emulated LLM backend: continuous batching that spends the performance model's time.
+
+Durations are asserted on the backend's modelled clock (what the emulation reports),
+not on wall time, so a slow machine cannot flake them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pytest
+from switchyard.contracts.messages import (
+    Assignment,
+    ClassificationPayload,
+    InferenceRequest,
+    LLMPayload,
+    LLMResult,
+)
+from switchyard.perf import PerformanceModel, performance_model
+
+from services.worker.backends.base import Result, UnsupportedWorkError
+from services.worker.backends.emulated_llm import EmulatedLlmBackend
+from services.worker.queue import LocalQueue, WorkItem
+
+PROFILE = "a100-80gb/llama-2-7b"
+SCALE = 1e6  # a modelled second lasts a microsecond
+
+
+class Sink:
+    """Records what a backend reports, as the worker service would receive it."""
+
+    def __init__(self) -> None:
+        self.started_ids: list[str] = []
+        self.token_counts: dict[str, int] = {}
+        self.texts: dict[str, str] = {}
+        self.results: dict[str, Result] = {}
+        self.errors: dict[str, str] = {}
+
+    async def started(self, items: Sequence[WorkItem]) -> None:
+        self.started_ids.extend(item.request_id for item in items)
+
+    async def tokens(self, item: WorkItem, new_tokens: int, text: str) -> None:
+        self.token_counts[item.request_id] = self.token_counts.get(item.request_id, 0) + new_tokens
+        self.texts[item.request_id] = self.texts.get(item.request_id, "") + text
+
+    async def finished(self, item: WorkItem, result: Result) -> None:
+        self.results[item.request_id] = result
+
+    async def failed(self, item: WorkItem, error: str) -> None:
+        self.errors[item.request_id] = error
+
+
+def _assignment(
+    request_id: str,
+    *,
+    prompt: int,
+    output: int,
+    model: str = "llama-2-7b",
+    order: float = 0.0,
+    generated: int = 0,
+) -> Assignment:
+    request = InferenceRequest(
+        request_id=request_id,
+        app=model,
+        payload=LLMPayload(model=model, prompt_tokens=prompt, max_output_tokens=output),
+        arrival_s=1.0,
+    )
+    return Assignment(
+        request=request,
+        worker_id="w1",
+        variant=model,
+        order=order,
+        policy="test",
+        assigned_at_s=2.0,
+        generated_tokens=generated,
+    )
+
+
+def _enqueue(backend: EmulatedLlmBackend, queue: LocalQueue, assignment: Assignment) -> WorkItem:
+    spec = backend.describe(assignment)
+    item = WorkItem(
+        assignment=assignment,
+        key=spec.key,
+        received_at_s=2.0,
+        prompt_tokens=spec.prompt_tokens,
+        output_tokens=spec.output_tokens,
+        generated_tokens=assignment.generated_tokens,
+        estimate_s=spec.estimate_s,
+    )
+    queue.push(item)
+    return item
+
+
+async def _run_all(backend: EmulatedLlmBackend, queue: LocalQueue, sink: Sink) -> int:
+    steps = 0
+    while await backend.step(queue, sink, admit=True):
+        steps += 1
+        assert steps < 100_000
+    return steps
+
+
+def _times(item: WorkItem) -> tuple[float, float, float]:
+    assert item.emulated is not None
+    assert item.emulated.first_token_s is not None
+    assert item.emulated.finished_s is not None
+    return item.emulated.started_s, item.emulated.first_token_s, item.emulated.finished_s
+
+
+@pytest.fixture
+def perf() -> PerformanceModel:
+    return performance_model(PROFILE)
+
+
+async def test_a_lone_request_takes_the_modelled_idle_service_time(perf: PerformanceModel) -> None:
+    backend = EmulatedLlmBackend(perf, time_scale=SCALE)
+    queue, sink = LocalQueue(), Sink()
+    item = _enqueue(backend, queue, _assignment("r1", prompt=500, output=20))
+    steps = await _run_all(backend, queue, sink)
+    started, first, finished = _times(item)
+    assert first - started == pytest.approx(perf.prefill_s([500]))
+    assert finished - started == pytest.approx(perf.idle_service_s(500, 20))
+    assert steps == 20  # one prefill, then one decode step per further token
+    assert sink.token_counts["r1"] == 20
+    assert sink.results["r1"] == LLMResult(output_tokens=20, text="")
+    assert sink.texts["r1"] == ""
+    assert not backend.has_running()
+    assert backend.modelled_now_s == pytest.approx(perf.idle_service_s(500, 20))
+
+
+async def test_requests_share_prefill_and_decode_steps(perf: PerformanceModel) -> None:
+    backend = EmulatedLlmBackend(perf, time_scale=SCALE)
+    queue, sink = LocalQueue(), Sink()
+    short = _enqueue(backend, queue, _assignment("short", prompt=50, output=3, order=1))
+    long = _enqueue(backend, queue, _assignment("long", prompt=80, output=5, order=2))
+    await _run_all(backend, queue, sink)
+    prefill = perf.prefill_s([50, 80])
+    # After the prefill each has one token; the batch of two decodes twice, then one alone.
+    short_done = prefill + perf.decode_step_s(2, 51 + 81) + perf.decode_step_s(2, 52 + 82)
+    long_done = short_done + perf.decode_step_s(1, 83) + perf.decode_step_s(1, 84)
+    assert _times(short) == pytest.approx((0.0, prefill, short_done))
+    assert _times(long) == pytest.approx((0.0, prefill, long_done))
+    assert sink.results["long"] == LLMResult(output_tokens=5, text="")
+
+
+async def test_a_full_batch_makes_the_next_request_wait(perf: PerformanceModel) -> None:
+    one_slot = dataclasses.replace(perf, max_batch_slots=1)
+    backend = EmulatedLlmBackend(one_slot, time_scale=SCALE)
+    queue, sink = LocalQueue(), Sink()
+    first = _enqueue(backend, queue, _assignment("first", prompt=100, output=4, order=1))
+    second = _enqueue(backend, queue, _assignment("second", prompt=100, output=4, order=2))
+    await _run_all(backend, queue, sink)
+    first_end = _times(first)[2]
+    assert first_end == pytest.approx(perf.idle_service_s(100, 4))
+    assert _times(second)[0] == pytest.approx(first_end)
+    assert _times(second)[2] == pytest.approx(2 * first_end)
+    assert sink.started_ids == ["first", "second"]
+
+
+async def test_kv_capacity_limits_admission(perf: PerformanceModel) -> None:
+    small = dataclasses.replace(perf, kv_capacity_tokens=300)
+    backend = EmulatedLlmBackend(small, time_scale=SCALE)
+    queue, sink = LocalQueue(), Sink()
+    _enqueue(backend, queue, _assignment("a", prompt=100, output=100, order=1))
+    _enqueue(backend, queue, _assignment("b", prompt=100, output=100, order=2))
+    await backend.step(queue, sink, admit=True)
+    load = backend.load(list(queue))
+    assert load.running[0][0].request_id == "a"
+    assert len(load.running) == 1  # b needs 200 more tokens than the 100 left
+    assert load.kv_used_tokens == 200
+    assert load.utilization == 1.0  # a request waits
+    with pytest.raises(UnsupportedWorkError, match="KV-cache tokens"):
+        backend.describe(_assignment("huge", prompt=200, output=200))
+
+
+async def test_a_migrated_request_continues_from_its_generated_tokens(
+    perf: PerformanceModel,
+) -> None:
+    backend = EmulatedLlmBackend(perf, time_scale=SCALE)
+    queue, sink = LocalQueue(), Sink()
+    item = _enqueue(backend, queue, _assignment("moved", prompt=200, output=10, generated=4))
+    await _run_all(backend, queue, sink)
+    started, first, finished = _times(item)
+    assert first - started == pytest.approx(perf.prefill_s([204]))
+    assert finished - started == pytest.approx(perf.idle_service_s(204, 6))
+    assert sink.token_counts["moved"] == 6
+    assert sink.results["moved"] == LLMResult(output_tokens=10, text="")
+
+
+async def test_preempting_a_running_request_reports_its_kv_and_transfer_time(
+    perf: PerformanceModel,
+) -> None:
+    backend = EmulatedLlmBackend(perf, time_scale=10.0)
+    queue, sink = LocalQueue(), Sink()
+    item = _enqueue(backend, queue, _assignment("r1", prompt=300, output=50))
+    for _ in range(3):  # prefill and two decode steps
+        await backend.step(queue, sink, admit=True)
+    assert item.generated_tokens == 3
+    preemption = backend.preempt("r1")
+    assert preemption is not None
+    assert preemption.kv_tokens == 303
+    assert preemption.transfer_s == pytest.approx(perf.kv_transfer_s(303) / 10.0)
+    assert not backend.has_running()
+    assert backend.load([]).kv_used_tokens == 0
+    assert backend.preempt("r1") is None
+    assert "r1" not in sink.results
+
+
+async def test_heartbeat_figures_follow_the_model(perf: PerformanceModel) -> None:
+    backend = EmulatedLlmBackend(perf, time_scale=2.0)
+    queue, sink = LocalQueue(), Sink()
+    _enqueue(backend, queue, _assignment("run", prompt=100, output=10, order=1))
+    await backend.step(queue, sink, admit=True)  # prefill: one token
+    waiting = _enqueue(backend, queue, _assignment("wait", prompt=100, output=10, order=2))
+    load = backend.load([waiting])
+    assert [item.request_id for item, _ in load.running] == ["run"]
+    assert load.running_kv_tokens == 101
+    assert load.kv_used_tokens == 110
+    assert load.decode_step_s == pytest.approx(perf.decode_step_s(1, 101) / 2.0)
+    assert load.running[0][1] == pytest.approx(perf.decode_steps_s(1, 101, 9) / 2.0)
+    assert load.waiting_s == pytest.approx(perf.idle_service_s(100, 10) / 2.0)
+    assert load.max_slots == perf.max_batch_slots
+    assert load.kv_cache_free_bytes == perf.kv_bytes(perf.kv_capacity_tokens - 110)
+    assert backend.resident_models() == ["llama-2-7b"] == backend.servable_models()
+    assert backend.worker_type == "a100-80gb"
+    assert backend.profile == PROFILE
+
+
+def test_requests_it_cannot_serve_are_refused_with_the_reason(perf: PerformanceModel) -> None:
+    backend = EmulatedLlmBackend(perf)
+    with pytest.raises(UnsupportedWorkError, match=r"serves model 'llama-2-7b', not 'tiny-lm'"):
+        backend.describe(_assignment("x", prompt=10, output=10, model="tiny-lm"))
+    request = InferenceRequest(
+        request_id="c1",
+        app="digits",
+        payload=ClassificationPayload(features=[0.0, 1.0]),
+        arrival_s=1.0,
+    )
+    classification = Assignment(
+        request=request, worker_id="w1", variant="v", order=0, policy="p", assigned_at_s=1.0
+    )
+    with pytest.raises(UnsupportedWorkError, match="classification request"):
+        backend.describe(classification)
