@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -25,6 +25,7 @@ help:
 	@echo "make bench-selection  window scheduler overhead (24 requests, 5 applications)"
 	@echo "make bench-selection-eval  the classification tables: variants, window scheduling, accuracy"
 	@echo "make bench-multimodel  the multi-model tables: policies, LoRA mix, update frequency, decision time"
+	@echo "make bench-stack  the live stack on Kafka and Redis: overhead by rate, Azure replay (GAPS, JSQ)"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
@@ -97,6 +98,13 @@ bench-selection-eval: deps
 bench-multimodel: deps
 	$(BIN)/python -m bench.multimodel_eval
 	$(BIN)/python -m bench.multimodel_policy_bench
+
+# The live stack on the local Kafka and Redis: control-plane overhead by offered rate,
+# and the Azure conversation trace under GAPS and JSQ.
+bench-stack: deps
+	deploy/local/infra.sh up
+	$(BIN)/python -m bench.stack_bench overhead
+	$(BIN)/python -m bench.stack_bench azure
 
 infra-up:
 	@$(INFRA) up

@@ -60,6 +60,14 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         "measurement",
     )
     parser.add_argument(
+        "--transports",
+        choices=("memory", "configured"),
+        default="memory",
+        help="memory (default): the in-memory bus and state; configured: every service "
+        "connects to the bus and state store SWITCHYARD_BUS / SWITCHYARD_STATE name (Kafka "
+        "and Redis) with its own connections, still in this one process",
+    )
+    parser.add_argument(
         "--torch-workers",
         type=_positive_int,
         default=1,
@@ -82,4 +90,6 @@ def run_up(settings: Settings, args: argparse.Namespace) -> int:
             )
             return 2
     plan = EmbeddedPlan(llm_workers=profiles, torch_workers=args.torch_workers, http_port=args.port)
-    return asyncio.run(run_embedded(settings, plan))
+    return asyncio.run(
+        run_embedded(settings, plan, over_settings_transports=args.transports == "configured")
+    )

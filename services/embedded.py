@@ -6,6 +6,12 @@ endpoint and drain), but all share one in-memory broker, one in-memory state sto
 (each service a separate client of it, as with Redis), one telemetry set-up and one
 catalogue. Health endpoints take free ports; the ingress serves the HTTP API on the port
 asked for.
+
+Telemetry is one set-up for the process: every service's ``GET /metrics`` (on its health
+port, and the ingress's on the API port too) shows the metrics of the whole process, not
+of that service alone, and one request's spans all carry the resource
+``service.name=switchyard-embedded`` (the consumer groups in the spans' attributes tell
+the services apart).
 """
 
 from __future__ import annotations
@@ -111,6 +117,9 @@ class EmbeddedStack:
             to in-memory ones shared by the services. True: every service connects to the
             bus and state store ``settings`` name (Kafka and Redis) on its own, as separate
             processes would; tests and benchmarks of the real transports use this.
+        telemetry: the process's telemetry (tests pass one with an in-memory span
+            exporter, so spans are recorded without an OTLP endpoint); built from
+            ``settings`` at start when None. The stack shuts down only one it built.
     """
 
     def __init__(
@@ -120,6 +129,7 @@ class EmbeddedStack:
         catalogue: ServingCatalogue | None = None,
         *,
         over_settings_transports: bool = False,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.plan = plan if plan is not None else EmbeddedPlan()
         update: dict[str, object] = {"health_port": 0, "health_host": "127.0.0.1"}
@@ -137,7 +147,8 @@ class EmbeddedStack:
         )
         self.stop_event = asyncio.Event()
         self._running: list[_Running] = []
-        self._telemetry: Telemetry | None = None
+        self._telemetry: Telemetry | None = telemetry
+        self._owns_telemetry = telemetry is None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -155,7 +166,8 @@ class EmbeddedStack:
             EmbeddedStartError: a service exited, or the stack was not ready in time.
         """
         configure_logging("embedded", self.settings)
-        self._telemetry = configure_telemetry("switchyard-embedded", self.settings)
+        if self._telemetry is None:
+            self._telemetry = configure_telemetry("switchyard-embedded", self.settings)
         if self.catalogue is None:
             from switchyard.serving.artifacts import load_catalogue
 
@@ -177,7 +189,7 @@ class EmbeddedStack:
         codes = await asyncio.gather(
             *(r.task for r in self._running if r.task is not None), return_exceptions=True
         )
-        if self._telemetry is not None:
+        if self._telemetry is not None and self._owns_telemetry:
             self._telemetry.shutdown()
         if self.state is not self._memory_state:
             await self.state.close()
@@ -313,22 +325,32 @@ def _shared_view(telemetry: Telemetry) -> Telemetry:
         meter_provider=telemetry.meter_provider,
         exporting_to=telemetry.exporting_to,
         owns_providers=False,
+        prometheus=telemetry.prometheus,
     )
 
 
-async def run_embedded(settings: Settings, plan: EmbeddedPlan) -> int:
+async def run_embedded(
+    settings: Settings, plan: EmbeddedPlan, *, over_settings_transports: bool = False
+) -> int:
     """Run the embedded stack until SIGINT/SIGTERM; returns the exit code."""
     import signal
 
-    stack = EmbeddedStack(settings, plan)
+    stack = EmbeddedStack(settings, plan, over_settings_transports=over_settings_transports)
     loop = asyncio.get_running_loop()
     try:
         await stack.start()
     except EmbeddedStartError as exc:
         print(f"switchyard up: {exc}")
         return 1
+    where = (
+        "in-memory bus and state"
+        if not over_settings_transports
+        else (f"bus {stack.settings.bus}, state {stack.settings.state}")
+    )
     print(
-        f"switchyard: embedded stack up; HTTP API at {stack.url} (OpenAPI: {stack.url}/openapi.json)"
+        f"switchyard: embedded stack up ({where}); HTTP API at {stack.url} "
+        f"(OpenAPI: {stack.url}/openapi.json)",
+        flush=True,
     )
     print(
         "  emulated LLM workers (a performance model, not measurements): "

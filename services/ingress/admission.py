@@ -15,7 +15,8 @@ from services.ingress.errors import SERVER_ERROR, ApiError
 RETRY_AFTER_S = 1
 """What ``Retry-After`` says when the ingress cannot take a call now."""
 
-_ALWAYS_ANSWERED = frozenset({"/healthz"})  # probes must see the drain, not a refusal
+# Probes must see the drain, not a refusal; a scrape goes on while the replica drains.
+_ALWAYS_ANSWERED = frozenset({"/healthz", "/metrics"})
 
 
 class Admission:

@@ -11,6 +11,10 @@ store, publish it to ``switchyard.requests`` (returns once the bus stored it: ac
 work is never lost; a failure is a 503 with ``Retry-After``), then wait up to
 ``answer_timeout_s`` for the completion routed back to this replica (see
 :mod:`services.ingress.answers`).
+
+Every call but the probes runs inside a SERVER span (:mod:`services.ingress.telemetry`),
+so the request is published in the call's trace; ``GET /metrics`` serves the process's
+metrics in the Prometheus text format, so one scrape target per ingress replica suffices.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from opentelemetry import trace
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -43,6 +48,7 @@ from switchyard.contracts.messages import (
 )
 from switchyard.serving import ServingCatalogue, UnknownServedApplicationError
 from switchyard.state.base import StateStore
+from switchyard.telemetry.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 from services.ingress import records
 from services.ingress.admission import Admission, AdmissionMiddleware, unavailable
@@ -69,7 +75,11 @@ from services.ingress.responses import (
     switchyard_block,
     timeline,
 )
+from services.ingress.telemetry import CallRecord, HttpTelemetryMiddleware, call_record
 from services.ingress.tokens import approximate_tokens, chat_prompt
+
+if TYPE_CHECKING:
+    from switchyard.telemetry import Telemetry
 
 log = logging.getLogger("switchyard.ingress")
 
@@ -126,6 +136,7 @@ def build_app(
     options: ApiOptions | None = None,
     admission: Admission | None = None,
     clock: Callable[[], float] = time.time,
+    telemetry: Telemetry | None = None,
 ) -> Starlette:
     """The ingress ASGI app.
 
@@ -138,6 +149,9 @@ def build_app(
         options: limits and timings.
         admission: drain control shared with the service; a fresh one when None.
         clock: epoch seconds (arrival times).
+        telemetry: the providers SERVER spans and request metrics go to, and the
+            Prometheus reader ``GET /metrics`` renders (404 without one); None: spans and
+            metrics go to the process-wide providers, and there is no ``/metrics``.
     """
     api = _Api(catalogue, publish, answers, state, options or ApiOptions(), clock)
     routes = [
@@ -150,11 +164,29 @@ def build_app(
         Route("/openapi.json", api.openapi, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),
     ]
+    prometheus = telemetry.prometheus if telemetry is not None else None
+    if prometheus is not None:
+        render = prometheus.render
+
+        async def metrics(request: Request) -> Response:
+            """``GET /metrics``: this process's metrics, Prometheus text format 0.0.4."""
+            return Response(render(), media_type=METRICS_CONTENT_TYPE)
+
+        routes.append(Route("/metrics", metrics, methods=["GET"]))
     gate = admission if admission is not None else Admission()
     api.admission = gate
     return Starlette(
         routes=routes,
-        middleware=[Middleware(AdmissionMiddleware, admission=gate)],
+        middleware=[
+            # Outermost: a call refused while draining is still traced and counted.
+            Middleware(
+                HttpTelemetryMiddleware,
+                routes=list(routes),
+                tracer_provider=telemetry.tracer_provider if telemetry is not None else None,
+                meter_provider=telemetry.meter_provider if telemetry is not None else None,
+            ),
+            Middleware(AdmissionMiddleware, admission=gate),
+        ],
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,
@@ -165,6 +197,8 @@ def build_app(
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    if (record := call_record(request.scope)) is not None:
+        record.error_code = exc.code
     return exc.response()
 
 
@@ -189,6 +223,13 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     # A bug: log it with its traceback, answer without one.
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     return ApiError(500, "internal error in the ingress", type_=SERVER_ERROR).response()
+
+
+def _trace_request_id(request_id: str) -> None:
+    """Name the request on the call's SERVER span (spans only: never a metric label)."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute("switchyard.request_id", request_id)
 
 
 def _sse(data: Any) -> bytes:
@@ -538,6 +579,8 @@ class _Api:
             raise ApiError(
                 404, str(exc), type_=NOT_FOUND, param="model", code="model_not_found"
             ) from None
+        if (telemetry := call_record(request.scope)) is not None:
+            telemetry.app = app.name
         if options.prompt_tokens is not None:
             prompt_tokens, how, param = (
                 options.prompt_tokens,
@@ -583,6 +626,7 @@ class _Api:
         make_request = self._request_maker(app.name, payload, arrival_s, deadline_s, priority)
 
         accepted = await self._accept(options.request_id, make_request, stream=stream)
+        _trace_request_id(accepted.request_id)
         record = accepted.record
         call = LlmCall(
             request_id=accepted.request_id,
@@ -595,7 +639,7 @@ class _Api:
             deadline_s=record.deadline_s if record else deadline_s,
         )
         if stream:
-            return await self._stream(call, accepted)
+            return await self._stream(call, accepted, telemetry)
         try:
             completion = await self._completion(accepted, self.options.answer_timeout_s)
         finally:
@@ -610,7 +654,9 @@ class _Api:
             headers=answer_headers(call.request_id, emulated=completion.emulated),
         )
 
-    async def _stream(self, call: LlmCall, accepted: _Accepted) -> Response:
+    async def _stream(
+        self, call: LlmCall, accepted: _Accepted, telemetry: CallRecord | None = None
+    ) -> Response:
         """A streamed answer. Waits for the first chunk (or the completion) before
         answering, so a request that fails or times out before any output gets a proper
         HTTP error and the ``X-Switchyard-Emulated`` header is known."""
@@ -639,7 +685,7 @@ class _Api:
         except BaseException:
             close()
             raise
-        events = self._events(call, first, waiter, deadline)
+        events = self._events(call, first, waiter, deadline, telemetry)
         headers = answer_headers(call.request_id, emulated=first.emulated)
         return _SseResponse(events, headers=headers, on_close=close)
 
@@ -649,6 +695,7 @@ class _Api:
         first: OutputChunk | Completion,
         waiter: Waiter | None,
         deadline: float,
+        telemetry: CallRecord | None = None,
     ) -> AsyncIterator[bytes]:
         streamed: list[str] = []
         tokens = 0
@@ -660,6 +707,8 @@ class _Api:
             assert waiter is not None  # chunks come only through a streaming waiter
             event = await waiter.next_event(deadline - time.monotonic())
         if event is None:
+            if telemetry is not None:
+                telemetry.outcome = "timeout"
             yield _sse(self._timeout(call.request_id).body())
             yield _DONE
             return
@@ -683,6 +732,8 @@ class _Api:
             streamed.append(text[len(so_far) :])
             yield _sse(llm_chunk(call, streamed[-1], first=len(streamed) == 1))
         error = self._status_error(completion, call.deadline_s)
+        if error is not None and telemetry is not None:
+            telemetry.error_code = error.code
         yield _sse(error.body() if error is not None else llm_final_chunk(call, completion))
         yield _DONE
 
@@ -698,6 +749,8 @@ class _Api:
             raise ApiError(
                 404, str(exc), type_=NOT_FOUND, param="app", code="app_not_found"
             ) from None
+        if (telemetry := call_record(request.scope)) is not None:
+            telemetry.app = app.name
         body = parse(InferBody, await self._json_body(request))
         if len(body.features) != app.feature_dim:
             raise bad_request(
@@ -716,6 +769,7 @@ class _Api:
         make_request = self._request_maker(app.name, payload, arrival_s, deadline_s, priority)
 
         accepted = await self._accept(body.request_id, make_request, stream=False)
+        _trace_request_id(accepted.request_id)
         if accepted.record is not None:
             deadline_s = accepted.record.deadline_s
         try:

@@ -17,6 +17,7 @@ from switchyard.contracts.topics import REQUESTS
 from switchyard.errors import SwitchyardError
 from switchyard.runtime.service import Service, ServiceContext
 from switchyard.serving import ServingCatalogue
+from switchyard.telemetry import Telemetry
 
 from services.ingress.admission import Admission
 from services.ingress.answers import AnswerRegistry
@@ -82,6 +83,8 @@ class IngressService(Service):
                 answer_timeout_s=settings.answer_timeout_s,
             ),
             admission=self.admission,
+            # A context built without real telemetry (tests) gets the global providers.
+            telemetry=self.ctx.telemetry if isinstance(self.ctx.telemetry, Telemetry) else None,
         )
         # Bind here rather than in uvicorn: a taken port is then an OSError naming it,
         # not uvicorn's sys.exit, and port 0 tells us the port it got.

@@ -16,6 +16,11 @@ min(heartbeat_interval_s, worker_timeout_s / 4)``, so the WorkerDown is publishe
 between ``worker_timeout_s`` and ``worker_timeout_s + check_period_s`` after the last
 heartbeat arrived (plus the time to publish).
 
+Metrics: ``switchyard.monitor.heartbeats`` (by ``outcome``),
+``switchyard.monitor.completions`` (by ``outcome``), ``switchyard.monitor.workers_down``
+(by ``reason``), all counters; ``switchyard.monitor.workers`` (observable gauge): the
+workers by the status this replica recorded last (``alive``, ``down``, ``drained``).
+
 Replicas: several monitors may share one state store. Heartbeats and completions are
 split between them by the consumer group; every replica runs the liveness check, and a
 claim key ``claim:worker-down:{id}:{last_seen_s}`` (``set_if_absent``) makes exactly one
@@ -37,13 +42,15 @@ import logging
 import math
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 
+from opentelemetry.metrics import Observation
 from switchyard.bus import Delivery
 from switchyard.contracts.messages import Completion, CompletionStatus, Heartbeat, WorkerDown
 from switchyard.contracts.topics import COMPLETIONS, HEARTBEATS, WORKER_EVENTS
 from switchyard.runtime.service import Service, ServiceContext
+from switchyard.telemetry.observables import observe
 
 from services.cluster_state import (
     CLUSTER_STATS_KEY,
@@ -105,16 +112,39 @@ class MonitorService(Service):
         self._recent: deque[bool] = deque(maxlen=RECENT_WINDOW)
         self._recent_violations = 0
         self._published_claims: set[str] = set()
+        # The status of every worker this replica recorded last, for the workers gauge.
+        self._statuses: dict[str, str] = {}
         meter = ctx.telemetry.meter_provider.get_meter("switchyard.monitor")
         self._m_heartbeats = meter.create_counter(
-            "switchyard.monitor.heartbeats", description="Heartbeats handled, by outcome."
+            "switchyard.monitor.heartbeats",
+            unit="{heartbeat}",
+            description="Heartbeats handled, by outcome.",
         )
         self._m_completions = meter.create_counter(
-            "switchyard.monitor.completions", description="Completions counted, by outcome."
+            "switchyard.monitor.completions",
+            unit="{request}",
+            description="Completions counted, by outcome (met, violated, duplicate).",
         )
         self._m_down = meter.create_counter(
-            "switchyard.monitor.workers_down", description="WorkerDown messages published."
+            "switchyard.monitor.workers_down",
+            unit="{worker}",
+            description="WorkerDown messages published, by reason.",
         )
+        observe(
+            ctx.telemetry.meter_provider,
+            "switchyard.monitor",
+            "switchyard.monitor.workers",
+            self._observe_workers,
+            unit="{worker}",
+            description="Workers by the status this monitor recorded last.",
+        )
+
+    def _observe_workers(self) -> Iterable[Observation]:
+        counts = Counter(self._statuses.values())
+        return [
+            Observation(counts.get(status.value, 0), {"status": status.value})
+            for status in WorkerStatus
+        ]
 
     @property
     def log(self) -> logging.Logger:
@@ -181,6 +211,7 @@ class MonitorService(Service):
                 heartbeat, claim, reason="drained", last_seen_s=now_s, now_s=now_s
             )
         await state.hset(key, fields)
+        self._statuses[wid] = status.value
         if status is WorkerStatus.ALIVE and previous is not None and previous is not status:
             await state.hdel(key, "down_reason")
         await state.zadd(WORKERS_KEY, {wid: now_s})
@@ -350,6 +381,7 @@ class MonitorService(Service):
             key,
             {"status": status.value, "status_changed_s": repr(now_s), "down_reason": reason},
         )
+        self._statuses[wid] = status.value
         if orphans:
             await state.zrem(assigned_key(wid), *orphans)
         self.workers_declared_down += 1

@@ -77,6 +77,9 @@ class LivePredictor:
     _states: dict[str, CalibrationState] = field(default_factory=dict)
     _recent: OrderedDict[str, _Made] = field(default_factory=OrderedDict)
     observed: int = 0
+    last_error: tuple[str, float] | None = None
+    """``(worker type, |actual - raw prediction| seconds)`` of the last completion that
+    fed a calibration state (None until one did); the service's error histogram."""
 
     @classmethod
     def pretrained(
@@ -193,6 +196,7 @@ class LivePredictor:
             self._states[worker_type] = state.observe(
                 made.raw_s[worker_type], execution_s, self.calibration
             )
+            self.last_error = (worker_type, abs(execution_s - made.raw_s[worker_type]))
         self.predictor.update(
             ServiceTimeFeatures(
                 prompt_tokens=made.prompt_tokens, workload=made.workload, model=model, gpu=gpu
@@ -205,6 +209,10 @@ class LivePredictor:
     def calibration_state(self, worker_type: str) -> CalibrationState:
         """The running error averages on ``worker_type``."""
         return self._states.get(worker_type, CalibrationState())
+
+    def calibration_states(self) -> dict[str, CalibrationState]:
+        """The running error averages of every worker type learnt from so far."""
+        return dict(self._states)
 
     def _remember(self, request_id: str, made: _Made) -> None:
         self._recent[request_id] = made

@@ -10,21 +10,34 @@ calibration.
 A prediction is advisory: the scheduler decides without one after
 ``SWITCHYARD_PREDICTION_WAIT_S``, so predictions are sent without waiting for each
 broker acknowledgement in turn (the batch's are awaited together).
+
+Metrics: ``switchyard.predictor.predictions`` (counter, predictions published);
+``switchyard.predictor.error`` (histogram, seconds: ``|actual - predicted|`` of each
+completion learnt from, by ``worker_type``); ``switchyard.predictor.mape`` (observable
+gauge, a fraction: the calibration's running mean absolute percentage error, by
+``worker_type``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 
+from opentelemetry.metrics import Observation
+from switchyard import __version__
+from switchyard.contracts.messages import Completion
 from switchyard.contracts.topics import COMPLETIONS, PREDICTIONS, REQUESTS
 from switchyard.runtime import Service, ServiceContext
+from switchyard.telemetry.observables import observe
 
 from services.predictor.model import LivePredictor
 
 PREDICTION_TTL_S = 600.0
 _BATCH = 256
 _BATCH_WAIT_S = 0.2
+_SCOPE = "switchyard.predictor"
+_ERROR_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def prediction_key(request_id: str) -> str:
@@ -39,6 +52,33 @@ class PredictorService(Service):
         super().__init__(ctx)
         self.predictor = predictor
         self.predicted = 0
+        meter = ctx.telemetry.meter_provider.get_meter(_SCOPE, __version__)
+        self._m_predictions = meter.create_counter(
+            "switchyard.predictor.predictions",
+            unit="{prediction}",
+            description="Service-time predictions published.",
+        )
+        self._m_error_s = meter.create_histogram(
+            "switchyard.predictor.error",
+            unit="s",
+            description="Absolute error of the raw prediction of each completion learnt from.",
+            explicit_bucket_boundaries_advisory=_ERROR_BUCKETS_S,
+        )
+        observe(
+            ctx.telemetry.meter_provider,
+            _SCOPE,
+            "switchyard.predictor.mape",
+            self._observe_mape,
+            unit="1",
+            description="Running mean absolute percentage error (a fraction), by worker type.",
+        )
+
+    def _observe_mape(self) -> Iterable[Observation]:
+        return [
+            Observation(state.mape, {"worker_type": worker_type})
+            for worker_type, state in self.predictor.calibration_states().items()
+            if state.mape_observations
+        ]
 
     async def start(self) -> None:
         self.spawn_routine("predict", self._predict_routine)
@@ -69,6 +109,8 @@ class PredictorService(Service):
                     )
                 await asyncio.gather(*sends, *writes)
                 self.predicted += len(sends)
+                if sends:
+                    self._m_predictions.add(len(sends))
 
     async def _learn_routine(self) -> None:
         ctx = self.ctx
@@ -77,7 +119,16 @@ class PredictorService(Service):
         ) as sub:
             while not ctx.stopping.is_set():
                 for delivery in await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S):
-                    self.predictor.learn(delivery.message)
+                    self._learn(delivery.message)
+
+    def _learn(self, completion: Completion) -> None:
+        predictor = self.predictor
+        before = predictor.last_error
+        learnt = predictor.learn(completion)
+        error = predictor.last_error
+        if learnt and error is not None and error is not before:
+            worker_type, error_s = error
+            self._m_error_s.record(error_s, {"worker_type": worker_type})
 
 
 async def create(ctx: ServiceContext) -> Service:

@@ -27,6 +27,10 @@ the snapshot shows it done, as the simulator does: the source's view loses the r
 work and tokens, the target's gains them (its predicted work there), so consecutive
 rounds do not pile requests onto a worker that still reports itself idle.
 
+Metrics: ``switchyard.rebalancer.migrations`` (by ``policy``),
+``switchyard.rebalancer.rounds`` (by ``trigger``) and
+``switchyard.rebalancer.plans_dropped`` (by ``policy``), all counters.
+
 Replicas: only the holder of the lease ``lease:rebalancer`` (a string with a TTL of
 three round periods, renewed each round by ``compare_and_set``) runs rounds, so two
 replicas never move the same request twice.
@@ -138,10 +142,19 @@ class RebalancerService(Service):
         self.last_snapshot: RebalanceSnapshot | None = None
         meter = ctx.telemetry.meter_provider.get_meter("switchyard.rebalancer")
         self._m_migrations = meter.create_counter(
-            "switchyard.rebalancer.migrations", description="Migrations published, by reason."
+            "switchyard.rebalancer.migrations",
+            unit="{migration}",
+            description="Migrations published, by policy.",
         )
         self._m_rounds = meter.create_counter(
-            "switchyard.rebalancer.rounds", description="Rebalancing rounds, by trigger."
+            "switchyard.rebalancer.rounds",
+            unit="{round}",
+            description="Rebalancing rounds, by trigger (period, spike, manual).",
+        )
+        self._m_dropped = meter.create_counter(
+            "switchyard.rebalancer.plans_dropped",
+            unit="{plan}",
+            description="Planned migrations not carried out (source or target gone, moved).",
         )
 
     async def start(self) -> None:
@@ -332,6 +345,7 @@ class RebalancerService(Service):
                 or not math.isfinite(plan.expected_gain_s)
             ):
                 self.plans_dropped += 1
+                self._m_dropped.add(1, {"policy": self.policy.name})
                 continue
             migration = Migration(
                 request_id=plan.request_id,

@@ -25,6 +25,25 @@ Routines:
 A request no live worker can serve yet (no worker of its model has reported) waits in
 this replica for up to ``UNPLACED_TIMEOUT_S`` and is retried on every cluster refresh;
 then it is answered with a failure that names the model.
+
+Tracing: a batch's assignments are published each inside its request's CONSUMER span
+(``Subscription.handling``), so every assignment continues its request's trace. A request
+parked unplaced keeps its trace context (the ingress's PRODUCER span, from the record's
+headers): its later assignment, or its failure, is published in it. Re-assignments after
+a worker's death are published in the trace of the ``WorkerDown`` that caused them.
+
+Metrics:
+
+* ``switchyard.scheduler.decisions`` (counter): by ``policy`` and ``kind``: ``llm`` and
+  ``window`` (first decisions), ``resend`` (a redelivered request's recorded assignment
+  sent again), ``reassign`` (a dead worker's request placed again);
+* ``switchyard.scheduler.decision.latency`` (histogram, seconds): from the request's
+  arrival at the ingress to its assignment, by ``policy`` and ``kind``;
+* ``switchyard.scheduler.hint_timeouts`` (counter): requests decided without the hint
+  they waited for (``kind``: ``prediction`` | ``estimate``) because it had not arrived
+  within ``SWITCHYARD_PREDICTION_WAIT_S``;
+* ``switchyard.scheduler.unplaced`` (observable gauge): requests waiting for a live
+  worker that can serve them.
 """
 
 from __future__ import annotations
@@ -33,11 +52,15 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from opentelemetry.metrics import Observation
+from switchyard import __version__
 from switchyard.bus import Delivery, Subscription
 from switchyard.contracts.base import Message
 from switchyard.contracts.messages import (
@@ -69,6 +92,8 @@ from switchyard.selection.registry import make_window_scheduler
 from switchyard.selection.snapshot import AppView
 from switchyard.selection.views import app_view
 from switchyard.serving.catalogue import ServingCatalogue
+from switchyard.telemetry import extract_context
+from switchyard.telemetry.observables import observe
 
 from services.cluster_state import is_alive, read_cluster
 from services.scheduler.hints import HintBook
@@ -88,6 +113,23 @@ UNPLACED_TIMEOUT_S = 30.0
 _BATCH = 512
 _BATCH_WAIT_S = 0.2
 _FINAL_STATUSES = frozenset(s.value for s in CompletionStatus)
+_SCOPE = "switchyard.scheduler"
+_LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 
 
 def assignment_key(request_id: str) -> str:
@@ -105,12 +147,25 @@ def assigned_set_key(worker_id: str) -> str:
     return f"worker:{worker_id}:assigned"
 
 
+Origin = Delivery[InferenceRequest] | Context
+"""Where a decision comes from, for tracing: the request's delivery in a batch (its
+CONSUMER span), or the trace context of a request decided later."""
+
+
+def _trace_of(origin: Origin | None) -> Context:
+    """The trace context to keep for a request parked now."""
+    if isinstance(origin, Delivery):
+        return extract_context(origin.envelope.headers)
+    return origin if origin is not None else otel_context.get_current()
+
+
 @dataclass(slots=True)
 class _Unplaced:
     request: InferenceRequest
     since_s: float
     epoch: int = 0
     exclude: frozenset[str] = frozenset()
+    trace: Context | None = None
 
 
 class SchedulerService(Service):
@@ -143,6 +198,42 @@ class SchedulerService(Service):
         self.reassigned = 0
         self.failed_unplaced = 0
         self.cluster_ready = asyncio.Event()
+        meter = ctx.telemetry.meter_provider.get_meter(_SCOPE, __version__)
+        self._m_decisions = meter.create_counter(
+            "switchyard.scheduler.decisions",
+            unit="{decision}",
+            description="Requests decided, by policy and kind (llm, window, resend, reassign).",
+        )
+        self._m_latency_s = meter.create_histogram(
+            "switchyard.scheduler.decision.latency",
+            unit="s",
+            description="Seconds from a request's arrival to its assignment.",
+            explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS_S,
+        )
+        self._m_hint_timeouts = meter.create_counter(
+            "switchyard.scheduler.hint_timeouts",
+            unit="{request}",
+            description="Requests whose hint (prediction, estimate) did not come in time.",
+        )
+        observe(
+            ctx.telemetry.meter_provider,
+            _SCOPE,
+            "switchyard.scheduler.unplaced",
+            self._observe_unplaced,
+            unit="{request}",
+            description="Requests waiting for a live worker that serves them.",
+        )
+
+    def _observe_unplaced(self) -> Iterable[Observation]:
+        return [Observation(len(self._unplaced), {"replica": self.ctx.settings.instance_id})]
+
+    def _decided(self, assignment: Assignment, kind: str) -> None:
+        """Count one new assignment and its latency since the request's arrival."""
+        attributes = {"policy": assignment.policy, "kind": kind}
+        self._m_decisions.add(1, attributes)
+        latency_s = assignment.assigned_at_s - assignment.request.arrival_s
+        if latency_s >= 0:
+            self._m_latency_s.record(latency_s, attributes)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -261,7 +352,9 @@ class SchedulerService(Service):
             if raw is None:
                 fresh.append(delivery)
             else:
-                outbox.resend(Assignment.model_validate_json(raw), delivery)
+                previous = Assignment.model_validate_json(raw)
+                outbox.resend(previous, delivery)
+                self._m_decisions.add(1, {"policy": previous.policy, "kind": "resend"})
         llm = [d for d in fresh if isinstance(d.message.payload, LLMPayload)]
         windows = [d for d in fresh if is_classification(d.message)]
         wait_s = ctx.settings.prediction_wait_s
@@ -272,6 +365,7 @@ class SchedulerService(Service):
             waits.append(self.estimates.wait_for((d.message.request_id for d in windows), wait_s))
         if waits:
             await asyncio.gather(*waits)
+            self._count_hint_timeouts(llm, windows)
             await self._fill_from_state([d.message for d in fresh])
         now_s = time.time()
         for delivery in llm:
@@ -282,6 +376,20 @@ class SchedulerService(Service):
             )
         await self._flush(outbox)
 
+    def _count_hint_timeouts(
+        self,
+        llm: Sequence[Delivery[InferenceRequest]],
+        windows: Sequence[Delivery[InferenceRequest]],
+    ) -> None:
+        if llm and self._needs_predictions:
+            missing = sum(1 for d in llm if self.predictions.get(d.message.request_id) is None)
+            if missing:
+                self._m_hint_timeouts.add(missing, {"kind": "prediction"})
+        if windows and self.window_scheduler.data_aware:
+            missing = sum(1 for d in windows if self.estimates.get(d.message.request_id) is None)
+            if missing:
+                self._m_hint_timeouts.add(missing, {"kind": "estimate"})
+
     async def _flush(self, outbox: _Outbox) -> None:
         """Record every new assignment, then publish everything and await the broker.
 
@@ -290,8 +398,8 @@ class SchedulerService(Service):
         """
         await asyncio.gather(*(self._record(a) for a in outbox.new_assignments))
         acks: list[Awaitable[Any]] = []
-        for topic, message, delivery in outbox.messages:
-            with outbox.scope(delivery):
+        for topic, message, origin in outbox.messages:
+            with outbox.scope(origin):
                 acks.append(await self.ctx.bus.send(topic, message))
         await asyncio.gather(*acks)
 
@@ -302,29 +410,28 @@ class SchedulerService(Service):
         epoch: int,
         exclude: frozenset[str],
         outbox: _Outbox,
-        delivery: Delivery[InferenceRequest] | None = None,
+        delivery: Origin | None = None,
     ) -> bool:
         prediction = self.predictions.take(request.request_id)
         try:
             placement, view = self.placer.place(request, prediction, now_s, exclude)
         except NoWorkerError:
-            self._unplaced.append(_Unplaced(request, now_s, epoch, exclude))
+            self._unplaced.append(_Unplaced(request, now_s, epoch, exclude, _trace_of(delivery)))
             return False
         predicted = view.calibrated_s.get(self.placer.worker_type(placement.worker_id, view.model))
-        outbox.assign(
-            Assignment(
-                request=request,
-                worker_id=placement.worker_id,
-                variant=view.model,
-                order=request.arrival_s,
-                policy=self.llm_policy.name,
-                epoch=epoch,
-                predicted_s=predicted,
-                deadline_s=request.deadline_s,
-                assigned_at_s=time.time(),
-            ),
-            delivery,
+        assignment = Assignment(
+            request=request,
+            worker_id=placement.worker_id,
+            variant=view.model,
+            order=request.arrival_s,
+            policy=self.llm_policy.name,
+            epoch=epoch,
+            predicted_s=predicted,
+            deadline_s=request.deadline_s,
+            assigned_at_s=time.time(),
         )
+        outbox.assign(assignment, delivery)
+        self._decided(assignment, "reassign" if epoch > 0 else "llm")
         self.decided += 1
         return True
 
@@ -332,13 +439,18 @@ class SchedulerService(Service):
         self,
         requests: list[InferenceRequest],
         outbox: _Outbox,
-        deliveries: dict[str, Delivery[InferenceRequest]],
+        deliveries: Mapping[str, Origin],
         epoch: int = 0,
     ) -> None:
         """Plan ``requests`` as one window."""
         if not self._classification_workers:
             now_s = time.time()
-            self._unplaced.extend(_Unplaced(request, now_s, epoch) for request in requests)
+            self._unplaced.extend(
+                _Unplaced(
+                    request, now_s, epoch, trace=_trace_of(deliveries.get(request.request_id))
+                )
+                for request in requests
+            )
             return
         estimates = {
             r.request_id: e
@@ -363,24 +475,25 @@ class SchedulerService(Service):
         for worker_id, until_ms in busy_until_ms.items():
             self._busy_until_ms[worker_id] = max(self._busy_until_ms.get(worker_id, 0.0), until_ms)
         assigned_at_s = time.time()
+        kind = "reassign" if epoch > 0 else "window"
         for planned in decision.assignments:
-            outbox.assign(
-                Assignment(
-                    request=planned.request,
-                    worker_id=planned.worker_id,
-                    variant=planned.variant,
-                    order=planned.order,
-                    policy=self.window_scheduler.name,
-                    epoch=epoch,
-                    predicted_s=planned.predicted_s,
-                    deadline_s=planned.request.deadline_s,
-                    assigned_at_s=assigned_at_s,
-                ),
-                deliveries.get(planned.request.request_id),
+            assignment = Assignment(
+                request=planned.request,
+                worker_id=planned.worker_id,
+                variant=planned.variant,
+                order=planned.order,
+                policy=self.window_scheduler.name,
+                epoch=epoch,
+                predicted_s=planned.predicted_s,
+                deadline_s=planned.request.deadline_s,
+                assigned_at_s=assigned_at_s,
             )
+            outbox.assign(assignment, deliveries.get(planned.request.request_id))
+            self._decided(assignment, kind)
             self.decided += 1
         for answer in decision.answers:
             outbox.answer(answer, deliveries.get(answer.request_id))
+            self._m_decisions.add(1, {"policy": self.window_scheduler.name, "kind": kind})
             self.decided += 1
 
     async def _record(self, assignment: Assignment) -> None:
@@ -412,7 +525,9 @@ class SchedulerService(Service):
             request = item.request
             if isinstance(request.payload, LLMPayload):
                 before = len(self._unplaced)
-                if not self._place_llm(request, now_s, item.epoch, item.exclude, outbox):
+                if not self._place_llm(
+                    request, now_s, item.epoch, item.exclude, outbox, item.trace
+                ):
                     # _place_llm parked a fresh entry; keep the original one's time.
                     del self._unplaced[before:]
                     self._park_or_fail(item, now_s, outbox)
@@ -421,9 +536,9 @@ class SchedulerService(Service):
             else:
                 self._park_or_fail(item, now_s, outbox)
         for epoch in sorted({item.epoch for item in classification}):
-            self._decide_window(
-                [i.request for i in classification if i.epoch == epoch], outbox, {}, epoch
-            )
+            same_epoch = [i for i in classification if i.epoch == epoch]
+            traces = {i.request.request_id: i.trace for i in same_epoch if i.trace is not None}
+            self._decide_window([i.request for i in same_epoch], outbox, traces, epoch)
         await self._flush(outbox)
 
     def _park_or_fail(self, item: _Unplaced, now_s: float, outbox: _Outbox) -> None:
@@ -449,7 +564,7 @@ class SchedulerService(Service):
                 deadline_s=request.deadline_s,
                 reply_to=request.reply_to,
             ),
-            None,
+            item.trace,
         )
         self.failed_unplaced += 1
 
@@ -511,22 +626,37 @@ class _Outbox:
     def __init__(self, sub: Subscription[InferenceRequest] | None) -> None:
         self._sub = sub
         self.new_assignments: list[Assignment] = []
-        self.messages: list[tuple[Topic[Any], Message, Delivery[InferenceRequest] | None]] = []
+        self.messages: list[tuple[Topic[Any], Message, Origin | None]] = []
 
-    def assign(self, assignment: Assignment, delivery: Delivery[InferenceRequest] | None) -> None:
+    def assign(self, assignment: Assignment, origin: Origin | None) -> None:
         self.new_assignments.append(assignment)
-        self.messages.append((ASSIGNMENTS, assignment, delivery))
+        self.messages.append((ASSIGNMENTS, assignment, origin))
 
-    def resend(self, assignment: Assignment, delivery: Delivery[InferenceRequest] | None) -> None:
-        self.messages.append((ASSIGNMENTS, assignment, delivery))
+    def resend(self, assignment: Assignment, origin: Origin | None) -> None:
+        self.messages.append((ASSIGNMENTS, assignment, origin))
 
-    def answer(self, completion: Completion, delivery: Delivery[InferenceRequest] | None) -> None:
-        self.messages.append((COMPLETIONS, completion, delivery))
+    def answer(self, completion: Completion, origin: Origin | None) -> None:
+        self.messages.append((COMPLETIONS, completion, origin))
 
-    def scope(self, delivery: Delivery[InferenceRequest] | None) -> AbstractContextManager[None]:
-        if self._sub is None or delivery is None:
-            return nullcontext()
-        return self._sub.handling(delivery)
+    def scope(self, origin: Origin | None) -> AbstractContextManager[None]:
+        """The request's CONSUMER span (a delivery of this batch), or its kept trace
+        context (a request decided later); nothing when there is neither."""
+        if isinstance(origin, Delivery):
+            if self._sub is not None:
+                return self._sub.handling(origin)
+            return _attached(extract_context(origin.envelope.headers))
+        if origin is not None:
+            return _attached(origin)
+        return nullcontext()
+
+
+@contextmanager
+def _attached(context: Context) -> Iterator[None]:
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 async def create(ctx: ServiceContext, catalogue: ServingCatalogue | None = None) -> Service:

@@ -72,6 +72,8 @@ class ModelCache:
         self._locks: dict[str, asyncio.Lock] = {}
         self.swap_ins: list[SwapIn] = []
         """Every load so far, oldest first (bounded: the last 1,000)."""
+        self.swap_in_count = 0
+        """How many loads there were in all (``swap_ins`` keeps only the last ones)."""
 
     # -- figures ---------------------------------------------------------------------------
 
@@ -142,6 +144,7 @@ class ModelCache:
                 entry = _Entry(model, size_bytes, load_s)
                 self._entries[key] = entry
                 self.swap_ins.append(SwapIn(key, load_s, size_bytes, tuple(evicted)))
+                self.swap_in_count += 1
                 del self.swap_ins[:-1000]
             self._entries.move_to_end(key)
             entry.in_use += 1

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
 from switchyard.contracts.messages import Assignment, InferenceRequest, LLMPayload
 
 
@@ -61,6 +63,10 @@ class WorkItem:
         ran_on: where it ran when that differs by model (``cpu`` for classifiers on a
             CUDA worker); None: the backend's worker type.
         chunk_index, pending_chunk_tokens, pending_chunk_text: streaming state.
+        trace_context: the trace context its assignment was handled in (the
+            assignment's CONSUMER span), captured at intake: what the worker publishes
+            for it later, from the engine, continues the request's trace from there.
+        span: its execution span while it runs (a child of ``trace_context``).
     """
 
     assignment: Assignment
@@ -77,6 +83,8 @@ class WorkItem:
     chunk_index: int = 0
     pending_chunk_tokens: int = 0
     pending_chunk_text: list[str] = field(default_factory=list)
+    trace_context: Context | None = None
+    span: Span | None = None
     seq: int = field(default_factory=lambda: next(_sequence))
 
     @property

@@ -24,6 +24,25 @@ re-assigned with a higher epoch by whoever notices the crash (the monitor's
 Stopping drains: intake stops, the running work finishes (nothing new starts), and a
 last heartbeat says ``draining=True`` and lists what is still waiting, so its requests
 can be re-assigned.
+
+Tracing: an assignment is taken inside its CONSUMER span, but runs later, in the engine
+routine. The trace context at intake is kept on the work item; its execution span
+(``execute {model}``) is a child of it, and the completion, the output chunks and a
+migration's re-published assignment are published inside it, so they continue the
+request's trace instead of starting new ones.
+
+Metrics (attributes ``worker_id`` and ``emulated`` on each; several workers of one
+process, the embedded stack, share the instruments):
+
+* ``switchyard.worker.queue_length``, ``switchyard.worker.running`` (observable gauges):
+  requests waiting here, and running;
+* ``switchyard.worker.batch.size`` (histogram): requests started together (a static
+  batch, or the requests one continuous-batching prefill admitted);
+* ``switchyard.worker.execution.duration`` (histogram, seconds): start to finish of a
+  request here, by ``model`` and ``status``;
+* ``switchyard.worker.completions`` (counter): completions published, by ``status``;
+* ``switchyard.worker.model_swaps`` (observable counter): models loaded into memory
+  (swap-ins of the model cache; always 0 on an emulated worker).
 """
 
 from __future__ import annotations
@@ -32,9 +51,13 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.metrics import Observation
+from switchyard import __version__
 from switchyard.bus import Delivery
 from switchyard.contracts.base import Message
 from switchyard.contracts.messages import (
@@ -58,8 +81,10 @@ from switchyard.contracts.topics import (
 from switchyard.errors import is_retriable
 from switchyard.runtime.service import Service, ServiceContext, backoff_s
 from switchyard.serving import ServingCatalogue
+from switchyard.telemetry.observables import observe
 
 from services.worker.backends.base import Backend, Result, UnsupportedWorkError
+from services.worker.model_cache import ModelCache
 from services.worker.queue import LocalQueue, WorkItem
 
 CHUNK_TOKENS = 4
@@ -73,6 +98,25 @@ SEEN_LIMIT = 100_000
 the state-store claim still catches a duplicate after that)."""
 
 _PUBLISH_ATTEMPTS = 8
+_SCOPE = "switchyard.worker"
+_BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_EXECUTION_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
 
 M = TypeVar("M", bound=Message)
 
@@ -107,12 +151,85 @@ class WorkerService(Service):
         self._wake = asyncio.Event()
         self._sequence = 0
         self._sink = _Sink(self)
+        telemetry = ctx.telemetry
+        self._tracer = trace.get_tracer(_SCOPE, __version__, telemetry.tracer_provider)
+        meter = telemetry.meter_provider.get_meter(_SCOPE, __version__)
+        self._m_batch_size = meter.create_histogram(
+            "switchyard.worker.batch.size",
+            unit="{request}",
+            description="Requests started together (a batch, or one prefill's admissions).",
+            explicit_bucket_boundaries_advisory=_BATCH_SIZE_BUCKETS,
+        )
+        self._m_execution_s = meter.create_histogram(
+            "switchyard.worker.execution.duration",
+            unit="s",
+            description="Seconds from a request's start to its finish on this worker.",
+            explicit_bucket_boundaries_advisory=_EXECUTION_BUCKETS_S,
+        )
+        self._m_completions = meter.create_counter(
+            "switchyard.worker.completions",
+            unit="{request}",
+            description="Completions published, by status.",
+        )
+        provider = telemetry.meter_provider
+        observe(
+            provider,
+            _SCOPE,
+            "switchyard.worker.queue_length",
+            self._observe_queue,
+            unit="{request}",
+            description="Requests waiting on the worker.",
+        )
+        observe(
+            provider,
+            _SCOPE,
+            "switchyard.worker.running",
+            self._observe_running,
+            unit="{request}",
+            description="Requests running on the worker.",
+        )
+        observe(
+            provider,
+            _SCOPE,
+            "switchyard.worker.model_swaps",
+            self._observe_swaps,
+            kind="counter",
+            unit="{model}",
+            description="Models loaded into memory (swap-ins).",
+        )
 
     @property
     def backend(self) -> Backend:
         if self._backend is None:
             raise RuntimeError("the worker has not started: no backend yet")
         return self._backend
+
+    # -- metrics --------------------------------------------------------------------------
+
+    def _attributes(self) -> dict[str, str | bool]:
+        emulated = self._backend.emulated if self._backend is not None else False
+        return {"worker_id": self.worker_id, "emulated": emulated}
+
+    def _observe_queue(self) -> Iterable[Observation]:
+        if self._backend is None:
+            return []
+        return [Observation(len(self.queue), self._attributes())]
+
+    def _observe_running(self) -> Iterable[Observation]:
+        if self._backend is None:
+            return []
+        # Held here are the waiting and the running requests.
+        return [Observation(max(0, len(self._held) - len(self.queue)), self._attributes())]
+
+    def _observe_swaps(self) -> Iterable[Observation]:
+        if self._backend is None:
+            return []
+        cache = getattr(self._backend, "cache", None)
+        count = cache.swap_in_count if isinstance(cache, ModelCache) else 0
+        return [Observation(count, self._attributes())]
+
+    def _count_completion(self, status: CompletionStatus) -> None:
+        self._m_completions.add(1, {**self._attributes(), "status": status.value})
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -147,11 +264,14 @@ class WorkerService(Service):
     # -- routines ---------------------------------------------------------------------------
 
     async def assignments_routine(self) -> None:
+        # Assignments are keyed by worker id: skip the others' before decoding them.
+        own_key = self.worker_id.encode()
         await self.ctx.bus.consume(
             ASSIGNMENTS,
             group=f"worker-{self.worker_id}",
             handler=self._on_assignment,
             stopping=self.ctx.stopping,
+            key_filter=lambda key: key == own_key,
         )
 
     async def migrations_routine(self) -> None:
@@ -249,6 +369,7 @@ class WorkerService(Service):
         except UnsupportedWorkError as exc:
             log.warning("cannot serve %s: %s", request_id, exc, extra={"request_id": request_id})
             await self._publish(COMPLETIONS, self._failed_completion(assignment, str(exc)))
+            self._count_completion(CompletionStatus.FAILED)
             return False
         item = WorkItem(
             assignment=assignment,
@@ -258,6 +379,8 @@ class WorkerService(Service):
             output_tokens=spec.output_tokens,
             generated_tokens=assignment.generated_tokens,
             estimate_s=spec.estimate_s,
+            # The assignment's CONSUMER span: what is published for it later continues it.
+            trace_context=otel_context.get_current(),
         )
         self.queue.push(item)
         self._held[request_id] = item
@@ -311,6 +434,7 @@ class WorkerService(Service):
             not_before_s = now_s + preemption.transfer_s
         del self._held[request_id]
         self._remember(request_id, migration.epoch)
+        self._end_span(item, "migrated")
         old = item.assignment
         moved = Assignment(
             request=old.request,
@@ -325,7 +449,9 @@ class WorkerService(Service):
             generated_tokens=item.generated_tokens,
             not_before_s=not_before_s,
         )
-        await self._publish(ASSIGNMENTS, moved)
+        # In the request's trace: the target worker's handling continues it.
+        with _in_trace_of(item):
+            await self._publish(ASSIGNMENTS, moved)
         log.info(
             "moved %s to %s (epoch %d, %d tokens generated, may start in %.3f s)",
             request_id,
@@ -341,9 +467,26 @@ class WorkerService(Service):
 
     async def report_started(self, items: Sequence[WorkItem]) -> None:
         now_s = time.time()
+        emulated = self.backend.emulated
         for item in items:
             if item.started_s is None:
                 item.started_s = now_s
+            if item.span is None:
+                item.span = self._tracer.start_span(
+                    f"execute {item.key.model}",
+                    context=item.trace_context,
+                    attributes={
+                        "switchyard.worker_id": self.worker_id,
+                        "switchyard.model": item.key.model,
+                        "switchyard.variant": item.key.variant,
+                        "switchyard.request_id": item.request_id,
+                        "switchyard.epoch": item.epoch,
+                        "switchyard.batch_size": len(items),
+                        "switchyard.emulated": emulated,
+                    },
+                )
+        if items:
+            self._m_batch_size.record(len(items), self._attributes())
 
     async def report_tokens(self, item: WorkItem, new_tokens: int, text: str) -> None:
         if new_tokens and item.first_token_s is None:
@@ -360,13 +503,39 @@ class WorkerService(Service):
         if item.streaming and (item.pending_chunk_tokens or item.pending_chunk_text):
             await self._flush_chunk(item)
         self._forget(item)
-        await self._publish(COMPLETIONS, self._completion(item, CompletionStatus.OK, result=result))
+        self._executed(item, CompletionStatus.OK)
+        with _in_trace_of(item):
+            await self._publish(
+                COMPLETIONS, self._completion(item, CompletionStatus.OK, result=result)
+            )
+        self._end_span(item)
 
     async def report_failed(self, item: WorkItem, error: str) -> None:
         self._forget(item)
-        await self._publish(
-            COMPLETIONS, self._completion(item, CompletionStatus.FAILED, error=error)
-        )
+        self._executed(item, CompletionStatus.FAILED)
+        with _in_trace_of(item):
+            await self._publish(
+                COMPLETIONS, self._completion(item, CompletionStatus.FAILED, error=error)
+            )
+        self._end_span(item, f"failed: {error}")
+
+    def _executed(self, item: WorkItem, status: CompletionStatus) -> None:
+        """Count a completion, and its execution time when it started here."""
+        self._count_completion(status)
+        if item.started_s is not None:
+            self._m_execution_s.record(
+                max(0.0, time.time() - item.started_s),
+                {**self._attributes(), "model": item.key.model, "status": status.value},
+            )
+
+    @staticmethod
+    def _end_span(item: WorkItem, error: str | None = None) -> None:
+        span, item.span = item.span, None
+        if span is None:
+            return
+        if error is not None and span.is_recording():
+            span.set_status(trace.Status(trace.StatusCode.ERROR, error[:200]))
+        span.end()
 
     def _forget(self, item: WorkItem) -> None:
         if self._held.get(item.request_id) is item:
@@ -387,7 +556,8 @@ class WorkerService(Service):
         item.chunk_index += 1
         item.pending_chunk_tokens = 0
         item.pending_chunk_text.clear()
-        await self._publish(OUTPUT_CHUNKS, chunk)
+        with _in_trace_of(item):
+            await self._publish(OUTPUT_CHUNKS, chunk)
 
     # -- messages -----------------------------------------------------------------------------
 
@@ -517,6 +687,23 @@ class WorkerService(Service):
                     raise
                 self.ctx.logger.warning("publish to %s failed, retrying: %s", topic.name, exc)
                 await asyncio.sleep(backoff_s(attempt))
+
+
+@contextlib.contextmanager
+def _in_trace_of(item: WorkItem) -> Iterator[None]:
+    """Make the item's execution span (or, before it started, the context its assignment
+    was taken in) current: what is published inside continues the request's trace."""
+    context = item.trace_context
+    if item.span is not None:
+        context = trace.set_span_in_context(item.span, context)
+    if context is None:
+        yield
+        return
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 class _Sink:

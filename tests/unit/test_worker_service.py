@@ -177,7 +177,10 @@ async def test_streamed_chunks_arrive_in_order_and_add_up(stack: Stack) -> None:
             got.append(chunk)
     assert done.status is CompletionStatus.OK
     assert [c.index for c in got] == list(range(len(got)))
-    assert [c.tokens for c in got] == [CHUNK_TOKENS, CHUNK_TOKENS, 10 - 2 * CHUNK_TOKENS]
+    # At this time scale the emulation decodes several steps per wake-up, so a chunk
+    # holds at least CHUNK_TOKENS tokens (the last one the rest).
+    assert sum(c.tokens for c in got) == 10
+    assert all(c.tokens >= CHUNK_TOKENS for c in got[:-1])
     assert all(c.emulated and c.reply_to == "ingress-1" and c.request_id == "s1" for c in got)
 
 

@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 
+KeyFilter = Callable[[bytes | None], bool]
+"""Decides from a record's key alone whether a subscription wants it."""
+
 _FETCH_TIMEOUT_S = 0.2  # how long one fetch waits; bounds how fast a stop is noticed
 
 
@@ -207,14 +210,22 @@ class Bus:
     # -- consuming -------------------------------------------------------------------
 
     def subscribe(
-        self, topic: Topic[M], *, group: str, stopping: asyncio.Event | None = None
+        self,
+        topic: Topic[M],
+        *,
+        group: str,
+        stopping: asyncio.Event | None = None,
+        key_filter: KeyFilter | None = None,
     ) -> Subscription[M]:
         """A subscription to ``topic`` as a member of consumer group ``group``.
 
         Members of one group share the topic's partitions; each group sees every message.
         Iteration ends once ``stopping`` is set (after the message in hand is finished).
+        With ``key_filter``, records whose key it rejects are skipped before decoding
+        (and count as handled): a worker reading the assignments of every worker keeps
+        its own this way without paying to decode the others'.
         """
-        return Subscription(self, topic, group=group, stopping=stopping)
+        return Subscription(self, topic, group=group, stopping=stopping, key_filter=key_filter)
 
     async def consume(
         self,
@@ -223,6 +234,7 @@ class Bus:
         group: str,
         handler: Callable[[Delivery[M]], Awaitable[None]],
         stopping: asyncio.Event,
+        key_filter: KeyFilter | None = None,
     ) -> None:
         """Run ``handler`` on each message until ``stopping`` is set, then drain and return.
 
@@ -231,7 +243,9 @@ class Bus:
         the dead-letter topic with the error, and consumption goes on.
         """
         try:
-            async with self.subscribe(topic, group=group, stopping=stopping) as subscription:
+            async with self.subscribe(
+                topic, group=group, stopping=stopping, key_filter=key_filter
+            ) as subscription:
                 async for delivery in subscription:
                     await subscription.handle(delivery, handler)
         except Exception as exc:
@@ -278,12 +292,19 @@ class Subscription(Generic[M]):
     """
 
     def __init__(
-        self, bus: Bus, topic: Topic[M], *, group: str, stopping: asyncio.Event | None
+        self,
+        bus: Bus,
+        topic: Topic[M],
+        *,
+        group: str,
+        stopping: asyncio.Event | None,
+        key_filter: KeyFilter | None = None,
     ) -> None:
         self._bus = bus
         self.topic = topic
         self.group = group
         self._stopping = stopping
+        self._key_filter = key_filter
         self._consumer: TransportConsumer | None = None
         self._buffer: deque[Envelope] = deque()
         self._handled: dict[TopicPartition, int] = {}
@@ -407,6 +428,9 @@ class Subscription(Generic[M]):
             envelope = await self._next_envelope(deadline_s)
             if envelope is None:
                 continue
+            if self._key_filter is not None and not self._key_filter(envelope.key):
+                self._mark(envelope)
+                continue
             try:
                 message = codec.decode(envelope, self.topic.message_type)
             except DecodeError as exc:
@@ -442,6 +466,9 @@ class Subscription(Generic[M]):
                 return None
             envelope = await self._next_envelope(deadline_s)
             if envelope is None:
+                continue
+            if self._key_filter is not None and not self._key_filter(envelope.key):
+                self._mark(envelope)
                 continue
             try:
                 message = codec.decode(envelope, self.topic.message_type)

@@ -9,10 +9,16 @@ this is a few dozen lines on :func:`asyncio.start_server`.
   started; then 200 when every registered check passes, with each check's result, or
   503 naming the failing checks; and 503 ``{"status": "draining"}`` from the moment a
   stop began, so load balancers and Kubernetes stop routing to the process.
+- ``GET /metrics`` (when the server was given a ``metrics`` source): the Prometheus text
+  exposition (format 0.0.4, ``text/plain; version=0.0.4; charset=utf-8``) of the
+  process's metrics, answered whatever the readiness, draining included. In the embedded
+  stack every service shares one meter provider, so each service's ``/metrics`` shows
+  the whole process.
 
-Anything else: 404 for another path, 405 for another method, 400 for a request that is
-not HTTP, too large, or incomplete, 408 when the request does not arrive in time. Every
-response is JSON and closes the connection.
+Anything else: 404 for another path (``/metrics`` too, without a source), 405 for
+another method, 400 for a request that is not HTTP, too large, or incomplete, 408 when
+the request does not arrive in time. Every response but ``/metrics`` is JSON, and every
+response closes the connection.
 """
 
 from __future__ import annotations
@@ -43,6 +49,19 @@ _REASONS = {
     503: "Service Unavailable",
 }
 _PATHS = ("/healthz", "/readyz")
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+MetricsSource = Callable[[], str]
+"""Returns the Prometheus text of the process's metrics (e.g.
+``PrometheusMetricReader.render``)."""
+
+
+@dataclass(frozen=True)
+class _Text:
+    """A plain-text response body."""
+
+    text: str
+    content_type: str
 
 
 @dataclass(frozen=True)
@@ -53,7 +72,7 @@ class _Check:
 
 
 class HealthServer:
-    """Serves ``/healthz`` and ``/readyz`` on ``host:port``.
+    """Serves ``/healthz`` and ``/readyz`` (and ``/metrics``) on ``host:port``.
 
     Args:
         host: address to bind, e.g. ``127.0.0.1`` or ``0.0.0.0``.
@@ -64,6 +83,8 @@ class HealthServer:
             with :meth:`add_check`. A check counts as failing when it returns False,
             raises, or outlives its timeout.
         check_timeout_s: the timeout of the checks passed in ``checks``.
+        metrics: renders the Prometheus text served on ``GET /metrics``; None: no
+            ``/metrics`` (404).
 
     Readiness answers 503 ``starting`` until :meth:`mark_started` and 503 ``draining``
     after :meth:`mark_draining`.
@@ -86,8 +107,10 @@ class HealthServer:
         alive: Callable[[], bool] = lambda: True,
         checks: Mapping[str, ReadinessCheck] | None = None,
         check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
+        metrics: MetricsSource | None = None,
     ) -> None:
         self.host = host
+        self._metrics = metrics
         self.requested_port = port
         self._alive = alive
         self._checks: dict[str, _Check] = {}
@@ -152,15 +175,19 @@ class HealthServer:
             self._connections.add(task)
         try:
             method = "GET"
+            body: dict[str, object] | _Text
             try:
                 method, status, body = await self._answer(reader)
             except Exception:  # a probe must never take the service down
                 log.exception("health endpoint failed")
                 status, body = 503, {"status": "error"}
-            payload = json.dumps(body).encode()
+            if isinstance(body, _Text):
+                payload, content_type = body.text.encode("utf-8"), body.content_type
+            else:
+                payload, content_type = json.dumps(body).encode(), "application/json"
             head = (
                 f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-                "Content-Type: application/json\r\n"
+                f"Content-Type: {content_type}\r\n"
                 f"Content-Length: {len(payload)}\r\n"
                 "Cache-Control: no-store\r\n"
                 "Connection: close\r\n\r\n"
@@ -175,8 +202,10 @@ class HealthServer:
             if task is not None:
                 self._connections.discard(task)
 
-    async def _answer(self, reader: asyncio.StreamReader) -> tuple[str, int, dict[str, object]]:
-        """Read one request; returns (method, status, JSON body)."""
+    async def _answer(
+        self, reader: asyncio.StreamReader
+    ) -> tuple[str, int, dict[str, object] | _Text]:
+        """Read one request; returns (method, status, JSON body or text)."""
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
         except TimeoutError:
@@ -191,10 +220,14 @@ class HealthServer:
             return "GET", 400, {"error": "malformed request line"}
         method, target = parts[0], parts[1].split("?", 1)[0]
         await self._skip_body(reader, lines[1:])
-        if target not in _PATHS:
-            return method, 404, {"error": f"no such path {target}; try /healthz or /readyz"}
+        serves_metrics = self._metrics is not None
+        if target not in _PATHS and not (serves_metrics and target == "/metrics"):
+            paths = "/healthz, /readyz or /metrics" if serves_metrics else "/healthz or /readyz"
+            return method, 404, {"error": f"no such path {target}; try {paths}"}
         if method not in ("GET", "HEAD"):
             return method, 405, {"error": f"{method} not allowed; use GET"}
+        if target == "/metrics" and self._metrics is not None:
+            return method, 200, _Text(self._metrics(), METRICS_CONTENT_TYPE)
         if target == "/healthz":
             alive = self._alive()
             return method, (200 if alive else 503), {"status": "ok" if alive else "failed"}

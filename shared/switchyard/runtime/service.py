@@ -334,7 +334,8 @@ async def run_service(
     """Run one service until SIGTERM or SIGINT (or ``stop``), then drain it.
 
     In order: build the context (logs, telemetry, bus, state), start the health server
-    (liveness 200, readiness 503 ``starting``), connect the bus and state store
+    (liveness 200, readiness 503 ``starting``, and ``/metrics`` when the telemetry has a
+    Prometheus reader), connect the bus and state store
     (retrying for ``connect_timeout_s``), :meth:`Service.start`, log a ``started`` line
     with the health URL, and wait. On a stop signal or a routine failure: readiness
     turns 503 ``draining``, ``ctx.stopping`` is set, :meth:`Service.drain` gets
@@ -401,7 +402,13 @@ async def run_service(
         # A factory may be a coroutine function: services that load models or train at
         # start build themselves before the health endpoint opens.
         service = built = await made if inspect.isawaitable(made) else made
-        health = HealthServer(settings.health_host, settings.health_port, alive=lambda: built.alive)
+        prometheus = getattr(ctx.telemetry, "prometheus", None)
+        health = HealthServer(
+            settings.health_host,
+            settings.health_port,
+            alive=lambda: built.alive,
+            metrics=prometheus.render if prometheus is not None else None,
+        )
         await health.start()
         started = await _start(service, health, ctx, stop_requested, connect_timeout_s)
         if started:

@@ -6,6 +6,11 @@ traces and metrics are exported over OTLP/HTTP (``{endpoint}/v1/traces`` and
 with valid trace and span ids that flow through message headers and into log lines, but
 unsampled, because recording spans nobody reads is about half of a message's handling
 cost (see docs/architecture.md, "Telemetry").
+
+Metrics are always readable in the Prometheus text format as well: a
+:class:`~switchyard.telemetry.prometheus.PrometheusMetricReader` is attached to every
+meter provider built here (``Telemetry.prometheus``), and the services serve it on
+``GET /metrics``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 
 from switchyard import __version__
 from switchyard.config import Settings
+from switchyard.telemetry.prometheus import PrometheusMetricReader
 
 _log = logging.getLogger(__name__)
 
@@ -46,6 +52,9 @@ class Telemetry:
         is_global: whether these are the process-wide providers.
         owns_providers: whether :meth:`shutdown` shuts the providers down; False for a
             view another owner shuts down (the embedded stack's services share one).
+        prometheus: the pull reader behind ``GET /metrics`` (its ``render()`` is the
+            Prometheus text of every metric of ``meter_provider``), or None when these
+            providers were built without one.
     """
 
     tracer_provider: TracerProvider
@@ -55,6 +64,7 @@ class Telemetry:
     metric_exporters: tuple[MetricExporter, ...] = ()
     is_global: bool = False
     owns_providers: bool = True
+    prometheus: PrometheusMetricReader | None = None
     _shut_down: bool = field(default=False, repr=False)
 
     def shutdown(self) -> None:
@@ -106,7 +116,9 @@ def configure_telemetry(
     Args:
         span_exporter: an extra exporter fed synchronously, e.g. an in-memory one in
             tests; spans are then recorded even without an OTLP endpoint.
-        metric_reader: an extra metric reader (tests pass an in-memory one).
+        metric_reader: an extra metric reader (tests pass an in-memory one). A
+            :class:`PrometheusMetricReader` is always attached too
+            (``Telemetry.prometheus``).
         install_global: make these the process-wide providers. Done at most once per
             process; later calls return providers that are not global
             (``Telemetry.is_global`` says which).
@@ -122,13 +134,16 @@ def configure_telemetry(
     endpoint = settings.effective_otlp_endpoint()
     records = bool(endpoint) or span_exporter is not None
     # ParentBased: a span follows its parent's sampling decision, so a trace is recorded
-    # in every service or in none.
+    # in every service or in none. A remote parent marked sampled (a client's
+    # `traceparent`) is not followed where nothing would export the spans.
+    root = ALWAYS_ON if records else ALWAYS_OFF
     tracer_provider = TracerProvider(
-        resource=resource, sampler=ParentBased(ALWAYS_ON if records else ALWAYS_OFF)
+        resource=resource, sampler=ParentBased(root, remote_parent_sampled=root)
     )
     span_exporters: list[SpanExporter] = []
     metric_exporters: list[MetricExporter] = []
-    readers: list[MetricReader] = []
+    prometheus = PrometheusMetricReader()
+    readers: list[MetricReader] = [prometheus]
     if endpoint:
         # Imported only when used: the exporters pull in protobuf and requests.
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -155,4 +170,5 @@ def configure_telemetry(
         span_exporters=tuple(span_exporters),
         metric_exporters=tuple(metric_exporters),
         is_global=is_global,
+        prometheus=prometheus,
     )

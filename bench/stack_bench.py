@@ -1,0 +1,270 @@
+"""The live stack on real Kafka and Redis: control-plane overhead and trace replay.
+
+Two experiments, each against a stack started as its own process (``switchyard up
+--embedded --transports configured``: every service in one process, each with its own
+Kafka and Redis connections) while this process generates the load over HTTP with
+:mod:`loadgen.replay`:
+
+``overhead``: Poisson arrivals of short LLM requests (lognormal lengths, output capped
+at 32 tokens) at a fixed rate, emulated workers with a large time scale so execution is
+short; the control-plane overhead of each answer is its client latency minus its
+execution (``finished_s - started_s`` on the worker). One run per rate, 60 s of arrivals
+or ``--requests``, whichever is fewer; the highest rate at which the overhead P99 stays
+under 100 ms and the generator keeps its schedule is the sustained rate. ``--profile``
+runs the stack under cProfile at one rate and prints the top functions.
+
+``azure``: the first ``--limit`` requests of the Azure conversation trace, arrivals and
+emulated time both sped up by ``--speedup``, once per policy: every request answered,
+latency percentiles and SLO violations per policy.
+
+The machine is shared by the stack, the broker, Redis and the generator (2 cores here),
+so the figures are this machine's, not the design's ceiling. Emulated latencies are a
+performance model's output, not measurements.
+
+Run ``make bench-stack`` or ``python -m bench.stack_bench overhead|azure [...]``
+(Kafka and Redis must be up: ``deploy/local/infra.sh up``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadgen.mixes import build_plan
+from loadgen.replay import replay
+from loadgen.replay_report import summarize
+from loadgen.traces import resolve_trace
+
+RESULTS = Path(__file__).parent / "results" / "stack"
+_URL = re.compile(r"HTTP API at (http://\S+)")
+
+
+class Stack:
+    """A ``switchyard up`` process on Kafka and Redis, under prefixes of its own."""
+
+    def __init__(
+        self,
+        *,
+        policy: str,
+        time_scale: float,
+        llm_workers: str,
+        torch_workers: int = 0,
+        profile_to: Path | None = None,
+    ) -> None:
+        prefix = f"bench-{uuid.uuid4().hex[:8]}"
+        self.env = {
+            **os.environ,
+            "SWITCHYARD_BUS": "kafka",
+            "SWITCHYARD_STATE": "redis",
+            "SWITCHYARD_TOPIC_PREFIX": f"{prefix}.",
+            "SWITCHYARD_STATE_PREFIX": f"{prefix}:",
+            "SWITCHYARD_LLM_POLICY": policy,
+            "SWITCHYARD_WORKER_TIME_SCALE": str(time_scale),
+            "SWITCHYARD_LOG_LEVEL": "WARNING",
+        }
+        command = [
+            "up",
+            "--embedded",
+            "--transports",
+            "configured",
+            "--port",
+            "0",
+            "--llm-workers",
+            llm_workers,
+            "--torch-workers",
+            str(torch_workers),
+        ]
+        if profile_to is not None:
+            self.argv = [
+                sys.executable,
+                "-m",
+                "cProfile",
+                "-o",
+                str(profile_to),
+                "-m",
+                "switchyard",
+                *command,
+            ]
+        else:
+            self.argv = [sys.executable, "-m", "switchyard", *command]
+        self.process: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def __enter__(self) -> Stack:
+        self.process = subprocess.Popen(
+            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + 180
+        for line in self.process.stdout:
+            found = _URL.search(line)
+            if found:
+                self.url = found.group(1)
+                break
+            if time.monotonic() > deadline:
+                break
+        if not self.url:
+            self.process.kill()
+            raise RuntimeError("the stack did not come up")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def run_overhead(rates: Sequence[float], requests: int, profile: bool) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for rate in rates:
+        count = int(min(requests, rate * 60))
+        spec = f"poisson:rate_rps={rate:g},requests={count},lengths=lognormal,max_tokens=32,seed=1"
+        plan = build_plan(resolve_trace(spec), "llm", None, 0)
+        profile_to = RESULTS / f"overhead-{rate:g}.prof" if profile else None
+        with Stack(
+            policy="jsq",
+            time_scale=100.0,
+            llm_workers="a100-80gb/llama-2-7b,a100-80gb/llama-2-7b",
+            profile_to=profile_to,
+        ) as stack:
+            result = asyncio.run(replay(plan, stack.url, speedup=1.0, timeout_s=60, progress=False))
+        summary = summarize(result.records, result.duration_s)
+        overhead = summary.breakdown.get("overhead")
+        scheduling = summary.breakdown.get("scheduling")
+        queueing = summary.breakdown.get("queueing")
+        row = {
+            "rate_rps": rate,
+            "sent": summary.sent,
+            "answered": summary.answered_ok,
+            "throughput_rps": summary.throughput_rps,
+            "overhead_p50_s": overhead.p50_s if overhead else None,
+            "overhead_p99_s": overhead.p99_s if overhead else None,
+            "scheduling_p50_s": scheduling.p50_s if scheduling else None,
+            "scheduling_p99_s": scheduling.p99_s if scheduling else None,
+            "queueing_p50_s": queueing.p50_s if queueing else None,
+            "queueing_p99_s": queueing.p99_s if queueing else None,
+            "send_lag_p99_s": summary.send_lag_p99_s,
+        }
+        rows.append(row)
+        print(
+            f"rate {rate:g}/s: {summary.answered_ok}/{summary.sent} answered, "
+            f"{summary.throughput_rps or 0:.0f}/s, overhead P50 {_ms(row['overhead_p50_s'])} ms "
+            f"P99 {_ms(row['overhead_p99_s'])} ms, send lag P99 {_ms(summary.send_lag_p99_s)} ms",
+            flush=True,
+        )
+        if profile_to is not None:
+            import pstats
+
+            print(f"profile of the stack at {rate:g}/s ({profile_to}):")
+            pstats.Stats(str(profile_to)).sort_stats("tottime").print_stats(25)
+    print()
+    print(
+        "| offered rate | answered | throughput | overhead P50 | overhead P99 | scheduling P50 / P99 | queueing P50 / P99 | generator lag P99 |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['rate_rps']:g}/s | {r['answered']}/{r['sent']} | {r['throughput_rps'] or 0:.0f}/s "
+            f"| {_ms(r['overhead_p50_s'])} ms | {_ms(r['overhead_p99_s'])} ms "
+            f"| {_ms(r['scheduling_p50_s'])} / {_ms(r['scheduling_p99_s'])} ms "
+            f"| {_ms(r['queueing_p50_s'])} / {_ms(r['queueing_p99_s'])} ms "
+            f"| {_ms(r['send_lag_p99_s'])} ms |"
+        )
+    return rows
+
+
+def run_azure(policies: Sequence[str], limit: int, speedup: float) -> list[dict[str, Any]]:
+    plan = build_plan(resolve_trace("azure-conv"), "llm", limit, 0)
+    rows: list[dict[str, Any]] = []
+    for policy in policies:
+        with Stack(
+            policy=policy,
+            time_scale=speedup,
+            llm_workers="a100-80gb/llama-2-7b,a100-80gb/llama-2-7b,l40s-48gb/llama-2-7b,l40s-48gb/llama-2-7b",
+        ) as stack:
+            result = asyncio.run(
+                replay(plan, stack.url, speedup=speedup, timeout_s=300, progress=False)
+            )
+        s = summarize(result.records, result.duration_s)
+        overhead = s.breakdown.get("overhead")
+        row = {
+            "policy": policy,
+            "sent": s.sent,
+            "answered": s.answered_ok,
+            "p50_s": s.latency_p50_s,
+            "p90_s": s.latency_p90_s,
+            "p99_s": s.latency_p99_s,
+            "mean_s": s.latency_mean_s,
+            "slo_violation_rate": s.slo_violation_rate,
+            "overhead_p50_s": overhead.p50_s if overhead else None,
+            "overhead_p99_s": overhead.p99_s if overhead else None,
+        }
+        rows.append(row)
+        print(f"{policy}: {json.dumps(row)}", flush=True)
+    print()
+    print(
+        f"Azure conversation, first {limit} requests, x{speedup:g} (arrivals and emulated time); "
+        "latencies in compressed seconds (x{speedup:g} for real time):"
+    )
+    print("| policy | answered | P50 | P90 | P99 | mean | SLO violations | overhead P50 / P99 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        rate = r["slo_violation_rate"]
+        print(
+            f"| {r['policy']} | {r['answered']}/{r['sent']} | {_s(r['p50_s'])} s | {_s(r['p90_s'])} s "
+            f"| {_s(r['p99_s'])} s | {_s(r['mean_s'])} s | {'-' if rate is None else f'{rate:.1%}'} "
+            f"| {_ms(r['overhead_p50_s'])} / {_ms(r['overhead_p99_s'])} ms |"
+        )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.stack_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="experiment", required=True)
+    over = sub.add_parser("overhead")
+    over.add_argument("--rates", default="25,50,100,200,400")
+    over.add_argument("--requests", type=int, default=3000)
+    over.add_argument("--profile", action="store_true")
+    az = sub.add_parser("azure")
+    az.add_argument("--policies", default="gaps,jsq")
+    az.add_argument("--limit", type=int, default=2000)
+    az.add_argument("--speedup", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.experiment == "overhead":
+        rows = run_overhead([float(r) for r in args.rates.split(",")], args.requests, args.profile)
+    else:
+        rows = run_azure(args.policies.split(","), args.limit, args.speedup)
+    out = RESULTS / f"{args.experiment}.json"
+    out.write_text(json.dumps(rows, indent=2))
+    print(f"\nwritten {out}")
+
+
+if __name__ == "__main__":
+    main()

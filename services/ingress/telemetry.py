@@ -1,0 +1,281 @@
+"""The ingress's HTTP telemetry: a SERVER span per call, and the request metrics.
+
+:class:`HttpTelemetryMiddleware` wraps the whole ASGI app (outside admission control, so
+refusals while draining are counted too). For every HTTP call but the probes and the
+metrics scrape it starts a SERVER span named ``{METHOD} {route}`` (``POST
+/v1/completions``), whose parent is the caller's W3C ``traceparent`` header when it sent
+one, and keeps it current while the app handles the call: the request is published
+inside it, so the bus's PRODUCER span, and everything downstream (scheduler, worker, the
+answer coming back), belong to the call's trace.
+
+For the inference endpoints it also records (attributes low-cardinality: an ``app`` is a
+catalogue name or ``unknown``, never a request id):
+
+* ``switchyard.ingress.requests`` (counter): calls by ``app``, ``kind`` (``llm`` |
+  ``classification``), ``outcome`` and ``status_class`` (``2xx`` …);
+* ``switchyard.ingress.latency`` (histogram, seconds): from the call's arrival until its
+  answer was fully sent (a stream's last event included), by ``app`` and ``outcome``;
+* ``switchyard.ingress.in_flight`` (up-down counter): inference calls being answered,
+  by ``kind``.
+
+Outcomes: ``ok``, ``failed`` (the worker failed or cancelled it, or the ingress hit a
+bug), ``expired`` (its deadline passed before it was served), ``timeout`` (no answer
+within ``answer_timeout_s``), ``rejected`` (503: draining, or the bus or state store is
+unavailable) and ``bad_request`` (any other 4xx). A streamed answer that ends with an
+error event counts with that error's outcome although its status was 200.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from switchyard import __version__
+
+INSTRUMENTATION_NAME = "switchyard.ingress"
+
+LATENCY_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+"""Bucket bounds of ``switchyard.ingress.latency``, seconds."""
+
+UNKNOWN_APP = "unknown"
+
+_UNTRACED_PATHS = frozenset({"/healthz", "/metrics"})
+_KIND_OF_ROUTE = {
+    "/v1/completions": "llm",
+    "/v1/chat/completions": "llm",
+    "/v1/apps/{app}/infer": "classification",
+}
+_OUTCOME_OF_CODE = {
+    "deadline_expired": "expired",
+    "answer_timeout": "timeout",
+    "worker_failed": "failed",
+    "cancelled": "failed",
+}
+_STATE_KEY = "switchyard.call"
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """What the handlers tell the middleware about one call.
+
+    Attributes:
+        kind: ``llm`` or ``classification`` (from the route).
+        app: the served application's catalogue name once validated, else ``unknown``.
+        error_code: the ``code`` of the :class:`~services.ingress.errors.ApiError`
+            answered, if one was.
+        outcome: set by a handler that knows better than the status (a stream ending
+            with an error event).
+    """
+
+    kind: str
+    app: str = UNKNOWN_APP
+    error_code: str | None = None
+    outcome: str | None = None
+
+
+def call_record(scope: Scope) -> CallRecord | None:
+    """The record of the inference call being answered in ``scope``; None for others."""
+    state = scope.get("state")
+    if not isinstance(state, dict):
+        return None
+    found = state.get(_STATE_KEY)
+    return found if isinstance(found, CallRecord) else None
+
+
+def outcome_of(status: int, record: CallRecord) -> str:
+    """The outcome of a call answered with ``status`` (see the module docstring)."""
+    if record.outcome is not None:
+        return record.outcome
+    code = record.error_code
+    if code in _OUTCOME_OF_CODE:
+        return _OUTCOME_OF_CODE[code]
+    if status < 400:
+        return "ok"
+    if status in (429, 503):
+        return "rejected"
+    if status < 500:
+        return "bad_request"
+    return "failed"
+
+
+class _Instruments:
+    def __init__(self, meter_provider: MeterProvider | None) -> None:
+        meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider)
+        self.requests = meter.create_counter(
+            "switchyard.ingress.requests",
+            unit="{request}",
+            description="Inference calls answered, by app, kind, outcome and status class.",
+        )
+        self.latency_s = meter.create_histogram(
+            "switchyard.ingress.latency",
+            unit="s",
+            description="Seconds from an inference call's arrival until its answer was sent.",
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
+        )
+        self.in_flight = meter.create_up_down_counter(
+            "switchyard.ingress.in_flight",
+            unit="{request}",
+            description="Inference calls being answered.",
+        )
+
+
+class HttpTelemetryMiddleware:
+    """SERVER spans and request metrics around the ingress app (module docstring).
+
+    Args:
+        app: the app to wrap.
+        routes: the app's routes, to name spans by route template.
+        tracer_provider: where spans go; None: the process-wide provider.
+        meter_provider: where metrics go; None: the process-wide provider.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: list[BaseRoute],
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self.app = app
+        self.routes = routes
+        self.tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
+        self.instruments = _Instruments(meter_provider)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in _UNTRACED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        started_s = time.perf_counter()
+        method = str(scope.get("method", "GET"))
+        route = self._route(scope)
+        headers = _headers(scope)
+        span = self.tracer.start_span(
+            f"{method} {route}" if route else method,
+            context=_PROPAGATOR.extract(headers),
+            kind=SpanKind.SERVER,
+        )
+        if span.is_recording():
+            span.set_attributes(_request_attributes(scope, method, route, headers))
+        kind = _KIND_OF_ROUTE.get(route or "") if method == "POST" else None
+        record: CallRecord | None = None
+        if kind is not None:
+            record = CallRecord(kind)
+            scope.setdefault("state", {})[_STATE_KEY] = record
+            self.instruments.in_flight.add(1, {"kind": kind})
+        status = 500
+        token = otel_context.attach(trace.set_span_in_context(span))
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except BaseException as exc:
+            if span.is_recording():
+                span.record_exception(exc)
+            raise
+        finally:
+            otel_context.detach(token)
+            self._finish(span, status, record, time.perf_counter() - started_s)
+
+    def _finish(self, span: Span, status: int, record: CallRecord | None, elapsed_s: float) -> None:
+        outcome = outcome_of(status, record) if record is not None else None
+        if span.is_recording():
+            span.set_attribute("http.response.status_code", status)
+            if record is not None:
+                span.set_attributes({"switchyard.app": record.app, "switchyard.outcome": outcome})
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+            elif outcome not in (None, "ok", "bad_request"):
+                span.set_status(Status(StatusCode.ERROR, str(outcome)))
+        span.end()
+        if record is None or outcome is None:
+            return
+        instruments = self.instruments
+        instruments.in_flight.add(-1, {"kind": record.kind})
+        instruments.requests.add(
+            1,
+            {
+                "app": record.app,
+                "kind": record.kind,
+                "outcome": outcome,
+                "status_class": f"{status // 100}xx",
+            },
+        )
+        instruments.latency_s.record(elapsed_s, {"app": record.app, "outcome": outcome})
+
+    def _route(self, scope: Scope) -> str | None:
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:
+                path = getattr(route, "path", None)
+                return path if isinstance(path, str) else None
+        return None
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {
+        key.decode("latin-1").lower(): value.decode("latin-1")
+        for key, value in scope.get("headers", ())
+    }
+
+
+def _request_attributes(
+    scope: Scope, method: str, route: str | None, headers: dict[str, str]
+) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "http.request.method": method,
+        "url.path": str(scope.get("path", "")),
+        "url.scheme": str(scope.get("scheme", "http")),
+        "network.protocol.version": str(scope.get("http_version", "1.1")),
+    }
+    if route:
+        attributes["http.route"] = route
+    server = scope.get("server")
+    if server:
+        attributes["server.address"] = str(server[0])
+        if server[1] is not None:
+            attributes["server.port"] = int(server[1])
+    client = scope.get("client")
+    if client:
+        attributes["client.address"] = str(client[0])
+    if agent := headers.get("user-agent"):
+        attributes["user_agent.original"] = agent
+    return attributes
+
+
+__all__ = [
+    "LATENCY_BUCKETS_S",
+    "CallRecord",
+    "HttpTelemetryMiddleware",
+    "call_record",
+    "outcome_of",
+]
