@@ -39,26 +39,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from switchyard import __version__
+from switchyard.telemetry.buckets import SECONDS_BUCKETS
 
 INSTRUMENTATION_NAME = "switchyard.ingress"
 
-LATENCY_BUCKETS_S = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-)
 """Bucket bounds of ``switchyard.ingress.latency``, seconds."""
 
 UNKNOWN_APP = "unknown"
@@ -135,7 +119,7 @@ class _Instruments:
             "switchyard.ingress.latency",
             unit="s",
             description="Seconds from an inference call's arrival until its answer was sent.",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
         self.in_flight = meter.create_up_down_counter(
             "switchyard.ingress.in_flight",
@@ -273,7 +257,6 @@ def _request_attributes(
 
 
 __all__ = [
-    "LATENCY_BUCKETS_S",
     "CallRecord",
     "HttpTelemetryMiddleware",
     "call_record",

@@ -29,6 +29,7 @@ from switchyard import __version__
 from switchyard.contracts.messages import Completion
 from switchyard.contracts.topics import COMPLETIONS, PREDICTIONS, REQUESTS
 from switchyard.runtime import Service, ServiceContext
+from switchyard.telemetry.buckets import SECONDS_BUCKETS
 from switchyard.telemetry.observables import observe
 
 from services.predictor.model import LivePredictor
@@ -37,7 +38,6 @@ PREDICTION_TTL_S = 600.0
 _BATCH = 256
 _BATCH_WAIT_S = 0.2
 _SCOPE = "switchyard.predictor"
-_ERROR_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def prediction_key(request_id: str) -> str:
@@ -62,7 +62,7 @@ class PredictorService(Service):
             "switchyard.predictor.error",
             unit="s",
             description="Absolute error of the raw prediction of each completion learnt from.",
-            explicit_bucket_boundaries_advisory=_ERROR_BUCKETS_S,
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
         observe(
             ctx.telemetry.meter_provider,

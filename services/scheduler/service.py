@@ -93,6 +93,7 @@ from switchyard.selection.snapshot import AppView
 from switchyard.selection.views import app_view
 from switchyard.serving.catalogue import ServingCatalogue
 from switchyard.telemetry import extract_context
+from switchyard.telemetry.buckets import SECONDS_BUCKETS
 from switchyard.telemetry.observables import observe
 
 from services.cluster_state import is_alive, read_cluster
@@ -114,22 +115,6 @@ _BATCH = 512
 _BATCH_WAIT_S = 0.2
 _FINAL_STATUSES = frozenset(s.value for s in CompletionStatus)
 _SCOPE = "switchyard.scheduler"
-_LATENCY_BUCKETS_S = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-)
 
 
 def assignment_key(request_id: str) -> str:
@@ -208,7 +193,7 @@ class SchedulerService(Service):
             "switchyard.scheduler.decision.latency",
             unit="s",
             description="Seconds from a request's arrival to its assignment.",
-            explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS_S,
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
         self._m_hint_timeouts = meter.create_counter(
             "switchyard.scheduler.hint_timeouts",

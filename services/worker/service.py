@@ -81,6 +81,7 @@ from switchyard.contracts.topics import (
 from switchyard.errors import is_retriable
 from switchyard.runtime.service import Service, ServiceContext, backoff_s
 from switchyard.serving import ServingCatalogue
+from switchyard.telemetry.buckets import SECONDS_BUCKETS
 from switchyard.telemetry.observables import observe
 
 from services.worker.backends.base import Backend, Result, UnsupportedWorkError
@@ -100,23 +101,6 @@ the state-store claim still catches a duplicate after that)."""
 _PUBLISH_ATTEMPTS = 8
 _SCOPE = "switchyard.worker"
 _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-_EXECUTION_BUCKETS_S = (
-    0.001,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-)
 
 M = TypeVar("M", bound=Message)
 
@@ -164,7 +148,7 @@ class WorkerService(Service):
             "switchyard.worker.execution.duration",
             unit="s",
             description="Seconds from a request's start to its finish on this worker.",
-            explicit_bucket_boundaries_advisory=_EXECUTION_BUCKETS_S,
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
         self._m_completions = meter.create_counter(
             "switchyard.worker.completions",
