@@ -102,8 +102,10 @@ class Stack:
         self.url = ""
 
     def __enter__(self) -> Stack:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        self.log = open(RESULTS / "stack.log", "w")  # noqa: SIM115 - closed in __exit__
         self.process = subprocess.Popen(
-            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=self.log, text=True
         )
         assert self.process.stdout is not None
         deadline = time.monotonic() + 180
@@ -126,6 +128,7 @@ class Stack:
                 self.process.wait(60)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        self.log.close()
 
 
 def _ms(value: float | None) -> str:

@@ -265,8 +265,8 @@ class SchedulerService(Service):
                 wanted.append(("estimate", request.request_id))
         if not wanted:
             return
-        values = await asyncio.gather(
-            *(self.ctx.state.get(f"{kind}:{request_id}") for kind, request_id in wanted)
+        values = await self.ctx.state.get_many(
+            [f"{kind}:{request_id}" for kind, request_id in wanted]
         )
         for (kind, request_id), value in zip(wanted, values, strict=True):
             if value is None:
@@ -324,9 +324,7 @@ class SchedulerService(Service):
         outbox = _Outbox(sub)
         # A request decided before (a redelivery after a crash or a partition move) gets
         # its recorded assignment again; workers drop the copy they already hold.
-        recorded = await asyncio.gather(
-            *(ctx.state.get(assignment_key(d.message.request_id)) for d in batch)
-        )
+        recorded = await ctx.state.get_many([assignment_key(d.message.request_id) for d in batch])
         fresh: list[Delivery[InferenceRequest]] = []
         seen: set[str] = set()
         for delivery, raw in zip(batch, recorded, strict=True):

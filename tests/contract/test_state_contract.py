@@ -304,6 +304,14 @@ async def test_hincr_float_creates_the_hash_and_refuses_non_numbers(store: State
     assert await store.hget("load", "label") == "busy"
 
 
+async def test_get_many_reads_strings_in_order_in_one_call(store: StateStore) -> None:
+    await store.set("a", "1")
+    await store.set("c", "3")
+    await store.hset("h", {"f": "v"})
+    assert await store.get_many(["a", "b", "c", "h", "a"]) == ["1", None, "3", None, "1"]
+    assert await store.get_many([]) == []
+
+
 async def test_hgetall_returns_a_copy(store: StateStore) -> None:
     await store.hset("h", {"a": "1"})
     fields = await store.hgetall("h")

@@ -19,7 +19,7 @@ Errors, the same in both implementations:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Protocol
 
@@ -79,6 +79,11 @@ class StateStore(Protocol):
 
     async def get(self, key: str) -> str | None:
         """The string at ``key``; None when missing. A non-string key is an error."""
+        ...
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        """The strings at ``keys``, in order, in one round trip (None for a missing key or
+        one holding another type: a batch read should not fail on one odd key)."""
         ...
 
     async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from switchyard.errors import StateError
 from switchyard.state.base import INT64_MAX, INT64_MIN, check_limit, check_ttl_s, format_float
@@ -147,6 +147,13 @@ class MemoryStateStore:
 
     async def get(self, key: str) -> str | None:
         return self._string(key)
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        values: list[str | None] = []
+        for key in keys:
+            value = self._live(self.prefix + key)
+            values.append(value if isinstance(value, str) else None)
+        return values
 
     async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
         check_ttl_s(ttl_s)

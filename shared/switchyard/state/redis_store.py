@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -69,18 +69,32 @@ class RedisStateStore:
     Args:
         url: ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS).
         prefix: namespace of every key this store touches.
-        timeout_s: socket connect and read timeout of each command.
+        timeout_s: socket connect and read timeout of each command, and the longest a
+            command waits for a free connection.
+        max_connections: connections this client opens at most.
     """
 
-    def __init__(self, url: str, *, prefix: str = "switchyard:", timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "switchyard:",
+        timeout_s: float = 5.0,
+        max_connections: int = 64,
+    ) -> None:
         self.url = _redacted(url)
         self.prefix = prefix
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+        # A blocking pool: a burst of concurrent commands waits for a free connection
+        # (up to the timeout) instead of failing with "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=timeout_s,
             decode_responses=True,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
         )
+        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)  # owns the pool: closes it
         self._cas = self._redis.register_script(_CAS_SCRIPT)
 
     async def _call(self, operation: str, call: Awaitable[Any]) -> Any:
@@ -119,6 +133,15 @@ class RedisStateStore:
 
     async def get(self, key: str) -> str | None:
         return _opt_str(await self._call(f"get {key!r}", self._redis.get(self._k(key))))
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        if not keys:
+            return []
+        # MGET answers nil for a key of another type, as the contract asks.
+        values = await self._call(
+            f"mget of {len(keys)} keys", self._redis.mget([self._k(k) for k in keys])
+        )
+        return [_opt_str(v) for v in values]
 
     async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
         ttl_ms = _ttl_ms(ttl_s)
