@@ -106,6 +106,9 @@ class ApiOptions:
             polls the state store for its answer.
         orphaned_claim_s: how long a retry waits for the record of a claimed request id
             before it takes the claim over (its claimant failed without releasing it).
+        llm_time_scale: emulated LLM workers run this many times faster than real
+            (``SWITCHYARD_WORKER_TIME_SCALE``); an LLM application's SLO is divided by it,
+            so that a default deadline means the same in compressed time.
     """
 
     max_body_bytes: int = 1_048_576
@@ -114,6 +117,7 @@ class ApiOptions:
     stream_grace_s: float = 0.25
     poll_interval_s: float = 0.05
     orphaned_claim_s: float = 1.0
+    llm_time_scale: float = 1.0
 
 
 @dataclass(slots=True)
@@ -610,7 +614,11 @@ class _Api:
         deadline_ms, priority = self._deadline_and_priority(
             request, options.deadline_ms, options.priority
         )
-        deadline_s = arrival_s + (deadline_ms / 1000.0 if deadline_ms is not None else app.slo_s)
+        deadline_s = arrival_s + (
+            deadline_ms / 1000.0
+            if deadline_ms is not None
+            else app.slo_s / self.options.llm_time_scale
+        )
         hint = options.output_tokens_hint
         payload = LLMPayload(
             model=app.model,

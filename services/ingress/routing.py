@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import asyncio
 
-from switchyard.bus import Bus, Delivery
+from switchyard.bus import Bus, Delivery, Subscription
 from switchyard.contracts.messages import Completion
 from switchyard.contracts.topics import COMPLETIONS, OUTPUT_CHUNKS
 from switchyard.state.base import StateStore
 
 from services.ingress import records
 from services.ingress.answers import AnswerRegistry
+
+_BATCH = 256
+_BATCH_WAIT_S = 0.2
 
 
 def answer_group(instance_id: str) -> str:
@@ -31,20 +34,30 @@ async def route_completions(
     bus: Bus, state: StateStore, answers: AnswerRegistry, *, stopping: asyncio.Event
 ) -> None:
     """Record and deliver the completions addressed to ``answers.instance_id`` until
-    ``stopping`` is set. A state store outage is retried (the bus's handler policy) and
-    holds the completion's place."""
+    ``stopping`` is set.
 
-    async def on_completion(delivery: Delivery[Completion]) -> None:
-        completion = delivery.message
-        # Record first: once the caller has its answer, its status shows it too.
-        await records.write_completion(state, completion)
-        answers.deliver(completion)
-
+    Completions are taken in batches and their records written concurrently, so one
+    slow write does not hold back the answers behind it. A state store outage fails the
+    batch: it is not committed, the routine restarts and the batch comes again.
+    """
     group = answer_group(answers.instance_id)
     async with bus.subscribe(COMPLETIONS, group=group, stopping=stopping) as subscription:
-        async for delivery in subscription:
-            if answers.is_mine(delivery.message.reply_to):
-                await subscription.handle(delivery, on_completion)
+        while not stopping.is_set():
+            batch = await subscription.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
+            mine = [d for d in batch if answers.is_mine(d.message.reply_to)]
+            if not mine:
+                continue
+            # Record first: once the caller has its answer, its status shows it too.
+            await asyncio.gather(*(_record(subscription, d, state) for d in mine))
+            for delivery in mine:
+                answers.deliver(delivery.message)
+
+
+async def _record(
+    subscription: Subscription[Completion], delivery: Delivery[Completion], state: StateStore
+) -> None:
+    with subscription.handling(delivery):
+        await records.write_completion(state, delivery.message)
 
 
 async def route_chunks(bus: Bus, answers: AnswerRegistry, *, stopping: asyncio.Event) -> None:

@@ -81,6 +81,7 @@ class IngressService(Service):
             options=ApiOptions(
                 max_body_bytes=settings.max_body_bytes,
                 answer_timeout_s=settings.answer_timeout_s,
+                llm_time_scale=settings.worker_time_scale,
             ),
             admission=self.admission,
             # A context built without real telemetry (tests) gets the global providers.

@@ -133,6 +133,7 @@ class WorkerService(Service):
         self._held: dict[str, WorkItem] = {}  # waiting or running here, by request id
         self._seen: OrderedDict[str, int] = OrderedDict()  # request id -> highest epoch taken
         self._wake = asyncio.Event()
+        self._sending: set[asyncio.Task[None]] = set()
         self._sequence = 0
         self._sink = _Sink(self)
         telemetry = ctx.telemetry
@@ -240,6 +241,8 @@ class WorkerService(Service):
         ``draining`` (it lists what still waits, for re-assignment)."""
         self._wake.set()
         await super().drain()
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
         try:
             await self._publish(HEARTBEATS, self.heartbeat(draining=True))
         except Exception as exc:
@@ -489,19 +492,28 @@ class WorkerService(Service):
         self._forget(item)
         self._executed(item, CompletionStatus.OK)
         with _in_trace_of(item):
-            await self._publish(
-                COMPLETIONS, self._completion(item, CompletionStatus.OK, result=result)
-            )
+            self._send_completion(self._completion(item, CompletionStatus.OK, result=result))
         self._end_span(item)
 
     async def report_failed(self, item: WorkItem, error: str) -> None:
         self._forget(item)
         self._executed(item, CompletionStatus.FAILED)
         with _in_trace_of(item):
-            await self._publish(
-                COMPLETIONS, self._completion(item, CompletionStatus.FAILED, error=error)
-            )
+            self._send_completion(self._completion(item, CompletionStatus.FAILED, error=error))
         self._end_span(item, f"failed: {error}")
+
+    def _send_completion(self, completion: Completion) -> None:
+        """Publish a completion in the background, retrying a broker outage, so the engine
+        goes on with the batch instead of waiting for each acknowledgement in turn (the
+        task copies the current trace context). Drain waits for every one of them."""
+        task = asyncio.create_task(self._publish(COMPLETIONS, completion))
+        self._sending.add(task)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.ctx.logger.error("a completion could not be published: %s", exc)
 
     def _executed(self, item: WorkItem, status: CompletionStatus) -> None:
         """Count a completion, and its execution time when it started here."""

@@ -388,6 +388,14 @@ async def test_completion_answers_in_openai_shape(stack: Stack, ingress: Replica
     assert payload.stream is False
 
 
+async def test_the_default_deadline_runs_in_the_emulated_time_scale(stack: Stack) -> None:
+    replica = await stack.replica(options=ApiOptions(answer_timeout_s=5.0, llm_time_scale=10.0))
+    response = await replica.client.post("/v1/completions", json=completion_body())
+    assert response.status_code == 200, response.text
+    [request] = stack.worker.requests_with_id(response.json()["id"])
+    assert request.deadline_s == pytest.approx(request.arrival_s + CHAT_SLO_S / 10.0)
+
+
 async def test_max_tokens_defaults_to_16(stack: Stack, ingress: Replica) -> None:
     body = completion_body()
     del body["max_tokens"]
