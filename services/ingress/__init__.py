@@ -3,14 +3,16 @@
 An OpenAI-compatible API (``/v1/completions``, ``/v1/chat/completions``,
 ``/v1/models``), classification inference (``/v1/apps/{app}/infer``, ``/v1/apps``),
 request status from the state store (``/v1/requests/{id}``), ``/openapi.json`` and
-``/healthz``. It validates, publishes each request to ``switchyard.requests`` and waits
-for the completion routed back to it (``reply_to`` = its instance id).
+``/healthz``. It validates, refuses what the cluster cannot serve in time (429 or 503
+with ``Retry-After``), publishes each request to ``switchyard.requests`` and waits for
+the completion routed back to it (``reply_to`` = its instance id).
 
 Modules: :mod:`~services.ingress.api` (the Starlette app), :mod:`~.service` (the
 service shell: uvicorn and the answer routines), :mod:`~.answers` (waiters),
 :mod:`~.records` (request records in the state store), :mod:`~.openai_schema` (request
 validation), :mod:`~.responses` (answer bodies), :mod:`~.openapi`, :mod:`~.tokens`,
-:mod:`~.admission` (drain), :mod:`~.errors`.
+:mod:`~.admission` (drain), :mod:`~.admission_policy` (deadline-aware admission control),
+:mod:`~.errors`.
 
 The ingress imports neither torch, scikit-learn nor faiss: it starts fast and its image
 stays small.

@@ -6,8 +6,11 @@ publisher, the answer registry and the state store), so tests drive it in proces
 ``httpx.ASGITransport`` and the service runs it under uvicorn.
 
 How one call goes: validate (every refusal is an OpenAI-shaped error naming the field),
-register a waiter for the request id, record the request as ``queued`` in the state
-store, publish it to ``switchyard.requests`` (returns once the bus stored it: accepted
+claim its id, pass the admission gate when there is one (a request no worker can finish
+before its deadline gets 429, one for a model no worker serves 503, both with
+``Retry-After`` and before anything is recorded or published: see
+:mod:`services.ingress.admission_policy`), register a waiter for the request id, record
+the request as ``queued`` in the state store, publish it to ``switchyard.requests`` (returns once the bus stored it: accepted
 work is never lost; a failure is a 503 with ``Retry-After``), then wait up to
 ``answer_timeout_s`` for the completion routed back to this replica (see
 :mod:`services.ingress.answers`).
@@ -52,8 +55,15 @@ from switchyard.telemetry.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 from services.ingress import records
 from services.ingress.admission import Admission, AdmissionMiddleware, unavailable
+from services.ingress.admission_policy import AdmissionGate, Decision, Demand, Verdict
 from services.ingress.answers import AnswerRegistry, Waiter
-from services.ingress.errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, bad_request
+from services.ingress.errors import (
+    INVALID_REQUEST,
+    NOT_FOUND,
+    SERVER_ERROR,
+    ApiError,
+    bad_request,
+)
 from services.ingress.openai_schema import (
     MAX_TOKENS_DEFAULT,
     ChatBody,
@@ -139,6 +149,7 @@ def build_app(
     *,
     options: ApiOptions | None = None,
     admission: Admission | None = None,
+    gate: AdmissionGate | None = None,
     clock: Callable[[], float] = time.time,
     telemetry: Telemetry | None = None,
 ) -> Starlette:
@@ -152,12 +163,16 @@ def build_app(
         state: where request records live (``request:{id}``).
         options: limits and timings.
         admission: drain control shared with the service; a fresh one when None.
+        gate: deadline-aware admission control (:mod:`services.ingress.admission_policy`):
+            a request no worker can finish before its deadline is refused with 429, one
+            for a model no worker has served for a while with 503, both before anything
+            is recorded or published. None: every valid request is accepted.
         clock: epoch seconds (arrival times).
         telemetry: the providers SERVER spans and request metrics go to, and the
             Prometheus reader ``GET /metrics`` renders (404 without one); None: spans and
             metrics go to the process-wide providers, and there is no ``/metrics``.
     """
-    api = _Api(catalogue, publish, answers, state, options or ApiOptions(), clock)
+    api = _Api(catalogue, publish, answers, state, options or ApiOptions(), clock, gate)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -177,8 +192,8 @@ def build_app(
             return Response(render(), media_type=METRICS_CONTENT_TYPE)
 
         routes.append(Route("/metrics", metrics, methods=["GET"]))
-    gate = admission if admission is not None else Admission()
-    api.admission = gate
+    drain = admission if admission is not None else Admission()
+    api.admission = drain
     return Starlette(
         routes=routes,
         middleware=[
@@ -189,7 +204,7 @@ def build_app(
                 tracer_provider=telemetry.tracer_provider if telemetry is not None else None,
                 meter_provider=telemetry.meter_provider if telemetry is not None else None,
             ),
-            Middleware(AdmissionMiddleware, admission=gate),
+            Middleware(AdmissionMiddleware, admission=drain),
         ],
         exception_handlers={
             ApiError: _api_error,
@@ -227,6 +242,39 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     # A bug: log it with its traceback, answer without one.
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     return ApiError(500, "internal error in the ingress", type_=SERVER_ERROR).response()
+
+
+def _refusal(decision: Decision, what: str) -> ApiError:
+    """The answer to a request the admission gate refused: 429 (overloaded) or 503 (no
+    live worker), both with ``Retry-After``."""
+    retry = str(decision.retry_after_s)
+    if decision.verdict is Verdict.NO_WORKER:
+        return ApiError(
+            503,
+            f"no live worker serves {what} ({decision.reason}); nothing was started, "
+            f"retry after {retry} s",
+            type_=SERVER_ERROR,
+            code="no_worker",
+            headers={"Retry-After": retry},
+        )
+    return ApiError(
+        429,
+        f"{what} is overloaded: the estimated wait is {decision.wait_s:.2f} s plus "
+        f"{decision.service_s:.2f} s of service on the least-loaded worker, more than the "
+        f"{max(0.0, decision.time_left_s):.2f} s left to the request's deadline; nothing "
+        f"was started, retry after {retry} s",
+        type_=SERVER_ERROR,
+        code="overloaded",
+        headers={"Retry-After": retry},
+        extra={
+            "switchyard": {
+                "estimated_wait_s": round(decision.wait_s, 4),
+                "estimated_service_s": round(decision.service_s, 4),
+                "time_left_s": round(decision.time_left_s, 4),
+                "retry_after_s": decision.retry_after_s,
+            }
+        },
+    )
 
 
 def _trace_request_id(request_id: str) -> None:
@@ -277,8 +325,11 @@ class _Api:
         state: StateStore,
         options: ApiOptions,
         clock: Callable[[], float],
+        gate: AdmissionGate | None = None,
     ) -> None:
         self.catalogue = catalogue
+        self.gate = gate
+        self._classification_service_s: dict[str, float | None] = {}
         self.publish = publish
         self.answers = answers
         self.state = state
@@ -403,8 +454,13 @@ class _Api:
         make_request: Callable[[str], InferenceRequest],
         *,
         stream: bool,
+        demand: Demand | None = None,
+        what: str = "",
     ) -> _Accepted:
-        """Register, record and publish a request, or find the earlier one a retry names."""
+        """Register, record and publish a request, or find the earlier one a retry names.
+
+        A fresh request (not a retry of an accepted one) passes the admission gate first
+        with ``demand``; ``what`` names its model or application in a refusal."""
         try:
             if client_id is None:
                 request_id = f"req-{uuid.uuid4().hex}"
@@ -419,6 +475,20 @@ class _Api:
             raise
         except Exception as exc:
             raise unavailable(f"the state store is unavailable: {exc}") from None
+        if self.gate is not None and demand is not None:
+            decision = self.gate.decide(demand, self.clock())
+            if not decision.admitted:
+                if client_id is not None:  # let a later retry of this id in
+                    with contextlib.suppress(Exception):
+                        await records.forget(self.state, request_id)
+                log.debug(
+                    "refused request %s for %s: %s",
+                    request_id,
+                    what,
+                    decision.reason,
+                    extra={"event": "admission_refused", "verdict": str(decision.verdict)},
+                )
+                raise _refusal(decision, what)
         request = make_request(request_id)
         waiter = self.answers.register(request_id, stream=stream)
         try:
@@ -434,6 +504,20 @@ class _Api:
                 f"could not queue request {request_id}: {reason}; nothing was started"
             ) from None
         return _Accepted(request_id, waiter=waiter)
+
+    def _profiled_service_s(self, name: str) -> float | None:
+        """The fastest profiled batch-of-one latency of application ``name``'s variants,
+        seconds (what admission control takes as its service time); None: unprofiled."""
+        if name not in self._classification_service_s:
+            app = self.catalogue.classification_application(name)
+            found = [
+                by_batch[min(by_batch)] / 1000.0
+                for variant in app.spec.variants.values()
+                for by_batch in variant.latency_ms.values()
+                if by_batch
+            ]
+            self._classification_service_s[name] = min(found) if found else None
+        return self._classification_service_s[name]
 
     async def _existing(self, request_id: str, owner: str, *, stream: bool) -> _Accepted | None:
         """A retry of a request id already claimed; None when its claim was orphaned and
@@ -633,7 +717,21 @@ class _Api:
 
         make_request = self._request_maker(app.name, payload, arrival_s, deadline_s, priority)
 
-        accepted = await self._accept(options.request_id, make_request, stream=stream)
+        demand = Demand(
+            kind="llm",
+            model=app.model,
+            arrival_s=arrival_s,
+            deadline_s=deadline_s,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+        )
+        accepted = await self._accept(
+            options.request_id,
+            make_request,
+            stream=stream,
+            demand=demand,
+            what=f"model {app.name!r}",
+        )
         _trace_request_id(accepted.request_id)
         record = accepted.record
         call = LlmCall(
@@ -769,14 +867,26 @@ class _Api:
         deadline_ms, priority = self._deadline_and_priority(
             request, body.deadline_ms, body.priority
         )
-        deadline_s: float | None = arrival_s + (
-            deadline_ms / 1000.0 if deadline_ms is not None else app.deadline_s
-        )
+        due_s = arrival_s + (deadline_ms / 1000.0 if deadline_ms is not None else app.deadline_s)
+        deadline_s: float | None = due_s
         payload = ClassificationPayload(features=list(body.features))
 
         make_request = self._request_maker(app.name, payload, arrival_s, deadline_s, priority)
 
-        accepted = await self._accept(body.request_id, make_request, stream=False)
+        demand = Demand(
+            kind="classification",
+            model=app.name,
+            arrival_s=arrival_s,
+            deadline_s=due_s,
+            service_s=self._profiled_service_s(app.name),
+        )
+        accepted = await self._accept(
+            body.request_id,
+            make_request,
+            stream=False,
+            demand=demand,
+            what=f"application {app.name!r}",
+        )
         _trace_request_id(accepted.request_id)
         if accepted.record is not None:
             deadline_s = accepted.record.deadline_s

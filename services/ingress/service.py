@@ -1,7 +1,9 @@
 """The ingress service: the HTTP API under uvicorn, and the routines that bring answers
 back to it (:mod:`services.ingress.routing`: every request carries ``reply_to`` = this
 replica's ``instance_id``; each replica reads every answer in its own consumer group
-``ingress-{instance_id}`` and keeps those addressed to it).
+``ingress-{instance_id}`` and keeps those addressed to it), and the one that feeds
+admission control the monitor's worker records (``cluster_routine``, when
+``SWITCHYARD_ADMISSION=deadline``; :mod:`services.ingress.admission_policy`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Generator
 
 import uvicorn
@@ -19,7 +22,9 @@ from switchyard.runtime.service import Service, ServiceContext
 from switchyard.serving import ServingCatalogue
 from switchyard.telemetry import Telemetry
 
+from services.cluster_state import read_cluster
 from services.ingress.admission import Admission
+from services.ingress.admission_policy import AdmissionGate
 from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
 from services.ingress.routing import route_chunks, route_completions
@@ -44,7 +49,9 @@ class IngressService(Service):
 
     Args:
         ctx: the service context (settings: ``http_host``, ``http_port``,
-            ``max_body_bytes``, ``answer_timeout_s``, ``instance_id``).
+            ``max_body_bytes``, ``answer_timeout_s``, ``instance_id``, ``admission``,
+            ``admission_slack``, ``admission_grace_s``, ``worker_timeout_s``,
+            ``heartbeat_interval_s``).
         catalogue: what is served; loaded from ``settings.registry`` at start when None.
     """
 
@@ -53,6 +60,16 @@ class IngressService(Service):
         self.catalogue = catalogue
         self.answers = AnswerRegistry(ctx.settings.instance_id)
         self.admission = Admission()
+        settings = ctx.settings
+        self.gate: AdmissionGate | None = (
+            AdmissionGate(
+                slack=settings.admission_slack,
+                grace_s=settings.admission_grace_s,
+                worker_timeout_s=settings.worker_timeout_s,
+            )
+            if settings.admission == "deadline"
+            else None
+        )
         self._answers_stop = asyncio.Event()
         self._server: _EmbeddedServer | None = None
         self._socket: socket.socket | None = None
@@ -84,6 +101,7 @@ class IngressService(Service):
                 llm_time_scale=settings.worker_time_scale,
             ),
             admission=self.admission,
+            gate=self.gate,
             # A context built without real telemetry (tests) gets the global providers.
             telemetry=self.ctx.telemetry if isinstance(self.ctx.telemetry, Telemetry) else None,
         )
@@ -109,6 +127,8 @@ class IngressService(Service):
         self.spawn_routine("completions_routine", self.completions_routine)
         self.spawn_routine("chunks_routine", self.chunks_routine)
         self.spawn_routine("http_routine", self.http_routine)
+        if self.gate is not None:
+            self.spawn_routine("cluster_routine", self.cluster_routine)
         deadline = asyncio.get_running_loop().time() + _START_TIMEOUT_S
         while not self._server.started:
             if self.failed.is_set() or "http_routine" not in self.running_routines():
@@ -134,6 +154,27 @@ class IngressService(Service):
         except Exception as exc:
             # Not retriable: the listening socket is gone with the server.
             raise SwitchyardError(f"the HTTP server failed: {exc}", retriable=False) from exc
+
+    async def cluster_routine(self) -> None:
+        """Feed the admission gate the monitor's worker records every
+        ``min(0.1 s, heartbeat interval / 2)`` (the scheduler's period). A failed read
+        keeps the last view: its workers age, and the gate judges them as it would."""
+        assert self.gate is not None
+        period_s = min(0.1, self.ctx.settings.heartbeat_interval_s / 2)
+        failing = False
+        while not self.ctx.stopping.is_set():
+            try:
+                view = await read_cluster(self.ctx.state, time.time())
+            except Exception as exc:
+                if not failing:
+                    self.ctx.logger.warning(
+                        "admission control cannot read the cluster state: %s", exc
+                    )
+                failing = True
+            else:
+                failing = False
+                self.gate.observe(view)
+            await asyncio.sleep(period_s)
 
     async def completions_routine(self) -> None:
         """Record and deliver the completions addressed to this replica."""

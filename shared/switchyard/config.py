@@ -133,6 +133,35 @@ class Settings(BaseModel):
         description="Longest the ingress holds an HTTP call open waiting for its answer.",
     )
 
+    admission: Literal["off", "deadline"] = Field(
+        default="deadline",
+        description=(
+            "Ingress admission control. deadline: a request that no worker serving its model "
+            "can finish before its deadline (estimated from the monitor's heartbeats) is "
+            "refused with 429 and Retry-After, one for a model no live worker has served for "
+            "SWITCHYARD_ADMISSION_GRACE_S with 503; off: every valid request is queued."
+        ),
+    )
+    admission_slack: float = Field(
+        default=1.0,
+        gt=0,
+        le=100,
+        description=(
+            "A request is refused when its estimated wait plus service exceeds this many "
+            "times the time left to its deadline; below 1 keeps headroom for estimation "
+            "error, above 1 tolerates some lateness."
+        ),
+    )
+    admission_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description=(
+            "How long a model may have no live worker before the ingress answers its "
+            "requests 503 (meanwhile the scheduler holds them until a worker comes)."
+        ),
+    )
+
     # -- scheduler, predictor, monitor ----------------------------------------------------
     llm_policy: str = Field(
         default="gaps", description="LLM scheduling policy (a name from `switchyard simulate`)."

@@ -262,3 +262,13 @@ def test_build_into_a_file_is_one_line_and_exit_2(
     assert capsys.readouterr().err == (
         f"switchyard apps build: --out: {target} exists and is not a folder\n"
     )
+
+
+def test_build_if_missing_leaves_an_existing_registry_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry = tmp_path / "registry.json"
+    registry.write_text('{"kept": true}', encoding="utf-8")
+    assert run(_parse(["build", "--out", str(tmp_path), "--if-missing"])) == 0
+    assert registry.read_text(encoding="utf-8") == '{"kept": true}'
+    assert "exists already" in capsys.readouterr().out

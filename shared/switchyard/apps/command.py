@@ -56,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=20,
         help="timed calls per batch size; the median is kept (default 20)",
     )
+    build.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="do nothing when DIR/registry.json exists already (a deployment's one-off job)",
+    )
     show = commands.add_parser(
         "show",
         help="print a registry's applications and variants",
@@ -112,6 +117,9 @@ def _build(args: argparse.Namespace) -> int:
     out_dir: Path = args.out
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out: {out_dir} exists and is not a folder")
+    if args.if_missing and (out_dir / REGISTRY_FILE).is_file():
+        print(f"{out_dir / REGISTRY_FILE} exists already; nothing to do")
+        return 0
 
     def progress(app: str, variant: str) -> None:
         print(f"profiled {app}/{variant}", file=sys.stderr)
