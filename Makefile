@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-selection-eval  the classification tables: variants, window scheduling, accuracy"
 	@echo "make bench-multimodel  the multi-model tables: policies, LoRA mix, update frequency, decision time"
 	@echo "make bench-stack  the live stack on Kafka and Redis: overhead by rate, Azure replay (GAPS, JSQ)"
+	@echo "make bench-recovery  worker-kill recovery (services as processes): detection, re-assignment, lost/doubled"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
@@ -105,6 +106,12 @@ bench-stack: deps
 	deploy/local/infra.sh up
 	$(BIN)/python -m bench.stack_bench overhead
 	$(BIN)/python -m bench.stack_bench azure
+
+# Worker-kill recovery: the stack as separate processes on the local Kafka and Redis, a
+# worker SIGKILLed mid-replay, three runs; JSON in bench/results/recovery/.
+bench-recovery: deps
+	deploy/local/infra.sh up
+	$(BIN)/python -m bench.recovery_bench --runs 3 --out bench/results/recovery
 
 infra-up:
 	@$(INFRA) up

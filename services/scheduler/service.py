@@ -14,7 +14,8 @@ Routines:
   ``assignment:{id}`` (the assignment, for re-assignment) and
   ``worker:{worker id}:assigned``. A batch is committed only after all of that, so a
   scheduler that dies mid-batch loses nothing: its successor decides the batch again,
-  and ``claim:{id}:assign`` keeps a request from being assigned twice.
+  and a request whose ``assignment:{id}`` was recorded gets that very assignment re-sent
+  (same message id; workers drop the copy), so it is not decided twice.
 - ``hints``: consume ``switchyard.predictions`` and ``switchyard.estimates`` with a
   group of this replica's own, so whichever replica decides a request has its hints.
 - ``cluster``: reads the monitor's worker records from the state store every
@@ -568,7 +569,15 @@ class SchedulerService(Service):
         state = self.ctx.state
         outbox = _Outbox(None)
         moved = 0
-        for request_id in event.orphaned_request_ids:
+        # The monitor listed what the worker held when it looked; a request assigned to
+        # it after that (this scheduler had not yet seen it down) is still in the
+        # worker's assigned set, so the set is read again now that no decision here can
+        # choose the worker any more.
+        late = await state.zrange_by_score(
+            assigned_set_key(event.worker_id), float("-inf"), float("inf")
+        )
+        orphans = list(dict.fromkeys([*event.orphaned_request_ids, *(m for m, _ in late)]))
+        for request_id in orphans:
             status, raw = await asyncio.gather(
                 state.hget(request_key(request_id), "status"), state.get(assignment_key(request_id))
             )
@@ -599,7 +608,7 @@ class SchedulerService(Service):
             event.worker_id,
             event.reason,
             moved,
-            len(event.orphaned_request_ids),
+            len(orphans),
         )
 
 

@@ -196,6 +196,33 @@ async def test_a_dead_workers_unfinished_requests_are_reassigned_with_a_new_epoc
     assert again.epoch == 1
 
 
+async def test_a_request_sent_to_a_worker_after_the_monitor_listed_its_orphans_moves_too(
+    jsq: Stack,
+) -> None:
+    await store_worker(jsq.state, heartbeat("doomed"))
+    await jsq.start()
+    await jsq.client.publish(REQUESTS, llm_request("late"))
+    (first,) = await jsq.assignments(1)
+    assert first.worker_id == "doomed"
+    await store_worker(jsq.state, heartbeat("doomed", sequence=2), status="down")
+    await store_worker(jsq.state, heartbeat("survivor"))
+    await asyncio.sleep(0.3)
+    # The monitor's list missed it: it was assigned after the monitor looked.
+    await jsq.client.publish(
+        WORKER_EVENTS,
+        WorkerDown(
+            worker_id="doomed",
+            reason="heartbeat-timeout",
+            detected_at_s=time.time(),
+            orphaned_request_ids=[],
+        ),
+    )
+    (again,) = await jsq.assignments(1)
+    assert again.request.request_id == "late"
+    assert again.worker_id == "survivor"
+    assert again.epoch == 1
+
+
 async def test_a_request_for_a_model_nobody_serves_waits_for_a_worker(jsq: Stack) -> None:
     service = await jsq.start()
     await jsq.client.publish(REQUESTS, llm_request("early"))

@@ -1,0 +1,175 @@
+"""Failure recovery of the live stack, every service a separate OS process.
+
+The stack runs over the real Kafka broker and Redis (``tests/support/process_stack.py``),
+each service as ``python -m switchyard service NAME``; a trace replay goes through the
+ingress's HTTP API while one process is SIGKILLed:
+
+- a worker: the monitor declares it down after its heartbeats stop
+  (``SWITCHYARD_WORKER_TIMEOUT_S=1.5``, heartbeats every 0.25 s: detection 1.5-2 s after
+  the kill) and the scheduler re-assigns its queued and running requests (epoch + 1) to
+  the survivor; every request still gets exactly one 200 answer;
+- one of two scheduler replicas: the other takes its partitions of the requests topic
+  (after Kafka's session timeout, 10 s) and decides what it left; no request is lost or
+  assigned twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from switchyard.contracts.topics import WORKER_EVENTS
+
+from loadgen.mixes import PlannedRequest, build_plan
+from loadgen.traces import resolve_trace
+from tests.support.process_stack import ProcessStack, read_topic
+from tests.support.recovery import RecoveryReport, analyse, busiest_worker, replay_with_kill
+
+pytestmark = pytest.mark.integration
+
+REQUESTS = 150
+SPEEDUP = 10.0
+"""150 requests of the Azure conversation sample span 50.6 s of trace time: 5 s here, 30
+requests per second, several running on each emulated worker (time scale 20) at once."""
+CLIENT_TIMEOUT_S = 40.0
+WORKERS = ("worker-a", "worker-b")
+STACK_ENV = {"SWITCHYARD_ADMISSION": "off"}
+"""Every valid request is queued: the ingress's deadline admission control would refuse
+some requests with 429 while half the capacity is gone (correctly, but these tests are
+about recovery: every request must be answered 200, exactly once)."""
+
+StackFactory = Callable[..., ProcessStack]
+
+
+@pytest.fixture
+async def process_stack(
+    kafka_bootstrap: str, redis_url: str, unique_prefix: str, tmp_path: Path
+) -> AsyncIterator[StackFactory]:
+    """Make process stacks; every one is stopped (SIGTERM, then SIGKILL) and its topics
+    and keys deleted at the end. Logs stay under the test's ``tmp_path``."""
+    made: list[ProcessStack] = []
+
+    def make(**options: Any) -> ProcessStack:
+        stack = ProcessStack(
+            kafka_bootstrap,
+            redis_url,
+            f"{unique_prefix.rstrip('.')}{len(made)}",
+            tmp_path / f"logs{len(made)}",
+            **options,
+        )
+        made.append(stack)
+        return stack
+
+    yield make
+    for stack in made:
+        await stack.close()
+
+
+def _plan() -> list[PlannedRequest]:
+    return build_plan(resolve_trace("azure-conv-sample"), "llm", REQUESTS, 0)
+
+
+def _explain(report: RecoveryReport, stack: ProcessStack) -> str:
+    return f"{report.summary()}\nfailures: {report.failures[:5]}\n{stack.logs()}"
+
+
+async def test_a_killed_workers_requests_are_reassigned_and_answered_once(
+    process_stack: StackFactory,
+) -> None:
+    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
+    stack.start_service("monitor")
+    stack.start_service("scheduler")
+    for worker in WORKERS:
+        stack.start_worker(worker)
+    stack.start_service("ingress")
+    await stack.wait_ready(workers=len(WORKERS))
+    plan = _plan()
+
+    async def busiest() -> str:
+        # The worker holding more requests right now: its death orphans the most.
+        return await busiest_worker(stack, WORKERS)
+
+    result, victim, killed_at_s = await replay_with_kill(
+        stack, plan, busiest, speedup=SPEEDUP, timeout_s=CLIENT_TIMEOUT_S
+    )
+    survivor = next(w for w in WORKERS if w != victim)
+    report = await analyse(stack, result, killed=victim, killed_at_s=killed_at_s)
+    why = _explain(report, stack)
+
+    # Exactly one 200 answer per request, nothing lost.
+    assert report.failures == [], why
+    assert report.answered_ok == len(plan), why
+    assert report.lost == [], why
+    assert report.answers_doubled == [], why
+    # Detected once, within the timeout plus a check period and the publish.
+    assert report.worker_downs == 1, why
+    assert report.detection_s is not None, why
+    assert report.detection_s < 3.0, why
+    # The dead worker held requests, and every one of them moved to the survivor with a
+    # higher epoch and was answered from there.
+    assert report.orphans, why
+    assert report.orphans_not_reassigned == [], why
+    for orphan, (worker, epoch, _) in report.reassigned.items():
+        assert worker == survivor, (orphan, why)
+        assert epoch >= 1, (orphan, why)
+        assert report.orphans_answered_by[orphan] == survivor, (orphan, why)
+    assert report.reassignment_s is not None, why
+    assert report.reassignment_s < 5.0, why
+    # After the WorkerDown every answer comes from the survivor.
+    late = [
+        r
+        for r in result.records
+        if r.timeline is not None and r.timeline.get("finished_s", 0.0) > killed_at_s + 0.5
+    ]
+    assert all(r.worker_id == survivor for r in late), why
+    # No request ran to completion twice, and no (request, epoch) was decided twice.
+    assert report.runs_doubled == [], why
+    assert report.assignment_conflicts == {}, why
+    print(f"\nworker kill: {report.summary()}")
+
+
+async def test_a_killed_scheduler_replica_loses_and_doubles_nothing(
+    process_stack: StackFactory,
+) -> None:
+    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
+    stack.start_service("monitor")
+    stack.start_service("scheduler", name="scheduler-a")
+    stack.start_service("scheduler", name="scheduler-b")
+    for worker in WORKERS:
+        stack.start_worker(worker)
+    stack.start_service("ingress")
+    await stack.wait_ready(workers=len(WORKERS))
+    # Both replicas share the requests' partitions before the replay (each replica is two
+    # members of group ``scheduler``: its requests and its worker-events consumers).
+    await stack.wait_group("scheduler", members=4)
+    plan = _plan()
+
+    async def first_replica() -> str:
+        return "scheduler-a"
+
+    result, victim, killed_at_s = await replay_with_kill(
+        stack, plan, first_replica, speedup=SPEEDUP, timeout_s=CLIENT_TIMEOUT_S
+    )
+    report = await analyse(
+        stack, result, killed=victim, killed_at_s=killed_at_s, worker_killed=False
+    )
+    why = _explain(report, stack)
+
+    assert report.failures == [], why
+    assert report.answered_ok == len(plan), why
+    assert report.lost == [], why
+    assert report.answers_doubled == [], why
+    # At most one decision per (request, epoch); re-sends of a recorded decision carry
+    # its message id. No worker died, so nothing was re-assigned or run twice.
+    assert report.assignment_conflicts == {}, why
+    assert report.runs_doubled == [], why
+    events = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, WORKER_EVENTS)
+    assert events == [], why
+    assert stack.processes["scheduler-b"].running(), why
+    # The killed replica owned partitions: requests that arrived in them after the kill
+    # waited for the group to hand them to the survivor (Kafka's session timeout, 10 s).
+    assert report.max_decision_delay_s is not None, why
+    assert report.max_decision_delay_s > 3.0, why
+    print(f"\nscheduler kill: {report.summary()}")
