@@ -183,7 +183,9 @@ class MonitorService(Service):
                 self._m_heartbeats.add(1, {"outcome": "stale"})
                 return False
         now_s = self.clock()
-        drained = heartbeat.draining and heartbeat.outstanding_total == 0
+        # A draining heartbeat is the worker's last: it has stopped taking work and exits
+        # once nothing runs. What it lists then only waits, and is re-assigned now.
+        drained = heartbeat.draining and heartbeat.running == 0
         status = WorkerStatus.DRAINED if drained else WorkerStatus.ALIVE
         fields = {
             "heartbeat": heartbeat.model_dump_json(),

@@ -20,7 +20,9 @@ Typical use::
     await stack.close()                       # SIGTERM, SIGKILL after a timeout
 
 The ingress's HTTP port is chosen here (a socket bound to port 0, then closed) and handed
-to it as ``SWITCHYARD_HTTP_PORT``; health endpoints take free ports (``0``).
+to it as ``SWITCHYARD_HTTP_PORT``; each ingress replica (``start_service("ingress",
+name=...)``) gets a port of its own, :meth:`ProcessStack.url_of` names one (``url`` is
+the first's). Health endpoints take free ports (``0``) unless ``env`` sets one.
 
 Failure detection on these stacks: workers heartbeat every ``heartbeat_interval_s`` and
 the monitor declares one down after ``worker_timeout_s`` of silence, checking every
@@ -126,6 +128,9 @@ class ProcessStack:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
     http_port: int | None = None
+    """The first ingress replica's port (``url``)."""
+    http_ports: dict[str, int] = field(default_factory=dict)
+    """Every ingress replica's port, by process name."""
     _state: StateStore | None = None
     _closed: bool = False
 
@@ -183,10 +188,12 @@ class ProcessStack:
         }
         own = {**self.base_env(), "SWITCHYARD_INSTANCE_ID": f"{self.prefix}-{name}"}
         if service == "ingress":
+            port = self.http_ports.get(name) or free_port()
+            self.http_ports[name] = port
             if self.http_port is None:
-                self.http_port = free_port()
+                self.http_port = port
             own["SWITCHYARD_HTTP_HOST"] = "127.0.0.1"
-            own["SWITCHYARD_HTTP_PORT"] = str(self.http_port)
+            own["SWITCHYARD_HTTP_PORT"] = str(port)
         own.update(env or {})
         full.update(own)
         log_path = self.log_dir / f"{name}.log"
@@ -221,6 +228,12 @@ class ProcessStack:
             raise StackError("no ingress was started")
         return f"http://127.0.0.1:{self.http_port}"
 
+    def url_of(self, name: str) -> str:
+        """The base URL of ingress replica ``name`` (its process name)."""
+        if name not in self.http_ports:
+            raise StackError(f"no ingress replica {name!r} was started")
+        return f"http://127.0.0.1:{self.http_ports[name]}"
+
     @property
     def state(self) -> StateStore:
         """A client of the stack's state store (closed by :meth:`close`)."""
@@ -229,15 +242,15 @@ class ProcessStack:
         return self._state
 
     async def wait_ready(self, workers: int, timeout_s: float = 90.0) -> float:
-        """Wait until the ingress answers ``/healthz`` and ``workers`` workers are in the
-        ``workers`` set; returns the seconds it took.
+        """Wait until every ingress replica answers ``/healthz`` and ``workers`` workers
+        are in the ``workers`` set; returns the seconds it took.
 
         Raises:
             StackError: a process exited, or the stack was not ready in time.
         """
         began = time.monotonic()
         deadline = began + timeout_s
-        healthy = self.http_port is None
+        unhealthy = set(self.http_ports)
         registered = 0
         async with httpx.AsyncClient(timeout=2.0) as client:
             while True:
@@ -247,9 +260,11 @@ class ProcessStack:
                             f"{process.name} exited with {process.popen.returncode} while the "
                             f"stack was starting:\n{process.log_tail()}"
                         )
-                if not healthy:
+                for name in sorted(unhealthy):
                     with contextlib.suppress(httpx.HTTPError):
-                        healthy = (await client.get(f"{self.url}/healthz")).status_code == 200
+                        if (await client.get(f"{self.url_of(name)}/healthz")).status_code == 200:
+                            unhealthy.discard(name)
+                healthy = not unhealthy
                 registered = await self.state.zcard("workers")
                 if healthy and registered >= workers:
                     return time.monotonic() - began
@@ -291,6 +306,12 @@ class ProcessStack:
         process.killed_at_s = killed_at_s
         process.popen.wait(timeout=10)
         return killed_at_s
+
+    def terminate(self, name: str) -> float:
+        """SIGTERM process ``name`` (it drains and exits on its own; not waited for);
+        returns the wall time of the signal."""
+        self.processes[name].popen.send_signal(signal.SIGTERM)
+        return time.time()
 
     def stop(self, timeout_s: float = 10.0) -> dict[str, int | None]:
         """SIGTERM every running process, SIGKILL those still running after

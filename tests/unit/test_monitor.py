@@ -371,7 +371,10 @@ async def test_a_drained_worker_is_announced_once_and_never_timed_out(stack: Sta
     await stack.collect_worker_events()
     monitor = await stack.monitor()
     await stack.state.zadd(assigned_key("w1"), {"r-in-flight": 1.0})
-    await stack.bus.publish(HEARTBEATS, heartbeat("w1", 1, draining=True, outstanding_total=2))
+    # Still finishing what runs: not drained yet.
+    await stack.bus.publish(
+        HEARTBEATS, heartbeat("w1", 1, draining=True, running=2, outstanding_total=2)
+    )
     await stack.bus.publish(HEARTBEATS, heartbeat("w1", 2, draining=True, outstanding_total=0))
     await stack.bus.publish(HEARTBEATS, heartbeat("w1", 3, draining=True, outstanding_total=0))
 
@@ -392,6 +395,31 @@ async def test_a_drained_worker_is_announced_once_and_never_timed_out(stack: Sta
     await eventually(timed_out_window, what="checks past the timeout")
     assert len(stack.events) == 1
     assert (await stack.worker_hash("w1"))["status"] == "drained"
+
+
+async def test_a_drained_worker_s_waiting_requests_are_orphaned_at_once(stack: Stack) -> None:
+    # The worker's last heartbeat: nothing runs, two requests still wait there.
+    await stack.collect_worker_events()
+    monitor = await stack.monitor(run=False)
+    await stack.state.zadd(assigned_key("w1"), {"r-sent-late": 1.0})
+    last = heartbeat(
+        "w1",
+        7,
+        draining=True,
+        queue_length=2,
+        outstanding=[entry("r-wait-1"), entry("r-wait-2")],
+        outstanding_total=2,
+    )
+    assert await monitor.handle_heartbeat(last)
+
+    async def announced() -> bool:
+        return bool(stack.events)
+
+    await eventually(announced, what="drained WorkerDown")
+    assert (await stack.worker_hash("w1"))["status"] == "drained"
+    event = stack.events[0]
+    assert (event.worker_id, event.reason) == ("w1", "drained")
+    assert event.orphaned_request_ids == ["r-sent-late", "r-wait-1", "r-wait-2"]
 
 
 async def test_a_restarted_worker_with_a_fresh_sequence_is_alive_again(stack: Stack) -> None:

@@ -1,0 +1,278 @@
+"""Scale-out of the live stack, every service a separate OS process.
+
+The stack runs over the real Kafka broker and Redis (``tests/support/process_stack.py``):
+
+- two ingress replicas, two scheduler replicas and four workers share the partitioned
+  topics (each ingress replica's answers come back to it through ``reply_to`` and a
+  consumer group of its own; the scheduler replicas split the requests' partitions);
+- a worker started mid-replay takes load within about one heartbeat period of its first
+  heartbeat (the schedulers refresh the cluster view every 0.1 s);
+- a worker stopped with SIGTERM drains: its running requests finish on it, the ones it
+  held but had not started are re-assigned (epoch + 1) to the others, and the monitor
+  records it ``drained``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from switchyard.contracts.messages import Assignment
+from switchyard.contracts.topics import ASSIGNMENTS, HEARTBEATS, REQUESTS, WORKER_EVENTS
+
+from loadgen.mixes import PlannedRequest, build_plan
+from loadgen.replay import ReplayResult, replay
+from loadgen.traces import resolve_trace
+from tests.support.process_stack import ProcessStack, free_port, read_topic
+from tests.support.recovery import analyse, busiest_worker, third_of_the_way_s
+
+pytestmark = pytest.mark.integration
+
+CLIENT_TIMEOUT_S = 40.0
+STACK_ENV = {"SWITCHYARD_ADMISSION": "off"}
+"""Every valid request is queued (admission control would refuse some while capacity is
+reduced; that is tested elsewhere): every request must be answered 200, exactly once."""
+
+StackFactory = Callable[..., ProcessStack]
+
+
+@pytest.fixture
+async def process_stack(
+    kafka_bootstrap: str, redis_url: str, unique_prefix: str, tmp_path: Path
+) -> AsyncIterator[StackFactory]:
+    """Make process stacks; each is stopped and its topics and keys deleted at the end."""
+    made: list[ProcessStack] = []
+
+    def make(**options: Any) -> ProcessStack:
+        stack = ProcessStack(
+            kafka_bootstrap,
+            redis_url,
+            f"{unique_prefix.rstrip('.')}{len(made)}",
+            tmp_path / f"logs{len(made)}",
+            **options,
+        )
+        made.append(stack)
+        return stack
+
+    yield make
+    for stack in made:
+        await stack.close()
+
+
+def _plan(requests: int) -> list[PlannedRequest]:
+    return build_plan(resolve_trace("azure-conv-sample"), "llm", requests, 0)
+
+
+def _answers(result: ReplayResult) -> tuple[list[str], list[Any]]:
+    """The ids answered 200 and the records that were not."""
+    ok = [r.request_id for r in result.records if r.status_code == 200]
+    bad = [
+        (r.request_id, r.status_code, r.outcome, r.error_message)
+        for r in result.records
+        if r.status_code != 200
+    ]
+    return ok, bad
+
+
+async def _decisions(port: int) -> float:
+    """The scheduler's ``switchyard.scheduler.decisions`` counter, summed, from the
+    Prometheus ``/metrics`` of its health endpoint."""
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(r"switchyard_scheduler_decisions(?:_total)?(?:\{[^}]*\})? (\S+)$", line)
+        if match:
+            total += float(match.group(1))
+    return total
+
+
+async def test_replicas_of_every_service_share_the_load(process_stack: StackFactory) -> None:
+    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
+    ingresses = ("ingress-a", "ingress-b")
+    schedulers = {name: free_port() for name in ("scheduler-a", "scheduler-b")}
+    workers = ("worker-a", "worker-b", "worker-c", "worker-d")
+    stack.start_service("monitor")
+    for name, port in schedulers.items():
+        stack.start_service("scheduler", name=name, env={"SWITCHYARD_HEALTH_PORT": str(port)})
+    for worker in workers:
+        stack.start_worker(worker)
+    for name in ingresses:
+        stack.start_service("ingress", name=name)
+    await stack.wait_ready(workers=len(workers))
+    # Both scheduler replicas hold partitions of the requests (two members each).
+    await stack.wait_group("scheduler", members=4)
+
+    plan = _plan(150)
+    halves = [plan[0::2], plan[1::2]]
+    results = await asyncio.gather(
+        *(
+            replay(
+                half, stack.url_of(name), speedup=10.0, timeout_s=CLIENT_TIMEOUT_S, progress=False
+            )
+            for half, name in zip(halves, ingresses, strict=True)
+        )
+    )
+    why = stack.logs()
+    ok_ids: list[str] = []
+    for result, half in zip(results, halves, strict=True):
+        ok, bad = _answers(result)
+        assert bad == [], (bad[:5], why)
+        assert len(ok) == len(half), why
+        ok_ids += ok
+    # Every request answered exactly once, ids unique across the two replays.
+    assert len(ok_ids) == len(set(ok_ids)) == len(plan), why
+
+    # Each ingress replica published its own half with itself as reply_to, and (above)
+    # answered every one of them: answers went back to the replica that took the call.
+    requests = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, REQUESTS)
+    reply_to = {r.message.request_id: r.message.reply_to for r in requests}
+    for result, name in zip(results, ingresses, strict=True):
+        own = {reply_to.get(r.request_id) for r in result.records}
+        assert own == {f"{stack.prefix}-{name}"}, (name, own)
+
+    # Both scheduler replicas decided some of the requests.
+    decided = {name: await _decisions(port) for name, port in schedulers.items()}
+    assert all(count > 0 for count in decided.values()), decided
+    assert sum(decided.values()) >= len(plan), decided
+    assignments = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, ASSIGNMENTS)
+    assert {(a.message.request.request_id, a.message.epoch) for a in assignments} == {
+        (i, 0) for i in ok_ids
+    }
+
+    # All four workers served requests.
+    served = Counter(r.worker_id for result in results for r in result.records)
+    assert set(served) == set(workers), served
+    print(f"\nscale-out: answered by {dict(served)}, decisions {decided}")
+
+
+async def test_a_worker_added_mid_replay_takes_load_within_a_heartbeat(
+    process_stack: StackFactory,
+) -> None:
+    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
+    stack.start_service("monitor")
+    stack.start_service("scheduler")
+    stack.start_worker("worker-a")
+    stack.start_service("ingress")
+    await stack.wait_ready(workers=1)
+    plan = _plan(150)
+    speedup = 5.0  # 150 requests over about 10 s: worker-a alone runs several at once
+    task = asyncio.create_task(
+        replay(plan, stack.url, speedup=speedup, timeout_s=CLIENT_TIMEOUT_S, progress=False)
+    )
+    try:
+        await asyncio.sleep(third_of_the_way_s(plan, speedup))
+        stack.start_worker("worker-b")
+        result = await task
+    except BaseException:
+        task.cancel()
+        raise
+    why = stack.logs()
+    ok, bad = _answers(result)
+    assert bad == [], (bad[:5], why)
+    assert len(ok) == len(set(ok)) == len(plan), why
+
+    heartbeats, assignments = await asyncio.gather(
+        read_topic(stack.kafka_bootstrap, stack.topic_prefix, HEARTBEATS),
+        read_topic(stack.kafka_bootstrap, stack.topic_prefix, ASSIGNMENTS),
+    )
+    first_heartbeat_ms = min(
+        h.timestamp_ms for h in heartbeats if h.message.worker_id == "worker-b"
+    )
+    to_b = [a for a in assignments if a.message.worker_id == "worker-b"]
+    assert to_b, why
+    first_assignment_ms = min(a.timestamp_ms for a in to_b)
+    join_s = (first_assignment_ms - first_heartbeat_ms) / 1000.0
+    interval_s = stack.heartbeat_interval_s
+    # Within one heartbeat period (0.25 s), with slack for a busy 2-core machine.
+    assert 0.0 < join_s <= 2 * interval_s, (join_s, why)
+
+    # A fair share of what arrived after worker-b's first heartbeat went to it.
+    joined_s = first_heartbeat_ms / 1000.0
+    later = [
+        r
+        for r in result.records
+        if r.timeline is not None and r.timeline.get("arrival_s", 0.0) > joined_s
+    ]
+    assert len(later) >= 30, (len(later), why)
+    share_b = sum(1 for r in later if r.worker_id == "worker-b") / len(later)
+    assert share_b >= 0.3, (share_b, why)
+    print(
+        f"\nworker join: first assignment {join_s * 1000:.0f} ms after its first heartbeat; "
+        f"{share_b:.0%} of the {len(later)} later requests"
+    )
+
+
+async def test_a_terminated_worker_drains(process_stack: StackFactory) -> None:
+    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
+    workers = ("worker-a", "worker-b")
+    stack.start_service("monitor")
+    stack.start_service("scheduler")
+    for worker in workers:
+        stack.start_worker(worker)
+    stack.start_service("ingress")
+    await stack.wait_ready(workers=len(workers))
+    plan = _plan(150)
+    speedup = 10.0
+    task = asyncio.create_task(
+        replay(plan, stack.url, speedup=speedup, timeout_s=CLIENT_TIMEOUT_S, progress=False)
+    )
+    try:
+        await asyncio.sleep(third_of_the_way_s(plan, speedup))
+        victim = await busiest_worker(stack, workers)
+        terminated_at_s = stack.terminate(victim)
+        result = await task
+    except BaseException:
+        task.cancel()
+        raise
+    survivor = next(w for w in workers if w != victim)
+    stack.processes[victim].popen.wait(timeout=15)
+    report = await analyse(stack, result)
+    why = f"{report.summary()}\nfailures: {report.failures[:5]}\n{stack.logs()}"
+    assert stack.processes[victim].popen.returncode == 0, why
+
+    # Exactly one 200 answer per request; nothing ran twice.
+    assert report.failures == [], why
+    assert report.answered_ok == len(plan), why
+    assert report.lost == [], why
+    assert report.answers_doubled == [], why
+    assert report.runs_doubled == [], why
+    assert report.assignment_conflicts == {}, why
+
+    heartbeats, events = await asyncio.gather(
+        read_topic(stack.kafka_bootstrap, stack.topic_prefix, HEARTBEATS),
+        read_topic(stack.kafka_bootstrap, stack.topic_prefix, WORKER_EVENTS),
+    )
+    mine = [h.message for h in heartbeats if h.message.worker_id == victim]
+    before = [h for h in mine if h.sent_at_s < terminated_at_s and not h.draining]
+    last_draining = [h for h in mine if h.draining]
+    assert len(last_draining) == 1, why
+    # What ran on it when it was told to stop finished there.
+    answered_by = {r.request_id: r.worker_id for r in result.records}
+    running = [e.request_id for e in before[-1].outstanding if e.running]
+    assert running, why
+    assert all(answered_by[r] == victim for r in running), (running, why)
+    # The monitor announced a drain (not a timeout), once, and recorded it drained.
+    downs = [e.message for e in events if e.message.worker_id == victim]
+    assert [d.reason for d in downs] == ["drained"], (downs, why)
+    assert await stack.state.hget(f"worker:{victim}", "status") == "drained", why
+    # What it held without running it moved to the survivor (epoch >= 1) and was
+    # answered from there.
+    orphans = downs[0].orphaned_request_ids
+    assert orphans, why
+    recorded = await stack.state.get_many([f"assignment:{o}" for o in orphans])
+    for orphan, raw in zip(orphans, recorded, strict=True):
+        assert raw is not None, (orphan, why)
+        assignment = Assignment.model_validate_json(raw)
+        assert (assignment.worker_id, assignment.epoch >= 1) == (survivor, True), (orphan, why)
+        assert answered_by[orphan] == survivor, (orphan, why)
+    print(
+        f"\ndrain: {len(running)} running finished on {victim}, {len(orphans)} re-assigned; "
+        f"{report.summary()}"
+    )
