@@ -15,16 +15,12 @@ ingress's HTTP API while one process is SIGKILLed:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
-
 import pytest
 from switchyard.contracts.topics import WORKER_EVENTS
 
 from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.traces import resolve_trace
-from tests.support.process_stack import ProcessStack, read_topic
+from tests.support.process_stack import ProcessStack, StackFactory, read_topic
 from tests.support.recovery import RecoveryReport, analyse, busiest_worker, replay_with_kill
 
 pytestmark = pytest.mark.integration
@@ -39,32 +35,6 @@ STACK_ENV = {"SWITCHYARD_ADMISSION": "off"}
 """Every valid request is queued: the ingress's deadline admission control would refuse
 some requests with 429 while half the capacity is gone (correctly, but these tests are
 about recovery: every request must be answered 200, exactly once)."""
-
-StackFactory = Callable[..., ProcessStack]
-
-
-@pytest.fixture
-async def process_stack(
-    kafka_bootstrap: str, redis_url: str, unique_prefix: str, tmp_path: Path
-) -> AsyncIterator[StackFactory]:
-    """Make process stacks; every one is stopped (SIGTERM, then SIGKILL) and its topics
-    and keys deleted at the end. Logs stay under the test's ``tmp_path``."""
-    made: list[ProcessStack] = []
-
-    def make(**options: Any) -> ProcessStack:
-        stack = ProcessStack(
-            kafka_bootstrap,
-            redis_url,
-            f"{unique_prefix.rstrip('.')}{len(made)}",
-            tmp_path / f"logs{len(made)}",
-            **options,
-        )
-        made.append(stack)
-        return stack
-
-    yield make
-    for stack in made:
-        await stack.close()
 
 
 def _plan() -> list[PlannedRequest]:

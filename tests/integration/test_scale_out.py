@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,7 +27,7 @@ from switchyard.contracts.topics import ASSIGNMENTS, HEARTBEATS, REQUESTS, WORKE
 from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.replay import ReplayResult, replay
 from loadgen.traces import resolve_trace
-from tests.support.process_stack import ProcessStack, free_port, read_topic
+from tests.support.process_stack import StackFactory, free_port, read_topic
 from tests.support.recovery import analyse, busiest_worker, third_of_the_way_s
 
 pytestmark = pytest.mark.integration
@@ -38,31 +36,6 @@ CLIENT_TIMEOUT_S = 40.0
 STACK_ENV = {"SWITCHYARD_ADMISSION": "off"}
 """Every valid request is queued (admission control would refuse some while capacity is
 reduced; that is tested elsewhere): every request must be answered 200, exactly once."""
-
-StackFactory = Callable[..., ProcessStack]
-
-
-@pytest.fixture
-async def process_stack(
-    kafka_bootstrap: str, redis_url: str, unique_prefix: str, tmp_path: Path
-) -> AsyncIterator[StackFactory]:
-    """Make process stacks; each is stopped and its topics and keys deleted at the end."""
-    made: list[ProcessStack] = []
-
-    def make(**options: Any) -> ProcessStack:
-        stack = ProcessStack(
-            kafka_bootstrap,
-            redis_url,
-            f"{unique_prefix.rstrip('.')}{len(made)}",
-            tmp_path / f"logs{len(made)}",
-            **options,
-        )
-        made.append(stack)
-        return stack
-
-    yield make
-    for stack in made:
-        await stack.close()
 
 
 def _plan(requests: int) -> list[PlannedRequest]:

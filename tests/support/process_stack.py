@@ -42,7 +42,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -61,6 +61,10 @@ DEFAULT_PROFILE = "a100-80gb/llama-2-7b"
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
 K = TypeVar("K")
+
+
+StackFactory = Callable[..., "ProcessStack"]
+"""Makes a :class:`ProcessStack` under a fresh prefix (the ``process_stack`` fixture)."""
 
 
 class StackError(RuntimeError):
