@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections import Counter
 from typing import Any
 
 import httpx
 import pytest
-from switchyard.contracts.messages import Assignment
+from switchyard.contracts.messages import Assignment, Heartbeat
 from switchyard.contracts.topics import ASSIGNMENTS, HEARTBEATS, REQUESTS, WORKER_EVENTS
 
 from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.replay import ReplayResult, replay
 from loadgen.traces import resolve_trace
-from tests.support.process_stack import StackFactory, free_port, read_topic
+from tests.support.process_stack import ProcessStack, StackFactory, free_port, read_topic
 from tests.support.recovery import analyse, busiest_worker, third_of_the_way_s
 
 pytestmark = pytest.mark.integration
@@ -182,6 +183,17 @@ async def test_a_worker_added_mid_replay_takes_load_within_a_heartbeat(
     )
 
 
+async def _until_running(stack: ProcessStack, worker: str, timeout_s: float = 10.0) -> None:
+    """Wait until ``worker``'s latest recorded heartbeat shows a request running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        raw = await stack.state.hget(f"worker:{worker}", "heartbeat")
+        if raw is not None and Heartbeat.model_validate_json(raw).running > 0:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{worker} ran nothing for {timeout_s} s")
+
+
 async def test_a_terminated_worker_drains(process_stack: StackFactory) -> None:
     stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
     workers = ("worker-a", "worker-b")
@@ -199,6 +211,8 @@ async def test_a_terminated_worker_drains(process_stack: StackFactory) -> None:
     try:
         await asyncio.sleep(third_of_the_way_s(plan, speedup))
         victim = await busiest_worker(stack, workers)
+        # Stop it while it runs something, so there is work to see finish there.
+        await _until_running(stack, victim)
         terminated_at_s = stack.terminate(victim)
         result = await task
     except BaseException:
