@@ -562,6 +562,19 @@ class SchedulerService(Service):
             async for delivery in sub:
                 await sub.handle(delivery, self._on_worker_down)
 
+    async def _held_at_drain(self, event: WorkerDown) -> frozenset[str] | None:
+        """What a drained worker still held (its last, draining heartbeat's list), or None
+        for a worker that died, or when the list was cut short."""
+        if event.reason != "drained":
+            return None
+        raw = await self.ctx.state.hget(f"worker:{event.worker_id}", "heartbeat")
+        if raw is None:
+            return None
+        last = Heartbeat.model_validate_json(raw)
+        if not last.draining or last.outstanding_total > len(last.outstanding):
+            return None
+        return frozenset(entry.request_id for entry in last.outstanding)
+
     async def _on_worker_down(self, delivery: Delivery[WorkerDown]) -> None:
         event = delivery.message
         self.placer.mark_down(event.worker_id)
@@ -577,6 +590,7 @@ class SchedulerService(Service):
             assigned_set_key(event.worker_id), float("-inf"), float("inf")
         )
         orphans = list(dict.fromkeys([*event.orphaned_request_ids, *(m for m, _ in late)]))
+        held = await self._held_at_drain(event)
         for request_id in orphans:
             status, raw = await asyncio.gather(
                 state.hget(request_key(request_id), "status"), state.get(assignment_key(request_id))
@@ -586,6 +600,13 @@ class SchedulerService(Service):
             previous = Assignment.model_validate_json(raw)
             if previous.worker_id != event.worker_id:
                 continue  # moved on since; not this worker's any more
+            if held is not None and request_id not in held:
+                # A drained worker finished everything it ran; one it took in (its run
+                # claim) and no longer held ran to the end there, its completion still
+                # on the way: running it again would run it twice.
+                run_claim = await state.get(f"claim:{request_id}:{previous.epoch}:run")
+                if run_claim == event.worker_id:
+                    continue
             # Two scheduler replicas both see the event: one re-assigns each request.
             claimed = await state.set_if_absent(
                 f"claim:{request_id}:reassign:{previous.epoch + 1}",

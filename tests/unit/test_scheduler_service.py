@@ -12,6 +12,7 @@ from switchyard.contracts.messages import (
     Assignment,
     InferenceRequest,
     LLMPayload,
+    QueuedEntry,
     ServiceTimePrediction,
     WorkerDown,
 )
@@ -221,6 +222,48 @@ async def test_a_request_sent_to_a_worker_after_the_monitor_listed_its_orphans_m
     assert again.request.request_id == "late"
     assert again.worker_id == "survivor"
     assert again.epoch == 1
+
+
+async def test_a_drained_worker_s_finished_request_is_not_run_again(jsq: Stack) -> None:
+    await store_worker(jsq.state, heartbeat("leaving"))
+    await jsq.start()
+    for request_id in ("finished-there", "still-waiting"):
+        await jsq.client.publish(REQUESTS, llm_request(request_id))
+    got = await jsq.assignments(2)
+    assert {a.worker_id for a in got} == {"leaving"}
+    # It ran the first to the end while draining (its run claim); its last, draining
+    # heartbeat lists only the second; the first's completion is still on its way.
+    await jsq.state.set("claim:finished-there:0:run", "leaving")
+    await jsq.state.set("claim:still-waiting:0:run", "leaving")
+    draining = heartbeat("leaving", sequence=2).model_copy(
+        update={
+            "draining": True,
+            "outstanding": [
+                QueuedEntry(
+                    request_id="still-waiting", app="llama-2-7b", running=False, queued_at_s=1.0
+                )
+            ],
+            "outstanding_total": 1,
+        }
+    )
+    await store_worker(jsq.state, draining, status="drained")
+    await store_worker(jsq.state, heartbeat("staying"))
+    await asyncio.sleep(0.3)
+    await jsq.client.publish(
+        WORKER_EVENTS,
+        WorkerDown(
+            worker_id="leaving",
+            reason="drained",
+            detected_at_s=time.time(),
+            orphaned_request_ids=["finished-there", "still-waiting"],
+        ),
+    )
+    (moved,) = await jsq.assignments(1)
+    assert moved.request.request_id == "still-waiting"
+    assert moved.worker_id == "staying"
+    assert moved.epoch == 1
+    assert jsq.service is not None
+    assert jsq.service.reassigned == 1
 
 
 async def test_a_request_for_a_model_nobody_serves_waits_for_a_worker(jsq: Stack) -> None:
