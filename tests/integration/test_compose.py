@@ -132,12 +132,16 @@ async def test_the_compose_stack_runs_as_local_processes_and_answers_a_replay(
             resolve_trace("azure-mix-sample"), "mixed", 60, 0, classification_share=0.3
         )
         result = await replay(plan, stack.url, speedup=10.0, timeout_s=60, progress=False)
+        # The file leaves admission control on: a request whose deadline the stack
+        # cannot meet may be refused (429 with Retry-After); anything else must be a 200.
         failures = [
             (r.request_id, r.status_code, r.error_message)
             for r in result.records
-            if r.status_code != 200
+            if r.status_code not in (200, 429)
         ]
         assert failures == [], stack.logs()
+        answered = sum(r.status_code == 200 for r in result.records)
+        assert answered >= 0.9 * len(plan), (answered, stack.logs())
         served_by = {r.worker_id for r in result.records}
         # The classification requests ran on the torch worker, LLM ones on emulated ones.
         assert any(w and "worker-torch" in w for w in served_by), served_by

@@ -32,6 +32,8 @@ async def test_every_request_of_a_mixed_replay_is_answered_once(
         state_prefix=f"{unique_prefix}:",
         worker_time_scale=20.0,
         log_level="WARNING",
+        # Exactly-once delivery is the subject here; refusing load is tested elsewhere.
+        admission="off",
     )
     plan = build_plan(resolve_trace("azure-mix-sample"), "mixed", 120, 0, classification_share=0.3)
     stack = EmbeddedStack(
