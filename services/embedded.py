@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -279,9 +280,7 @@ class EmbeddedStack:
 def _capturing(factory: ServiceFactory, into: list[Service]) -> ServiceFactory:
     async def build(ctx: ServiceContext) -> Service:
         made = factory(ctx)
-        service = (
-            await made if asyncio.iscoroutine(made) or isinstance(made, asyncio.Future) else made
-        )
+        service = await made if inspect.isawaitable(made) else made
         assert isinstance(service, Service)
         into.append(service)
         return service

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Literal
 
 import pytest
 from switchyard.bus import MemoryBroker
@@ -30,6 +31,8 @@ from tests.support.services import (
     service_settings,
     store_worker,
 )
+
+DownReason = Literal["heartbeat-timeout", "drained", "failed"]
 
 CATALOGUE = ServingCatalogue(
     llm={app.name: app for app in DEFAULT_LLM_APPLICATIONS}, classification={}
@@ -69,6 +72,20 @@ class Stack:
             return
         self.service.ctx.stopping.set()
         await asyncio.wait_for(self.service.drain(), 10)
+
+    async def worker_down(
+        self, worker_id: str, orphans: list[str], *, reason: DownReason = "heartbeat-timeout"
+    ) -> None:
+        """Publish the monitor's verdict that ``worker_id`` is gone, listing ``orphans``."""
+        await self.client.publish(
+            WORKER_EVENTS,
+            WorkerDown(
+                worker_id=worker_id,
+                reason=reason,
+                detected_at_s=time.time(),
+                orphaned_request_ids=orphans,
+            ),
+        )
 
     async def assignments(self, count: int) -> list[Assignment]:
         got: list[Assignment] = []
@@ -182,15 +199,7 @@ async def test_a_dead_workers_unfinished_requests_are_reassigned_with_a_new_epoc
     await store_worker(jsq.state, heartbeat("doomed", sequence=2), status="down")
     await store_worker(jsq.state, heartbeat("survivor"))
     await asyncio.sleep(0.3)  # a cluster refresh sees the new worker
-    await jsq.client.publish(
-        WORKER_EVENTS,
-        WorkerDown(
-            worker_id="doomed",
-            reason="heartbeat-timeout",
-            detected_at_s=time.time(),
-            orphaned_request_ids=["orphan", "unknown-request"],
-        ),
-    )
+    await jsq.worker_down("doomed", ["orphan", "unknown-request"], reason="heartbeat-timeout")
     (again,) = await jsq.assignments(1)
     assert again.request.request_id == "orphan"
     assert again.worker_id == "survivor"
@@ -209,15 +218,7 @@ async def test_a_request_sent_to_a_worker_after_the_monitor_listed_its_orphans_m
     await store_worker(jsq.state, heartbeat("survivor"))
     await asyncio.sleep(0.3)
     # The monitor's list missed it: it was assigned after the monitor looked.
-    await jsq.client.publish(
-        WORKER_EVENTS,
-        WorkerDown(
-            worker_id="doomed",
-            reason="heartbeat-timeout",
-            detected_at_s=time.time(),
-            orphaned_request_ids=[],
-        ),
-    )
+    await jsq.worker_down("doomed", [], reason="heartbeat-timeout")
     (again,) = await jsq.assignments(1)
     assert again.request.request_id == "late"
     assert again.worker_id == "survivor"
@@ -249,15 +250,7 @@ async def test_a_drained_worker_s_finished_request_is_not_run_again(jsq: Stack) 
     await store_worker(jsq.state, draining, status="drained")
     await store_worker(jsq.state, heartbeat("staying"))
     await asyncio.sleep(0.3)
-    await jsq.client.publish(
-        WORKER_EVENTS,
-        WorkerDown(
-            worker_id="leaving",
-            reason="drained",
-            detected_at_s=time.time(),
-            orphaned_request_ids=["finished-there", "still-waiting"],
-        ),
-    )
+    await jsq.worker_down("leaving", ["finished-there", "still-waiting"], reason="drained")
     (moved,) = await jsq.assignments(1)
     assert moved.request.request_id == "still-waiting"
     assert moved.worker_id == "staying"

@@ -7,7 +7,6 @@ not on wall time, so a slow machine cannot flake them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import pytest
 from switchyard.contracts.messages import (
@@ -19,36 +18,13 @@ from switchyard.contracts.messages import (
 )
 from switchyard.perf import PerformanceModel, performance_model
 
-from services.worker.backends.base import Result, UnsupportedWorkError
+from services.worker.backends.base import UnsupportedWorkError
 from services.worker.backends.emulated_llm import EmulatedLlmBackend
 from services.worker.queue import LocalQueue, WorkItem
+from tests.support.worker import Sink
 
 PROFILE = "a100-80gb/llama-2-7b"
 SCALE = 1e6  # a modelled second lasts a microsecond
-
-
-class Sink:
-    """Records what a backend reports, as the worker service would receive it."""
-
-    def __init__(self) -> None:
-        self.started_ids: list[str] = []
-        self.token_counts: dict[str, int] = {}
-        self.texts: dict[str, str] = {}
-        self.results: dict[str, Result] = {}
-        self.errors: dict[str, str] = {}
-
-    async def started(self, items: Sequence[WorkItem]) -> None:
-        self.started_ids.extend(item.request_id for item in items)
-
-    async def tokens(self, item: WorkItem, new_tokens: int, text: str) -> None:
-        self.token_counts[item.request_id] = self.token_counts.get(item.request_id, 0) + new_tokens
-        self.texts[item.request_id] = self.texts.get(item.request_id, "") + text
-
-    async def finished(self, item: WorkItem, result: Result) -> None:
-        self.results[item.request_id] = result
-
-    async def failed(self, item: WorkItem, error: str) -> None:
-        self.errors[item.request_id] = error
 
 
 def _assignment(

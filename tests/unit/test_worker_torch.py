@@ -4,7 +4,6 @@ registry's variants through the model cache."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from switchyard.contracts.messages import (
 )
 from switchyard.serving import TINY_LM_MODEL, ServingCatalogue
 
-from services.worker.backends.base import Result, UnsupportedWorkError
+from services.worker.backends.base import UnsupportedWorkError
 from services.worker.backends.classifier import ClassifierRunner
 from services.worker.backends.static import StaticBatchBackend
 from services.worker.backends.torch_lm import (
@@ -32,28 +31,7 @@ from services.worker.backends.torch_lm import (
 )
 from services.worker.model_cache import ModelCache
 from services.worker.queue import LocalQueue, WorkItem
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.started_ids: list[str] = []
-        self.token_counts: dict[str, int] = {}
-        self.texts: dict[str, str] = {}
-        self.results: dict[str, Result] = {}
-        self.errors: dict[str, str] = {}
-
-    async def started(self, items: Sequence[WorkItem]) -> None:
-        self.started_ids.extend(item.request_id for item in items)
-
-    async def tokens(self, item: WorkItem, new_tokens: int, text: str) -> None:
-        self.token_counts[item.request_id] = self.token_counts.get(item.request_id, 0) + new_tokens
-        self.texts[item.request_id] = self.texts.get(item.request_id, "") + text
-
-    async def finished(self, item: WorkItem, result: Result) -> None:
-        self.results[item.request_id] = result
-
-    async def failed(self, item: WorkItem, error: str) -> None:
-        self.errors[item.request_id] = error
+from tests.support.worker import Sink
 
 
 def _assign(request: InferenceRequest, variant: str, order: float = 0.0) -> Assignment:
