@@ -46,18 +46,20 @@ import asyncio
 import functools
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from pydantic import ValidationError
-from switchyard.contracts.messages import Heartbeat
+from switchyard.contracts.messages import Assignment, Heartbeat
 from switchyard.perf.profiles import UnknownProfileError, performance_model
 from switchyard.policies.snapshot import ClusterSnapshot, WorkerRole, WorkerView
 from switchyard.state.base import StateStore
 
 __all__ = [
     "CLUSTER_STATS_KEY",
+    "DECISION_TTL_S",
     "RECENT_WINDOW",
     "WORKERS_KEY",
     "ClusterView",
@@ -65,6 +67,7 @@ __all__ = [
     "WorkerRecord",
     "WorkerStatus",
     "assigned_key",
+    "assignment_key",
     "cluster_snapshot",
     "is_alive",
     "parse_worker_record",
@@ -72,6 +75,8 @@ __all__ = [
     "profile_constants",
     "read_assigned",
     "read_cluster",
+    "record_assignment",
+    "request_key",
     "worker_key",
     "worker_profile",
     "worker_view",
@@ -96,6 +101,45 @@ def worker_key(worker_id: str) -> str:
 def assigned_key(worker_id: str) -> str:
     """``worker:{id}:assigned``: request id -> assigned-at seconds (scheduler adds, monitor removes)."""
     return f"worker:{worker_id}:assigned"
+
+
+def assignment_key(request_id: str) -> str:
+    """``assignment:{id}``: the request's latest assignment (JSON)."""
+    return f"assignment:{request_id}"
+
+
+def request_key(request_id: str) -> str:
+    """``request:{id}``: the request's status hash (shared with the ingress)."""
+    return f"request:{request_id}"
+
+
+DECISION_TTL_S = 3600.0
+"""How long a recorded assignment lives: redeliveries and failures come within minutes."""
+
+
+async def record_assignment(
+    state: StateStore, assignment: Assignment, *, moved_from: str | None = None
+) -> None:
+    """Record ``assignment`` as the request's latest, before it is published: its status
+    hash (``assigned``, worker, epoch), ``assignment:{id}``, and the worker's assigned
+    set. A migration (``moved_from``: the worker it leaves) also leaves that worker's
+    set, so a death of either worker afterwards finds the request where it is."""
+    request_id = assignment.request.request_id
+    writes: list[Coroutine[Any, Any, object]] = [
+        state.hset(
+            request_key(request_id),
+            {
+                "status": "assigned",
+                "worker_id": assignment.worker_id,
+                "epoch": str(assignment.epoch),
+            },
+        ),
+        state.set(assignment_key(request_id), assignment.model_dump_json(), ttl_s=DECISION_TTL_S),
+        state.zadd(assigned_key(assignment.worker_id), {request_id: assignment.assigned_at_s}),
+    ]
+    if moved_from is not None and moved_from != assignment.worker_id:
+        writes.append(state.zrem(assigned_key(moved_from), request_id))
+    await asyncio.gather(*writes)
 
 
 def prediction_key(request_id: str) -> str:

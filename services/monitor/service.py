@@ -8,7 +8,9 @@ Three routines:
   per-worker counters, SLO violations, the recent violation rate, and removal of the
   request from the ``worker:{id}:assigned`` sets.
 * ``liveness_routine`` declares silent workers down and publishes
-  :class:`~switchyard.contracts.messages.WorkerDown` on WORKER_EVENTS.
+  :class:`~switchyard.contracts.messages.WorkerDown` on WORKER_EVENTS; it also sweeps
+  down and drained workers' assigned sets for requests assigned after the death was
+  handled (a scheduler replica that had not seen it yet) and orphans them again.
 
 Detection time: a worker last heard from at ``t`` is declared down by the first check
 after ``t + worker_timeout_s``; checks run every ``check_period_s =
@@ -58,6 +60,7 @@ from services.cluster_state import (
     WORKERS_KEY,
     WorkerStatus,
     assigned_key,
+    request_key,
     worker_key,
     worker_profile,
 )
@@ -66,6 +69,11 @@ GROUP = "monitor"
 COMPLETION_CLAIM_TTL_S = 3600.0
 """How long a completion's claim key lives: redeliveries come within seconds."""
 WORKER_DOWN_CLAIM_TTL_S = 3600.0
+_FINAL_STATUSES = frozenset(status.value for status in CompletionStatus)
+STRANDED_GRACE_S = 1.0
+"""How old an entry of a down worker's assigned set must be to count as stranded: longer
+than a scheduler replica takes to see the death (its cluster refresh, 0.1 s) and to
+handle the WorkerDown that lists it, so the sweep does not race the first re-assignment."""
 
 
 def completion_violated(completion: Completion) -> bool:
@@ -92,6 +100,8 @@ class MonitorService(Service):
         heartbeats_accepted / heartbeats_stale: heartbeats written / ignored.
         completions_counted / completions_duplicate: completions counted / seen again.
         workers_declared_down: WorkerDown messages this replica published (timeouts and drains).
+        stranded_orphaned: requests found assigned to a down or drained worker after its
+            WorkerDown and orphaned again (:meth:`_sweep_stranded`).
         check_period_s: how often the liveness check runs.
     """
 
@@ -108,6 +118,7 @@ class MonitorService(Service):
         self.completions_counted = 0
         self.completions_duplicate = 0
         self.workers_declared_down = 0
+        self.stranded_orphaned = 0
         self.liveness_checks = 0
         self._recent: deque[bool] = deque(maxlen=RECENT_WINDOW)
         self._recent_violations = 0
@@ -244,7 +255,7 @@ class MonitorService(Service):
         rid = completion.request_id
         await state.zrem(assigned_key(completion.worker_id), rid)
         # The worker of the request's latest assignment, as the scheduler recorded it.
-        recorded = await state.hget(f"request:{rid}", "worker_id")
+        recorded = await state.hget(request_key(rid), "worker_id")
         if recorded and recorded != completion.worker_id:
             await state.zrem(assigned_key(recorded), rid)
         if completion.epoch > 0:
@@ -309,7 +320,11 @@ class MonitorService(Service):
         for wid, _ in silent:
             key = worker_key(wid)
             fields = await state.hgetall(key)
-            if _status(fields.get("status")) is not WorkerStatus.ALIVE:
+            status = _status(fields.get("status"))
+            if status in (WorkerStatus.DOWN, WorkerStatus.DRAINED):
+                await self._sweep_stranded(wid, status, now_s)
+                continue
+            if status is not WorkerStatus.ALIVE:
                 continue
             seen = fields.get("last_seen_s")
             if seen is None or now_s - float(seen) <= self.worker_timeout_s:
@@ -330,6 +345,58 @@ class MonitorService(Service):
             ):
                 declared.append(wid)
         return declared
+
+    async def _sweep_stranded(self, wid: str, status: WorkerStatus, now_s: float) -> None:
+        """Orphan again what was assigned to ``wid`` after its WorkerDown was handled.
+
+        A scheduler replica that has not yet seen the death can still assign to the
+        worker for up to its refresh period, after the replica that handled the
+        WorkerDown re-read the worker's assigned set; such a request would wait forever.
+        Every entry older than :data:`STRANDED_GRACE_S` in a down or drained worker's
+        set is listed in one more WorkerDown (the scheduler re-assigns those still
+        recorded on this worker and skips the rest) and taken out of the set.
+        """
+        state = self.ctx.state
+        assigned = await state.zrange_by_score(
+            assigned_key(wid), -math.inf, now_s - STRANDED_GRACE_S
+        )
+        if not assigned:
+            return
+        members = [member for member, _ in assigned]
+        records = await asyncio.gather(*(state.hgetall(request_key(member)) for member in members))
+        # Only a request still recorded on this worker and unfinished is stranded; the
+        # others were re-assigned (or finished) and merely left their entry behind.
+        stranded = [
+            member
+            for member, record in zip(members, records, strict=True)
+            if record.get("worker_id") == wid and record.get("status") not in _FINAL_STATUSES
+        ]
+        if not stranded:
+            await state.zrem(assigned_key(wid), *members)
+            return
+        newest_s = max(score for _, score in assigned)
+        claim = f"claim:worker-down:{wid}:stranded:{newest_s!r}:{len(stranded)}"
+        if not await state.set_if_absent(claim, self.token, ttl_s=WORKER_DOWN_CLAIM_TTL_S):
+            return
+        drained = status is WorkerStatus.DRAINED
+        await self.ctx.bus.publish(
+            WORKER_EVENTS,
+            WorkerDown(
+                worker_id=wid,
+                reason="drained" if drained else "heartbeat-timeout",
+                detected_at_s=now_s,
+                orphaned_request_ids=stranded,
+            ),
+        )
+        await state.zrem(assigned_key(wid), *members)
+        self.stranded_orphaned += len(stranded)
+        self.log.warning(
+            "%d requests assigned to %s worker %s after its death was handled: orphaned again",
+            len(stranded),
+            status.value,
+            wid,
+            extra={"event": "worker-stranded", "worker_id": wid, "orphans": len(stranded)},
+        )
 
     async def _declare_down(
         self,

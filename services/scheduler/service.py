@@ -97,7 +97,15 @@ from switchyard.telemetry import extract_context
 from switchyard.telemetry.buckets import SECONDS_BUCKETS
 from switchyard.telemetry.observables import observe
 
-from services.cluster_state import is_alive, read_cluster
+from services.cluster_state import (
+    DECISION_TTL_S,
+    assigned_key,
+    assignment_key,
+    is_alive,
+    read_cluster,
+    record_assignment,
+    request_key,
+)
 from services.scheduler.hints import HintBook
 from services.scheduler.llm import LlmPlacer
 from services.scheduler.windows import (
@@ -110,7 +118,6 @@ from services.scheduler.windows import (
 
 log = logging.getLogger(__name__)
 
-DECISION_TTL_S = 3600.0
 UNPLACED_TIMEOUT_S = 30.0
 _BATCH = 512
 _BATCH_WAIT_S = 0.2
@@ -118,19 +125,8 @@ _FINAL_STATUSES = frozenset(s.value for s in CompletionStatus)
 _SCOPE = "switchyard.scheduler"
 
 
-def assignment_key(request_id: str) -> str:
-    """The state key of a request's latest assignment."""
-    return f"assignment:{request_id}"
-
-
-def request_key(request_id: str) -> str:
-    """The state key of a request's status hash (shared with the ingress)."""
-    return f"request:{request_id}"
-
-
-def assigned_set_key(worker_id: str) -> str:
-    """The sorted set of requests sent to a worker (removed by the monitor on completion)."""
-    return f"worker:{worker_id}:assigned"
+assigned_set_key = assigned_key
+"""The sorted set of requests sent to a worker (removed by the monitor on completion)."""
 
 
 Origin = Delivery[InferenceRequest] | Context
@@ -481,24 +477,7 @@ class SchedulerService(Service):
             self.decided += 1
 
     async def _record(self, assignment: Assignment) -> None:
-        state = self.ctx.state
-        request_id = assignment.request.request_id
-        await asyncio.gather(
-            state.hset(
-                request_key(request_id),
-                {
-                    "status": "assigned",
-                    "worker_id": assignment.worker_id,
-                    "epoch": str(assignment.epoch),
-                },
-            ),
-            state.set(
-                assignment_key(request_id), assignment.model_dump_json(), ttl_s=DECISION_TTL_S
-            ),
-            state.zadd(
-                assigned_set_key(assignment.worker_id), {request_id: assignment.assigned_at_s}
-            ),
-        )
+        await record_assignment(self.ctx.state, assignment)
 
     async def _retry_unplaced(self) -> None:
         waiting, self._unplaced = self._unplaced, []

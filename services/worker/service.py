@@ -84,6 +84,7 @@ from switchyard.serving import ServingCatalogue
 from switchyard.telemetry.buckets import SECONDS_BUCKETS
 from switchyard.telemetry.observables import observe
 
+from services.cluster_state import record_assignment
 from services.worker.backends.base import Backend, Result, UnsupportedWorkError
 from services.worker.model_cache import ModelCache
 from services.worker.queue import LocalQueue, WorkItem
@@ -436,6 +437,18 @@ class WorkerService(Service):
             generated_tokens=item.generated_tokens,
             not_before_s=not_before_s,
         )
+        # Recorded before it is published, as the scheduler records its decisions: if
+        # the target then dies, its WorkerDown finds the request on it. The request has
+        # left this worker already, so a failed record must not stop the publish.
+        try:
+            await record_assignment(self.ctx.state, moved, moved_from=self.worker_id)
+        except Exception as exc:
+            log.error(
+                "the move of %s to %s could not be recorded: %s",
+                request_id,
+                migration.to_worker_id,
+                exc,
+            )
         # In the request's trace: the target worker's handling continues it.
         with _in_trace_of(item):
             await self._publish(ASSIGNMENTS, moved)

@@ -36,9 +36,11 @@ from services.cluster_state import (
     WorkerStatus,
     assigned_key,
     read_cluster,
+    request_key,
     worker_key,
 )
 from services.monitor import MonitorService, completion_violated
+from services.monitor.service import STRANDED_GRACE_S
 
 pytestmark = pytest.mark.unit
 
@@ -303,6 +305,44 @@ async def test_concurrent_checks_on_one_store_declare_a_death_once(stack: Stack)
     # Nothing more to declare on later checks.
     assert await first.check_liveness() == []
     assert await second.check_liveness() == []
+
+
+async def test_a_request_assigned_to_a_dead_worker_after_its_death_is_orphaned_again(
+    stack: Stack,
+) -> None:
+    """A scheduler replica that had not yet seen the death assigned r-late to w1 after the
+    WorkerDown was handled: the sweep lists it in one more WorkerDown, once; a request
+    re-assigned since (r-moved) or finished (r-done) left only a stale entry and is not
+    listed; an entry younger than the grace is left for the first re-assignment."""
+    await stack.collect_worker_events()
+    monitor = await stack.monitor(run=False)
+    monitor.clock = lambda: 1000.0
+    await monitor.handle_heartbeat(heartbeat("w1", 1))
+    monitor.clock = lambda: 1000.0 + WORKER_TIMEOUT_S + 0.01
+    assert await monitor.check_liveness() == ["w1"]
+    state = stack.state
+    await state.zadd(assigned_key("w1"), {"r-late": 1000.5, "r-moved": 1000.5, "r-done": 1000.5})
+    await state.hset(request_key("r-late"), {"status": "assigned", "worker_id": "w1"})
+    await state.hset(request_key("r-moved"), {"status": "assigned", "worker_id": "w2"})
+    await state.hset(request_key("r-done"), {"status": "ok", "worker_id": "w1"})
+    # Within the grace: nothing yet.
+    monitor.clock = lambda: 1000.5 + STRANDED_GRACE_S / 2
+    await monitor.check_liveness()
+    # Past it: one WorkerDown listing only the stranded request, and a clean set.
+    monitor.clock = lambda: 1000.5 + STRANDED_GRACE_S + 0.01
+    await monitor.check_liveness()
+    await monitor.check_liveness()
+
+    async def both() -> bool:
+        return len(stack.events) >= 2
+
+    await eventually(both, what="the second WorkerDown")
+    await asyncio.sleep(0.1)  # a third would have arrived by now
+    assert [e.orphaned_request_ids for e in stack.events] == [[], ["r-late"]]
+    assert stack.events[1].worker_id == "w1"
+    assert await state.zcard(assigned_key("w1")) == 0
+    assert monitor.stranded_orphaned == 1
+    assert (await stack.worker_hash("w1"))["status"] == "down"
 
 
 async def test_a_worker_heard_within_the_timeout_stays_alive(stack: Stack) -> None:

@@ -41,6 +41,7 @@ from switchyard.serving import TINY_LM_MODEL, ServingCatalogue
 from switchyard.state import MemoryStateStore
 from switchyard.telemetry import Telemetry
 
+from services.cluster_state import assigned_key, assignment_key, request_key
 from services.worker import create
 from services.worker.backends.emulated_llm import EmulatedLlmBackend
 from services.worker.service import CHUNK_TOKENS, WorkerService
@@ -287,6 +288,8 @@ async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack
     async with stack.ctx.bus.subscribe(ASSIGNMENTS, group="t-observer") as assignments:
         await stack.publish(ASSIGNMENTS, held)
         assert await _next(assignments) == held
+        # As the scheduler recorded it when it sent the request here.
+        await stack.ctx.state.zadd(assigned_key(stack.worker.worker_id), {"mover": 1.0})
         before = time.time()
         await stack.publish(
             MIGRATIONS,
@@ -311,6 +314,15 @@ async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack
     assert moved.not_before_s is not None
     assert before + 0.5 <= moved.not_before_s <= after + 0.5
     assert "mover" not in stack.worker.queue
+    # Recorded where a WorkerDown of the target would look for it, and gone from here.
+    state = stack.ctx.state
+    recorded = await state.get(assignment_key("mover"))
+    assert recorded is not None
+    assert Assignment.model_validate_json(recorded) == moved
+    assert await state.hget(request_key("mover"), "worker_id") == "w2"
+    assert await state.hget(request_key("mover"), "epoch") == "3"
+    assert await state.zcard(assigned_key("w2")) == 1
+    assert await state.zcard(assigned_key(stack.worker.worker_id)) == 0
 
 
 async def test_migrating_a_running_request_moves_its_tokens_and_kv(stack: Stack) -> None:
