@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-multimodel  the multi-model tables: policies, LoRA mix, update frequency, decision time"
 	@echo "make bench-stack  the live stack on Kafka and Redis: overhead by rate, Azure replay (GAPS, JSQ)"
 	@echo "make bench-recovery  worker-kill recovery (services as processes): detection, re-assignment, lost/doubled"
+	@echo "make bench-agreement  sim-to-live agreement: 2,000 rows of each Azure trace, live stack against the simulator"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
@@ -112,6 +113,12 @@ bench-stack: deps
 bench-recovery: deps
 	deploy/local/infra.sh up
 	$(BIN)/python -m bench.recovery_bench --runs 3 --out bench/results/recovery
+
+# Sim-to-live agreement: 2,000 rows of each Azure trace under GAPS and JSQ, through the
+# live stack (services as processes) and the simulator; about 40 minutes.
+bench-agreement: deps
+	deploy/local/infra.sh up
+	$(BIN)/python -m bench.agreement_bench
 
 infra-up:
 	@$(INFRA) up

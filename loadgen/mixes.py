@@ -124,7 +124,12 @@ class PlannedRequest:
                 "prompt": "",
                 "max_tokens": self.max_tokens,
                 "stream": False,
-                "switchyard": {"prompt_tokens": self.prompt_tokens, "request_id": request_id},
+                # The trace's workload class: the predictor's feature, as in the simulator.
+                "switchyard": {
+                    "prompt_tokens": self.prompt_tokens,
+                    "workload": self.workload,
+                    "request_id": request_id,
+                },
             }
         return {"features": list(self.features), "request_id": request_id}
 

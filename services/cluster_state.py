@@ -293,7 +293,10 @@ def worker_view(heartbeat: Heartbeat, *, alive: bool = True) -> WorkerView:
         max_slots=heartbeat.max_slots or constants.max_batch_slots,
         kv_used_tokens=heartbeat.kv_used_tokens,
         kv_capacity_tokens=heartbeat.kv_capacity_tokens or constants.kv_capacity_tokens,
-        queued_work_s=heartbeat.queued_work_s,
+        # Policies compare queued work with their predictions, so they see it predicted.
+        queued_work_s=heartbeat.predicted_work_s
+        if heartbeat.predicted_work_s is not None
+        else heartbeat.queued_work_s,
         queued_tokens=heartbeat.queued_tokens,
         utilization=heartbeat.utilization,
         decode_step_s=heartbeat.decode_step_s,

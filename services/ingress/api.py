@@ -48,6 +48,7 @@ from switchyard.contracts.messages import (
     InferenceRequest,
     LLMPayload,
     OutputChunk,
+    WorkloadType,
 )
 from switchyard.serving import ServingCatalogue, UnknownServedApplicationError
 from switchyard.state.base import StateStore
@@ -710,7 +711,7 @@ class _Api:
             max_output_tokens=output_tokens,
             # The model never generates more than max_tokens, whatever the client expects.
             output_tokens_hint=None if hint is None else min(hint, output_tokens),
-            workload=app.workload,
+            workload=WorkloadType(options.workload) if options.workload else app.workload,
             prompt=prompt,
             stream=stream,
         )

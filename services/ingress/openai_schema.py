@@ -60,6 +60,11 @@ class SwitchyardOptions(_Strict):
     output_tokens_hint: TokenCount | None = Field(
         default=None, description="Expected output length (capped at max_tokens)."
     )
+    workload: Literal["code", "conversation", "other"] | None = Field(
+        default=None,
+        description="The request's workload class, a feature of the service-time "
+        "predictor; default: the application's.",
+    )
     request_id: RequestId | None = None
 
 

@@ -633,12 +633,15 @@ class WorkerService(Service):
         backend = self.backend
         waiting = list(self.queue)
         load = backend.load(waiting)
-        entries = [
-            self._entry(item, running=True, remaining_s=left_s) for item, left_s in load.running
-        ]
-        entries += [
-            self._entry(item, running=False, remaining_s=item.estimate_s) for item in waiting
-        ]
+        # Each request's work as the scheduler predicted it, as the simulator counts it:
+        # a policy compares these figures with its own predictions.
+        running_s = [(item, _predicted_left_s(item, left_s)) for item, left_s in load.running]
+        waiting_s = [(item, _predicted_left_s(item, item.estimate_s)) for item in waiting]
+        entries = [self._entry(item, running=True, remaining_s=s) for item, s in running_s]
+        entries += [self._entry(item, running=False, remaining_s=s) for item, s in waiting_s]
+        predicted = any(item.assignment.predicted_s is not None for item in waiting) or any(
+            item.assignment.predicted_s is not None for item, _ in load.running
+        )
         self._sequence += 1
         return Heartbeat(
             worker_id=self.worker_id,
@@ -647,6 +650,9 @@ class WorkerService(Service):
             interval_s=self.ctx.settings.heartbeat_interval_s,
             queue_length=len(waiting),
             queued_work_s=load.queued_work_s,
+            predicted_work_s=sum(s for _, s in running_s) + sum(s for _, s in waiting_s)
+            if predicted
+            else None,
             running=len(load.running),
             utilization=min(1.0, max(0.0, load.utilization)),
             resident_models=backend.resident_models(),
@@ -696,6 +702,16 @@ class WorkerService(Service):
                     raise
                 self.ctx.logger.warning("publish to %s failed, retrying: %s", topic.name, exc)
                 await asyncio.sleep(backoff_s(attempt))
+
+
+def _predicted_left_s(item: WorkItem, left_s: float) -> float:
+    """The work ``item`` has left as its assignment predicted it: the prediction less the
+    idle work done so far (its estimate less ``left_s``, what the backend says is left),
+    at least 0; the backend's ``left_s`` when the assignment carries no prediction."""
+    predicted_s = item.assignment.predicted_s
+    if predicted_s is None:
+        return left_s
+    return max(0.0, predicted_s - max(0.0, item.estimate_s - left_s))
 
 
 @contextlib.contextmanager

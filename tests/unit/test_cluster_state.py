@@ -79,6 +79,11 @@ def test_worker_view_takes_load_from_the_heartbeat_and_constants_from_the_profil
     assert view.interconnect_bytes_per_s == perf.interconnect_bytes_per_s
 
 
+def test_policies_see_the_held_work_as_predicted_when_the_worker_reports_it() -> None:
+    assert worker_view(heartbeat(predicted_work_s=6.25)).queued_work_s == 6.25
+    assert worker_view(heartbeat(predicted_work_s=None)).queued_work_s == 4.5
+
+
 def test_reported_slots_and_kv_capacity_win_over_the_profile() -> None:
     view = worker_view(heartbeat(max_slots=8, kv_capacity_tokens=5000), alive=False)
     assert (view.max_slots, view.kv_capacity_tokens, view.alive) == (8, 5000, False)

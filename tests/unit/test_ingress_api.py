@@ -33,6 +33,7 @@ from switchyard.contracts.messages import (
     LLMResult,
     OutputChunk,
     RequestTimeline,
+    WorkloadType,
 )
 from switchyard.contracts.topics import COMPLETIONS, OUTPUT_CHUNKS, REQUESTS
 from switchyard.serving import ServingCatalogue
@@ -416,6 +417,7 @@ async def test_switchyard_block_sets_tokens_deadline_and_priority(
             "priority": 7,
             "prompt_tokens": 50,
             "output_tokens_hint": 100,
+            "workload": "code",
         },
     )
     response = await ingress.client.post("/v1/completions", json=body)
@@ -424,6 +426,8 @@ async def test_switchyard_block_sets_tokens_deadline_and_priority(
     payload = request.payload
     assert isinstance(payload, LLMPayload)
     assert payload.prompt_tokens == 50
+    # The predictor's workload feature: the client's class, not the application's.
+    assert payload.workload is WorkloadType.CODE
     assert payload.output_tokens_hint == 8  # capped at max_tokens
     assert request.priority == 7
     assert request.deadline_s == pytest.approx(request.arrival_s + 2.5)
@@ -967,6 +971,7 @@ async def test_prompt_tokens_above_the_limit_is_a_400(ingress: Replica) -> None:
         ("deadline_ms", "100"),
         ("priority", 1001),
         ("priority", -1),
+        ("workload", "poetry"),
         ("request_id", "has space"),
         ("request_id", ""),
     ],

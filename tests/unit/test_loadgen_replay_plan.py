@@ -53,6 +53,7 @@ def test_llm_bodies_carry_the_rows_lengths_and_the_workloads_model(
         "stream": False,
         "switchyard": {
             "prompt_tokens": bodies[3]["switchyard"]["prompt_tokens"],
+            "workload": workload.value,
             "request_id": "run7-3",
         },
     }

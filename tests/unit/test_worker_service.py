@@ -281,6 +281,22 @@ async def test_heartbeats_report_queue_load_and_resources(stack: Stack) -> None:
     assert beat.capacity.gpu == perf.tensor_parallel
     assert beat.kv_cache_free_bytes == perf.kv_bytes(perf.kv_capacity_tokens)
     assert not beat.draining
+    assert beat.predicted_work_s is None  # the assignment carried no prediction
+
+
+async def test_heartbeats_report_held_work_as_the_scheduler_predicted_it(stack: Stack) -> None:
+    """Policies compare queued work with their own predictions (as in the simulator): the
+    heartbeat's ``predicted_work_s`` and listed ``remaining_s`` are the assignments'
+    ``predicted_s``, while ``queued_work_s`` stays the backend's own estimate."""
+    perf = performance_model(PROFILE)
+    held = _llm("held", prompt=300, output=20, not_before_s=time.time() + 3600)
+    held = held.model_copy(update={"predicted_s": 0.7})
+    async with stack.ctx.bus.subscribe(HEARTBEATS, group="t-hb") as heartbeats:
+        await stack.publish(ASSIGNMENTS, held)
+        beat = await _heartbeat_where(heartbeats, lambda h: h.queue_length == 1)
+    assert beat.predicted_work_s == pytest.approx(0.7)
+    assert [e.remaining_s for e in beat.outstanding] == [pytest.approx(0.7)]
+    assert beat.queued_work_s == pytest.approx(perf.idle_service_s(300, 20) / 1000.0)
 
 
 async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack: Stack) -> None:

@@ -289,6 +289,13 @@ class Heartbeat(Message):
     interval_s: Annotated[float, Field(gt=0)]
     queue_length: NonNegativeInt
     queued_work_s: NonNegativeFloat
+    predicted_work_s: NonNegativeFloat | None = Field(
+        default=None,
+        description="The held work as the scheduler predicted it: each waiting request's "
+        "assignment predicted_s, each running one's less the idle work it has done. "
+        "What scheduling policies see (as in the simulator); queued_work_s is the "
+        "backend's own estimate. None: no assignment carried a prediction.",
+    )
     running: NonNegativeInt
     utilization: Annotated[float, Field(ge=0.0, le=1.0)]
     resident_models: list[Identifier] = Field(default_factory=list)

@@ -1,0 +1,100 @@
+"""Sim-to-live agreement: the same Azure trace slice and policy through the live stack on
+Kafka and Redis (emulated workers, every service a process of its own) and through the
+simulator, P50 and P99 compared in trace seconds.
+
+For each trace and policy: the first ``--limit`` rows, replayed at that trace's speed-up
+(``--speedups``: the workers' emulated time runs as much faster, so live latencies times
+the speed-up are trace seconds), on one emulated worker per ``--workers`` profile; the
+simulator runs the same rows on the same profiles in the same order. Admission control
+is off (the simulator has none). :mod:`loadgen.agreement` defines every figure.
+
+The speed-up is a trade: the control plane's own delay (a few tens of milliseconds of
+wall time per request on this machine) counts ``speedup`` times over in trace seconds,
+and bursts of arrivals compressed by it queue in the control plane of a small machine;
+a slower replay takes as much longer. The defaults (conversation x2, code x1) keep the
+overhead to a few percent of a median latency.
+
+Run ``make bench-agreement`` or ``python -m bench.agreement_bench [--limit N ...]``
+(Kafka and Redis must be up: ``deploy/local/infra.sh up``). Emulated latencies are a
+performance model's output, not measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadgen.agreement import DEFAULT_TOLERANCE, Agreement, format_table
+from tests.support.agreement import measure
+
+RESULTS = Path(__file__).parent / "results" / "agreement"
+DEFAULT_WORKERS = "a100-80gb/llama-2-7b,l40s-48gb/llama-2-7b,a100-80gb/llama-2-7b"
+
+
+def _speedups(text: str) -> dict[str, float]:
+    speedups: dict[str, float] = {}
+    for part in text.split(","):
+        trace, _, value = part.partition("=")
+        speedups[trace.strip()] = float(value)
+    return speedups
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.agreement_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--traces", default="azure-conv,azure-code")
+    parser.add_argument("--policies", default="gaps,jsq")
+    parser.add_argument("--limit", type=int, default=2000)
+    parser.add_argument(
+        "--speedups",
+        default="azure-conv=2,azure-code=1",
+        help="speed-up per trace, TRACE=FACTOR,... (default: %(default)s)",
+    )
+    parser.add_argument("--workers", default=DEFAULT_WORKERS, help="worker profiles, in order")
+    args = parser.parse_args(argv)
+    speedups = _speedups(args.speedups)
+    profiles = args.workers.split(",")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rows: list[Agreement] = []
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="agreement-") as logs:
+        for trace in args.traces.split(","):
+            speedup = speedups.get(trace, 1.0)
+            for policy in args.policies.split(","):
+                agreement, result = asyncio.run(
+                    measure(
+                        trace,
+                        args.limit,
+                        policy=policy,
+                        speedup=speedup,
+                        profiles=profiles,
+                        log_dir=Path(logs) / f"{trace}-{policy}",
+                    )
+                )
+                rows.append(agreement)
+                records.append({**agreement.to_json(), "replay": result.config()})
+                verdict = "agrees" if agreement.within() else "disagrees"
+                print(
+                    f"{trace} {policy} x{speedup:g}: P50 {agreement.p50_gap:+.1%}, "
+                    f"P99 {agreement.p99_gap:+.1%} ({verdict} within "
+                    f"{DEFAULT_TOLERANCE:.0%})",
+                    flush=True,
+                )
+    print()
+    print(f"first {args.limit} rows; workers {', '.join(profiles)}; trace seconds")
+    print(format_table(rows))
+    out = RESULTS / "agreement.json"
+    out.write_text(json.dumps(records, indent=2))
+    print(f"\nwritten {out}")
+
+
+if __name__ == "__main__":
+    main()
