@@ -119,6 +119,7 @@ bench-recovery: deps
 bench-agreement: deps
 	deploy/local/infra.sh up
 	$(BIN)/python -m bench.agreement_bench
+	$(BIN)/python -m bench.agreement_bench --sensitivity
 
 infra-up:
 	@$(INFRA) up

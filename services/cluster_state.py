@@ -52,7 +52,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import ValidationError
-from switchyard.contracts.messages import Assignment, Heartbeat
+from switchyard.contracts.messages import Assignment, CompletionStatus, Heartbeat
 from switchyard.perf.profiles import UnknownProfileError, performance_model
 from switchyard.policies.snapshot import ClusterSnapshot, WorkerRole, WorkerView
 from switchyard.state.base import StateStore
@@ -60,6 +60,7 @@ from switchyard.state.base import StateStore
 __all__ = [
     "CLUSTER_STATS_KEY",
     "DECISION_TTL_S",
+    "FINAL_STATUSES",
     "RECENT_WINDOW",
     "WORKERS_KEY",
     "ClusterView",
@@ -115,6 +116,8 @@ def request_key(request_id: str) -> str:
 
 DECISION_TTL_S = 3600.0
 """How long a recorded assignment lives: redeliveries and failures come within minutes."""
+FINAL_STATUSES = frozenset(status.value for status in CompletionStatus)
+"""``request:{id}`` statuses of a request that has its answer: nothing re-assigns it."""
 
 
 async def record_assignment(

@@ -25,14 +25,12 @@ from pydantic import ValidationError
 from switchyard.contracts.messages import Completion, InferenceRequest, LLMPayload
 from switchyard.state.base import StateStore
 
+from services.cluster_state import request_key
+
 REQUEST_TTL_S = 3600.0
 """How long a request's record (and its answer, for idempotent retries) is kept."""
 
 QUEUED = "queued"
-
-
-def request_key(request_id: str) -> str:
-    return f"request:{request_id}"
 
 
 def claim_key(request_id: str) -> str:

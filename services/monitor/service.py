@@ -56,6 +56,7 @@ from switchyard.telemetry.observables import observe
 
 from services.cluster_state import (
     CLUSTER_STATS_KEY,
+    FINAL_STATUSES,
     RECENT_WINDOW,
     WORKERS_KEY,
     WorkerStatus,
@@ -69,7 +70,6 @@ GROUP = "monitor"
 COMPLETION_CLAIM_TTL_S = 3600.0
 """How long a completion's claim key lives: redeliveries come within seconds."""
 WORKER_DOWN_CLAIM_TTL_S = 3600.0
-_FINAL_STATUSES = frozenset(status.value for status in CompletionStatus)
 STRANDED_GRACE_S = 1.0
 """How old an entry of a down worker's assigned set must be to count as stranded: longer
 than a scheduler replica takes to see the death (its cluster refresh, 0.1 s) and to
@@ -369,7 +369,7 @@ class MonitorService(Service):
         stranded = [
             member
             for member, record in zip(members, records, strict=True)
-            if record.get("worker_id") == wid and record.get("status") not in _FINAL_STATUSES
+            if record.get("worker_id") == wid and record.get("status") not in FINAL_STATUSES
         ]
         if not stranded:
             await state.zrem(assigned_key(wid), *members)

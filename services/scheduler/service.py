@@ -99,6 +99,7 @@ from switchyard.telemetry.observables import observe
 
 from services.cluster_state import (
     DECISION_TTL_S,
+    FINAL_STATUSES,
     assigned_key,
     assignment_key,
     is_alive,
@@ -121,12 +122,7 @@ log = logging.getLogger(__name__)
 UNPLACED_TIMEOUT_S = 30.0
 _BATCH = 512
 _BATCH_WAIT_S = 0.2
-_FINAL_STATUSES = frozenset(s.value for s in CompletionStatus)
 _SCOPE = "switchyard.scheduler"
-
-
-assigned_set_key = assigned_key
-"""The sorted set of requests sent to a worker (removed by the monitor on completion)."""
 
 
 Origin = Delivery[InferenceRequest] | Context
@@ -566,7 +562,7 @@ class SchedulerService(Service):
         # worker's assigned set, so the set is read again now that no decision here can
         # choose the worker any more.
         late = await state.zrange_by_score(
-            assigned_set_key(event.worker_id), float("-inf"), float("inf")
+            assigned_key(event.worker_id), float("-inf"), float("inf")
         )
         orphans = list(dict.fromkeys([*event.orphaned_request_ids, *(m for m, _ in late)]))
         held = await self._held_at_drain(event)
@@ -574,7 +570,7 @@ class SchedulerService(Service):
             status, raw = await asyncio.gather(
                 state.hget(request_key(request_id), "status"), state.get(assignment_key(request_id))
             )
-            if raw is None or status in _FINAL_STATUSES:
+            if raw is None or status in FINAL_STATUSES:
                 continue
             previous = Assignment.model_validate_json(raw)
             if previous.worker_id != event.worker_id:
@@ -667,4 +663,4 @@ async def create(ctx: ServiceContext, catalogue: ServingCatalogue | None = None)
     )
 
 
-__all__ = ["SchedulerService", "assigned_set_key", "assignment_key", "create", "request_key"]
+__all__ = ["SchedulerService", "create"]

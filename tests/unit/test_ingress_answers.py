@@ -16,6 +16,7 @@ from switchyard.contracts.messages import (
 )
 from switchyard.state.memory import MemoryStateStore
 
+from services.cluster_state import request_key
 from services.ingress import records
 from services.ingress.answers import AnswerRegistry
 from services.ingress.tokens import approximate_tokens, chat_prompt
@@ -147,7 +148,7 @@ async def test_a_record_goes_from_queued_to_its_completion() -> None:
     )
     assert (queued.arrival_s, queued.deadline_s, queued.prompt_tokens) == (100.0, 130.0, 7)
     assert queued.completion is None
-    ttl = await state.ttl_s(records.request_key("r-1"))
+    ttl = await state.ttl_s(request_key("r-1"))
     assert ttl is not None
     assert 0 < ttl <= records.REQUEST_TTL_S
 

@@ -22,6 +22,8 @@ from switchyard.telemetry.prometheus import (
     render_metrics,
 )
 
+from tests.support.http import raw_http
+
 pytestmark = pytest.mark.unit
 
 WAIT_S = 10.0
@@ -187,19 +189,6 @@ def test_configure_telemetry_always_attaches_a_prometheus_reader() -> None:
 # -- GET /metrics ----------------------------------------------------------------------------
 
 
-async def _http(port: int, raw: bytes) -> tuple[str, bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(raw)
-        await writer.drain()
-        response = await asyncio.wait_for(reader.read(), WAIT_S)
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    head, _, body = response.partition(b"\r\n\r\n")
-    return head.decode("latin-1"), body
-
-
 async def test_the_health_server_serves_metrics_as_prometheus_text() -> None:
     reader = PrometheusMetricReader()
     provider = MeterProvider(metric_readers=[reader])
@@ -208,13 +197,13 @@ async def test_the_health_server_serves_metrics_as_prometheus_text() -> None:
     await server.start()
     try:
         server.mark_draining()  # a scrape is answered whatever the readiness
-        head, body = await _http(server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, body = await raw_http(server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert head.startswith("HTTP/1.1 200 ")
         assert f"Content-Type: {CONTENT_TYPE}" in head
         assert 'switchyard_test_probes_total{path="/x"} 1' in body.decode().splitlines()
-        head, body = await _http(server.port, b"POST /metrics HTTP/1.1\r\n\r\n")
+        head, body = await raw_http(server.port, b"POST /metrics HTTP/1.1\r\n\r\n")
         assert head.startswith("HTTP/1.1 405 ")
-        head, body = await _http(server.port, b"GET /nothing HTTP/1.1\r\n\r\n")
+        head, body = await raw_http(server.port, b"GET /nothing HTTP/1.1\r\n\r\n")
         assert head.startswith("HTTP/1.1 404 ")
         assert b"/metrics" in body
     finally:
@@ -269,7 +258,7 @@ async def test_every_service_serves_its_metrics_on_the_health_port() -> None:
     try:
         await asyncio.wait_for(started.arrived.wait(), WAIT_S)
         assert started.port is not None
-        head, body = await _http(started.port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        head, body = await raw_http(started.port, b"GET /metrics HTTP/1.1\r\n\r\n")
         assert head.startswith("HTTP/1.1 200 ")
         assert "switchyard_idle_starts_total 1" in body.decode().splitlines()
     finally:

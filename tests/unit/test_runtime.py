@@ -26,6 +26,8 @@ from switchyard.runtime import (
     run_service,
 )
 
+from tests.support.http import raw_http
+
 if TYPE_CHECKING:
     from switchyard.bus import Bus
     from switchyard.state import StateStore
@@ -40,16 +42,8 @@ WAIT_S = 10.0
 
 
 async def _http(port: int, raw: bytes) -> tuple[int, bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(raw)
-        await writer.drain()
-        response = await asyncio.wait_for(reader.read(), WAIT_S)
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    head, _, body = response.partition(b"\r\n\r\n")
-    assert b"Connection: close" in head
+    head, body = await raw_http(port, raw)
+    assert "Connection: close" in head
     return int(head.split()[1]), body
 
 
