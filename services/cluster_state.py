@@ -180,6 +180,16 @@ class WorkerRecord:
     completed: int = 0
     violated: int = 0
 
+    def takes_work(self, worker_timeout_s: float) -> bool:
+        """Whether policies may give it work or move work from it: alive
+        (:func:`is_alive`), with a heartbeat, and not draining (a stopping worker only
+        finishes what runs; what waits there is handed over by its drain)."""
+        return (
+            self.heartbeat is not None
+            and not self.heartbeat.draining
+            and is_alive(self.status, self.age_s, worker_timeout_s)
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterView:
@@ -312,13 +322,12 @@ def worker_view(heartbeat: Heartbeat, *, alive: bool = True) -> WorkerView:
 
 def cluster_snapshot(view: ClusterView, worker_timeout_s: float) -> ClusterSnapshot:
     """A policy :class:`ClusterSnapshot` of every worker with a heartbeat, ordered by id;
-    ``alive`` per :func:`is_alive`. Workers without a readable heartbeat are left out."""
+    ``alive`` per :meth:`WorkerRecord.takes_work`. Workers without a readable heartbeat
+    are left out."""
     return ClusterSnapshot(
         now_s=view.now_s,
         workers=tuple(
-            worker_view(
-                record.heartbeat, alive=is_alive(record.status, record.age_s, worker_timeout_s)
-            )
+            worker_view(record.heartbeat, alive=record.takes_work(worker_timeout_s))
             for record in view.workers
             if record.heartbeat is not None
         ),

@@ -74,7 +74,7 @@ from switchyard.contracts.messages import Heartbeat
 from switchyard.perf import PerformanceModel
 from switchyard.perf.profiles import UnknownProfileError, performance_model
 
-from services.cluster_state import ClusterView, WorkerRecord, is_alive
+from services.cluster_state import ClusterView, WorkerRecord
 
 __all__ = [
     "DEFAULT_SERVICE_S",
@@ -364,12 +364,7 @@ class AdmissionGate:
         self._view = view
 
     def _live(self, record: WorkerRecord) -> bool:
-        heartbeat = record.heartbeat
-        return (
-            heartbeat is not None
-            and not heartbeat.draining
-            and is_alive(record.status, record.age_s, self.worker_timeout_s)
-        )
+        return record.takes_work(self.worker_timeout_s)
 
     def decide(self, demand: Demand, now_s: float) -> Decision:
         """Admit or refuse ``demand`` at ``now_s``; an admitted request is accounted to

@@ -29,6 +29,14 @@ claim key ``claim:worker-down:{id}:{last_seen_s}`` (``set_if_absent``) makes exa
 of them publish the WorkerDown of one death. Drains are published under
 ``claim:worker-down:{id}:drained:{sequence}``.
 
+Drains: a stopping worker heartbeats ``draining`` while its running work finishes (it
+stays ``alive`` here, and policies leave it out). Its first draining heartbeat that lists
+waiting requests is announced as a WorkerDown ``draining`` (claim
+``claim:worker-down:{id}:draining:{sequence}``) naming them, so they start elsewhere now
+rather than after the longest running request; the heartbeat with ``running == 0`` is
+its last, announced as ``drained`` with what it still held. Both carry
+``held_request_ids``, the waiting list, so the scheduler never re-runs what ran there.
+
 Heartbeat ordering: a heartbeat whose ``sequence`` is not above the stored one is stale
 (a redelivery or reordering) and ignored, except when the worker is recorded down or
 drained and the heartbeat was sent later than the stored one: a restarted worker whose
@@ -181,8 +189,11 @@ class MonitorService(Service):
         state = self.ctx.state
         wid = heartbeat.worker_id
         key = worker_key(wid)
-        stored_seq, stored_status, stored_sent = await asyncio.gather(
-            state.hget(key, "sequence"), state.hget(key, "status"), state.hget(key, "sent_at_s")
+        stored_seq, stored_status, stored_sent, stored_draining = await asyncio.gather(
+            state.hget(key, "sequence"),
+            state.hget(key, "status"),
+            state.hget(key, "sent_at_s"),
+            state.hget(key, "draining"),
         )
         previous = _status(stored_status)
         if stored_seq is not None and heartbeat.sequence <= int(stored_seq):
@@ -206,6 +217,7 @@ class MonitorService(Service):
             "status": status.value,
             "worker_type": heartbeat.worker_type,
             "profile": heartbeat.profile or "",
+            "draining": "1" if heartbeat.draining else "0",
         }
         if previous is not status:
             fields["status_changed_s"] = repr(now_s)
@@ -223,6 +235,8 @@ class MonitorService(Service):
             await self._declare_down(
                 heartbeat, claim, reason="drained", last_seen_s=now_s, now_s=now_s
             )
+        elif heartbeat.draining and stored_draining != "1" and status is WorkerStatus.ALIVE:
+            await self._announce_draining(heartbeat, now_s)
         await state.hset(key, fields)
         self._statuses[wid] = status.value
         if status is WorkerStatus.ALIVE and previous is not None and previous is not status:
@@ -346,6 +360,53 @@ class MonitorService(Service):
                 declared.append(wid)
         return declared
 
+    async def _announce_draining(self, heartbeat: Heartbeat, now_s: float) -> None:
+        """Publish a WorkerDown ``draining`` naming what only waits on a worker that began
+        to drain (nothing when nothing waits), for the scheduler to start it elsewhere.
+
+        Its status stays ``alive`` and its assigned set untouched: it still finishes what
+        runs there, and its last heartbeat is announced as ``drained``. Like a drain, this
+        is published before the heartbeat is stored, so a failed publish is retried with
+        the redelivered heartbeat.
+        """
+        wid = heartbeat.worker_id
+        waiting = [entry.request_id for entry in heartbeat.outstanding if not entry.running]
+        if not waiting:
+            return
+        claim = f"claim:worker-down:{wid}:draining:{heartbeat.sequence}"
+        if claim in self._published_claims:
+            return
+        claimed = await self.ctx.state.set_if_absent(
+            claim, self.token, ttl_s=WORKER_DOWN_CLAIM_TTL_S
+        )
+        if not claimed and await self.ctx.state.get(claim) != self.token:
+            return
+        await self.ctx.bus.publish(
+            WORKER_EVENTS,
+            WorkerDown(
+                worker_id=wid,
+                reason="draining",
+                last_heartbeat_s=now_s,
+                detected_at_s=now_s,
+                orphaned_request_ids=waiting,
+                held_request_ids=_held_at_drain(heartbeat),
+            ),
+        )
+        self._published_claims.add(claim)
+        self._m_down.add(1, {"reason": "draining"})
+        self.log.info(
+            "worker %s is draining: %d waiting requests handed over, %d running finish there",
+            wid,
+            len(waiting),
+            heartbeat.running,
+            extra={
+                "event": "worker-draining",
+                "worker_id": wid,
+                "orphans": len(waiting),
+                "running": heartbeat.running,
+            },
+        )
+
     async def _sweep_stranded(self, wid: str, status: WorkerStatus, now_s: float) -> None:
         """Orphan again what was assigned to ``wid`` after its WorkerDown was handled.
 
@@ -379,6 +440,10 @@ class MonitorService(Service):
         if not await state.set_if_absent(claim, self.token, ttl_s=WORKER_DOWN_CLAIM_TTL_S):
             return
         drained = status is WorkerStatus.DRAINED
+        held: list[str] | None = None
+        if drained and (raw := await state.hget(worker_key(wid), "heartbeat")):
+            with contextlib.suppress(ValueError):
+                held = _held_at_drain(Heartbeat.model_validate_json(raw))
         await self.ctx.bus.publish(
             WORKER_EVENTS,
             WorkerDown(
@@ -386,6 +451,7 @@ class MonitorService(Service):
                 reason="drained" if drained else "heartbeat-timeout",
                 detected_at_s=now_s,
                 orphaned_request_ids=stranded,
+                held_request_ids=held,
             ),
         )
         await state.zrem(assigned_key(wid), *members)
@@ -436,12 +502,14 @@ class MonitorService(Service):
                 if entry.request_id not in seen:
                     seen.add(entry.request_id)
                     orphans.append(entry.request_id)
+        drained = reason == "drained"
         message = WorkerDown(
             worker_id=wid,
-            reason="drained" if reason == "drained" else "heartbeat-timeout",
+            reason="drained" if drained else "heartbeat-timeout",
             last_heartbeat_s=last_seen_s,
             detected_at_s=now_s,
             orphaned_request_ids=orphans,
+            held_request_ids=_held_at_drain(heartbeat) if drained and heartbeat else None,
         )
         await self.ctx.bus.publish(WORKER_EVENTS, message)
         self._published_claims.add(claim)
@@ -474,6 +542,14 @@ class MonitorService(Service):
             },
         )
         return True
+
+
+def _held_at_drain(heartbeat: Heartbeat) -> list[str] | None:
+    """What a draining worker's heartbeat lists as waiting there, or None when the list
+    was cut short (or the heartbeat is not a draining one)."""
+    if not heartbeat.draining or heartbeat.outstanding_total > len(heartbeat.outstanding):
+        return None
+    return [entry.request_id for entry in heartbeat.outstanding if not entry.running]
 
 
 def _status(text: str | None) -> WorkerStatus | None:

@@ -43,7 +43,6 @@ from services.cluster_state import (
     ClusterView,
     WorkerRecord,
     cluster_snapshot,
-    is_alive,
     worker_profile,
 )
 
@@ -150,11 +149,12 @@ def select_listed(
     skip: SkipEntry = _never,
 ) -> list[ListedEntry]:
     """Every listed request of every live worker (ordered by worker id), leaving out
-    what ``skip`` rejects (requests moved recently)."""
+    what ``skip`` rejects (requests moved recently). A draining worker's are left out:
+    its drain hands over what waits, and what runs finishes there."""
     listed: list[ListedEntry] = []
     for record in view.workers:
         heartbeat = record.heartbeat
-        if heartbeat is None or not is_alive(record.status, record.age_s, worker_timeout_s):
+        if heartbeat is None or not record.takes_work(worker_timeout_s):
             continue
         listed.extend(listed_entries(heartbeat, scope, skip))
     return listed

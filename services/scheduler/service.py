@@ -21,7 +21,8 @@ Routines:
 - ``cluster``: reads the monitor's worker records from the state store every
   ``min(0.1 s, heartbeat interval / 2)``.
 - ``worker-events``: on a :class:`WorkerDown`, re-assigns the dead worker's unfinished
-  requests (epoch + 1) to live workers.
+  requests (epoch + 1) to live workers; for a draining worker, only what waited there
+  (what runs there finishes there).
 
 A request no live worker can serve yet (no worker of its model has reported) waits in
 this replica for up to ``UNPLACED_TIMEOUT_S`` and is retried on every cluster refresh;
@@ -102,7 +103,6 @@ from services.cluster_state import (
     FINAL_STATUSES,
     assigned_key,
     assignment_key,
-    is_alive,
     read_cluster,
     record_assignment,
     request_key,
@@ -288,7 +288,7 @@ class SchedulerService(Service):
             heartbeat = record.heartbeat
             if heartbeat is None:
                 continue
-            alive = is_alive(record.status, record.age_s, timeout_s) and not heartbeat.draining
+            alive = record.takes_work(timeout_s)
             present.append(record.worker_id)
             self.placer.observe(heartbeat, alive=alive)
             if alive and any(
@@ -537,19 +537,6 @@ class SchedulerService(Service):
             async for delivery in sub:
                 await sub.handle(delivery, self._on_worker_down)
 
-    async def _held_at_drain(self, event: WorkerDown) -> frozenset[str] | None:
-        """What a drained worker still held (its last, draining heartbeat's list), or None
-        for a worker that died, or when the list was cut short."""
-        if event.reason != "drained":
-            return None
-        raw = await self.ctx.state.hget(f"worker:{event.worker_id}", "heartbeat")
-        if raw is None:
-            return None
-        last = Heartbeat.model_validate_json(raw)
-        if not last.draining or last.outstanding_total > len(last.outstanding):
-            return None
-        return frozenset(entry.request_id for entry in last.outstanding)
-
     async def _on_worker_down(self, delivery: Delivery[WorkerDown]) -> None:
         event = delivery.message
         self.placer.mark_down(event.worker_id)
@@ -557,15 +544,21 @@ class SchedulerService(Service):
         state = self.ctx.state
         outbox = _Outbox(None)
         moved = 0
-        # The monitor listed what the worker held when it looked; a request assigned to
-        # it after that (this scheduler had not yet seen it down) is still in the
-        # worker's assigned set, so the set is read again now that no decision here can
-        # choose the worker any more.
-        late = await state.zrange_by_score(
-            assigned_key(event.worker_id), float("-inf"), float("inf")
-        )
-        orphans = list(dict.fromkeys([*event.orphaned_request_ids, *(m for m, _ in late)]))
-        held = await self._held_at_drain(event)
+        if event.reason == "draining":
+            # It still runs what it started, and heartbeats: only what it listed as
+            # waiting moves now; the rest is named again when it has drained.
+            orphans = list(event.orphaned_request_ids)
+        else:
+            # The monitor listed what the worker held when it looked; a request assigned
+            # to it after that (this scheduler had not yet seen it down) is still in the
+            # worker's assigned set, so the set is read again now that no decision here
+            # can choose the worker any more.
+            late = await state.zrange_by_score(
+                assigned_key(event.worker_id), float("-inf"), float("inf")
+            )
+            orphans = list(dict.fromkeys([*event.orphaned_request_ids, *(m for m, _ in late)]))
+        # What a draining or drained worker listed as waiting there; None after a death.
+        held = None if event.held_request_ids is None else frozenset(event.held_request_ids)
         for request_id in orphans:
             status, raw = await asyncio.gather(
                 state.hget(request_key(request_id), "status"), state.get(assignment_key(request_id))
@@ -576,9 +569,9 @@ class SchedulerService(Service):
             if previous.worker_id != event.worker_id:
                 continue  # moved on since; not this worker's any more
             if held is not None and request_id not in held:
-                # A drained worker finished everything it ran; one it took in (its run
-                # claim) and no longer held ran to the end there, its completion still
-                # on the way: running it again would run it twice.
+                # A draining worker finishes everything it runs; one it took in (its run
+                # claim) and did not list as waiting ran, or runs, there, its completion
+                # still to come: running it again would run it twice.
                 run_claim = await state.get(f"claim:{request_id}:{previous.epoch}:run")
                 if run_claim == event.worker_id:
                     continue

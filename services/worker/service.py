@@ -21,9 +21,11 @@ a redelivered assignment from running a second time; the work a crashed worker h
 re-assigned with a higher epoch by whoever notices the crash (the monitor's
 ``WorkerDown``), and a higher epoch claims afresh.
 
-Stopping drains: intake stops, the running work finishes (nothing new starts), and a
-last heartbeat says ``draining=True`` and lists what is still waiting, so its requests
-can be re-assigned.
+Stopping drains: intake stops and nothing new starts. A heartbeat says ``draining=True``
+at once, listing what waits here, so the monitor can have it re-assigned while the running
+work finishes; heartbeats go on every interval meanwhile (a long generation must not
+look like a death, or it would run twice). The last one, once nothing runs, says
+``draining=True`` with ``running == 0`` and lists whatever still waits.
 
 Tracing: an assignment is taken inside its CONSUMER span, but runs later, in the engine
 routine. The trace context at intake is kept on the work item; its execution span
@@ -238,8 +240,9 @@ class WorkerService(Service):
         self.spawn_routine("heartbeat_routine", self.heartbeat_routine)
 
     async def drain(self) -> None:
-        """Stop intake, let the running work finish, then send a last heartbeat saying
-        ``draining`` (it lists what still waits, for re-assignment)."""
+        """Stop intake, let the running work finish (heartbeating, ``draining``), then
+        send a last heartbeat with nothing running (it lists what still waits, for
+        re-assignment)."""
         self._wake.set()
         await super().drain()
         if self._sending:
@@ -289,11 +292,20 @@ class WorkerService(Service):
             await self._wait_for_work(None if next_s is None else max(0.0, next_s - now_s))
 
     async def heartbeat_routine(self) -> None:
+        """A heartbeat every interval, and one at once when a stop is asked for; while
+        draining, every heartbeat says so, until the engine routine has left (what runs
+        is done; :meth:`drain` sends the last one)."""
         interval_s = self.ctx.settings.heartbeat_interval_s
-        while not self.ctx.stopping.is_set():
-            await self._publish(HEARTBEATS, self.heartbeat())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.ctx.stopping.wait(), interval_s)
+        stopping = self.ctx.stopping
+        engine = self._routines["engine_routine"]
+        while not engine.done():
+            draining = stopping.is_set()
+            await self._publish(HEARTBEATS, self.heartbeat(draining=draining))
+            if draining:
+                await asyncio.wait([engine], timeout=interval_s)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), interval_s)
 
     async def _wait_for_work(self, timeout_s: float | None) -> None:
         waits = [

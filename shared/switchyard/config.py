@@ -220,6 +220,15 @@ class Settings(BaseModel):
         le=1e6,
         description="Emulated time runs this many times faster than the modelled time.",
     )
+    worker_max_slots: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description=(
+            "Most requests an emulated-llm worker runs at once (vLLM's max_num_seqs), "
+            "below its profile's; unset: the profile's."
+        ),
+    )
     worker_device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Torch device of a torch worker; auto: CUDA when present."
     )

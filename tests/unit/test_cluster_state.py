@@ -7,12 +7,14 @@ import math
 import pytest
 from switchyard.contracts.messages import Heartbeat, QueuedEntry
 from switchyard.perf.profiles import performance_model
-from switchyard.policies.snapshot import WorkerRole
+from switchyard.policies.snapshot import QueueScope, WorkerRole
 from switchyard.state import MemoryStateStore
 
 from services.cluster_state import (
     CLUSTER_STATS_KEY,
     WORKERS_KEY,
+    ClusterView,
+    WorkerRecord,
     WorkerStatus,
     assigned_key,
     cluster_snapshot,
@@ -25,6 +27,7 @@ from services.cluster_state import (
     worker_profile,
     worker_view,
 )
+from services.rebalancer.snapshot import select_listed
 
 pytestmark = pytest.mark.unit
 
@@ -107,6 +110,27 @@ def test_alive_needs_the_alive_status_and_a_recent_heartbeat() -> None:
     assert not is_alive(WorkerStatus.ALIVE, 2.5, 2.0)
     assert not is_alive(WorkerStatus.DOWN, 0.0, 2.0)
     assert not is_alive(WorkerStatus.DRAINED, 0.0, 2.0)
+
+
+def test_a_draining_worker_takes_no_work_and_lends_none() -> None:
+    def record(wid: str, **overrides: object) -> WorkerRecord:
+        return WorkerRecord(
+            worker_id=wid,
+            status=WorkerStatus.ALIVE,
+            last_seen_s=99.0,
+            age_s=1.0,
+            heartbeat=heartbeat(wid, **overrides),
+        )
+
+    staying, leaving = record("w1"), record("w2", draining=True)
+    assert staying.takes_work(2.0)
+    assert not leaving.takes_work(2.0)
+    view = ClusterView(now_s=100.0, workers=(staying, leaving))
+    # Policies see it as not alive, and the rebalancer lists none of its requests.
+    snapshot = cluster_snapshot(view, 2.0)
+    assert [(w.worker_id, w.alive) for w in snapshot.workers] == [("w1", True), ("w2", False)]
+    listed = select_listed(view, worker_timeout_s=2.0, scope=QueueScope())
+    assert {item.worker_id for item in listed} == {"w1"}
 
 
 def test_parse_worker_record_tolerates_missing_and_broken_fields() -> None:

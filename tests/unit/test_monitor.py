@@ -460,6 +460,62 @@ async def test_a_drained_worker_s_waiting_requests_are_orphaned_at_once(stack: S
     event = stack.events[0]
     assert (event.worker_id, event.reason) == ("w1", "drained")
     assert event.orphaned_request_ids == ["r-sent-late", "r-wait-1", "r-wait-2"]
+    assert event.held_request_ids == ["r-wait-1", "r-wait-2"]
+
+
+async def test_a_draining_worker_s_waiting_requests_move_while_its_running_ones_finish(
+    stack: Stack,
+) -> None:
+    await stack.collect_worker_events()
+    monitor = await stack.monitor(run=False)
+    monitor.clock = lambda: 1000.0
+    await stack.state.zadd(assigned_key("w1"), {"r-run": 1.0, "r-wait": 2.0})
+    running_and_waiting = [entry("r-run", running=True), entry("r-wait")]
+    for sequence in (1, 2, 3):  # told to stop at 1; still running at 2 and 3
+        beat = heartbeat(
+            "w1",
+            sequence,
+            draining=True,
+            running=1,
+            queue_length=1,
+            outstanding=running_and_waiting,
+            outstanding_total=2,
+        )
+        assert await monitor.handle_heartbeat(beat)
+
+    async def announced() -> bool:
+        return bool(stack.events)
+
+    await eventually(announced, what="draining WorkerDown")
+    # Announced once, naming only what waits; the worker stays alive (heartbeating),
+    # and what it runs is left to finish there.
+    (event,) = stack.events
+    assert (event.reason, event.orphaned_request_ids) == ("draining", ["r-wait"])
+    assert event.held_request_ids == ["r-wait"]
+    assert (await stack.worker_hash("w1"))["status"] == "alive"
+    assert await stack.state.zcard(assigned_key("w1")) == 2
+    # Long after the timeout, still heartbeating: never declared down.
+    monitor.clock = lambda: 1000.0 + 10 * WORKER_TIMEOUT_S
+    assert await monitor.handle_heartbeat(
+        heartbeat("w1", 4, draining=True, running=1, outstanding_total=1, sent_at_s=1010.0)
+    )
+    assert await monitor.check_liveness() == []
+    # The last heartbeat: nothing runs, the moved request is still listed (the worker
+    # never learns it moved).
+    last = heartbeat(
+        "w1", 5, draining=True, queue_length=1, outstanding=[entry("r-wait")], outstanding_total=1
+    )
+    assert await monitor.handle_heartbeat(last)
+
+    async def drained() -> bool:
+        return len(stack.events) == 2
+
+    await eventually(drained, what="drained WorkerDown")
+    final = stack.events[1]
+    assert final.reason == "drained"
+    assert final.held_request_ids == ["r-wait"]
+    assert set(final.orphaned_request_ids) == {"r-run", "r-wait"}
+    assert (await stack.worker_hash("w1"))["status"] == "drained"
 
 
 async def test_a_restarted_worker_with_a_fresh_sequence_is_alive_again(stack: Stack) -> None:

@@ -13,7 +13,6 @@ from switchyard.contracts.messages import (
     Assignment,
     InferenceRequest,
     LLMPayload,
-    QueuedEntry,
     ServiceTimePrediction,
     WorkerDown,
 )
@@ -32,7 +31,7 @@ from tests.support.services import (
     store_worker,
 )
 
-DownReason = Literal["heartbeat-timeout", "drained", "failed"]
+DownReason = Literal["heartbeat-timeout", "draining", "drained", "failed"]
 
 CATALOGUE = ServingCatalogue(
     llm={app.name: app for app in DEFAULT_LLM_APPLICATIONS}, classification={}
@@ -74,9 +73,15 @@ class Stack:
         await asyncio.wait_for(self.service.drain(), 10)
 
     async def worker_down(
-        self, worker_id: str, orphans: list[str], *, reason: DownReason = "heartbeat-timeout"
+        self,
+        worker_id: str,
+        orphans: list[str],
+        *,
+        reason: DownReason = "heartbeat-timeout",
+        held: list[str] | None = None,
     ) -> None:
-        """Publish the monitor's verdict that ``worker_id`` is gone, listing ``orphans``."""
+        """Publish the monitor's verdict that ``worker_id`` is gone (or going), listing
+        ``orphans`` and, for a drain, what it ``held`` waiting."""
         await self.client.publish(
             WORKER_EVENTS,
             WorkerDown(
@@ -84,6 +89,7 @@ class Stack:
                 reason=reason,
                 detected_at_s=time.time(),
                 orphaned_request_ids=orphans,
+                held_request_ids=held,
             ),
         )
 
@@ -225,38 +231,58 @@ async def test_a_request_sent_to_a_worker_after_the_monitor_listed_its_orphans_m
     assert again.epoch == 1
 
 
-async def test_a_drained_worker_s_finished_request_is_not_run_again(jsq: Stack) -> None:
+async def _leaving_takes(
+    jsq: Stack, request_ids: tuple[str, str], *, status: str
+) -> SchedulerService:
+    """Both requests are assigned to worker ``leaving``, which takes both in (its run
+    claims), then drains (recorded ``status``) while worker ``staying`` joins."""
     await store_worker(jsq.state, heartbeat("leaving"))
-    await jsq.start()
-    for request_id in ("finished-there", "still-waiting"):
+    service = await jsq.start()
+    for request_id in request_ids:
         await jsq.client.publish(REQUESTS, llm_request(request_id))
     got = await jsq.assignments(2)
     assert {a.worker_id for a in got} == {"leaving"}
-    # It ran the first to the end while draining (its run claim); its last, draining
-    # heartbeat lists only the second; the first's completion is still on its way.
-    await jsq.state.set("claim:finished-there:0:run", "leaving")
-    await jsq.state.set("claim:still-waiting:0:run", "leaving")
-    draining = heartbeat("leaving", sequence=2).model_copy(
-        update={
-            "draining": True,
-            "outstanding": [
-                QueuedEntry(
-                    request_id="still-waiting", app="llama-2-7b", running=False, queued_at_s=1.0
-                )
-            ],
-            "outstanding_total": 1,
-        }
-    )
-    await store_worker(jsq.state, draining, status="drained")
+    for request_id in request_ids:
+        await jsq.state.set(f"claim:{request_id}:0:run", "leaving")
+    draining = heartbeat("leaving", sequence=2).model_copy(update={"draining": True})
+    await store_worker(jsq.state, draining, status=status)
     await store_worker(jsq.state, heartbeat("staying"))
     await asyncio.sleep(0.3)
-    await jsq.worker_down("leaving", ["finished-there", "still-waiting"], reason="drained")
+    return service
+
+
+async def test_a_drained_worker_s_finished_request_is_not_run_again(jsq: Stack) -> None:
+    # It ran the first to the end while draining; its last, draining heartbeat lists
+    # only the second; the first's completion is still on its way.
+    await _leaving_takes(jsq, ("finished-there", "still-waiting"), status="drained")
+    await jsq.worker_down(
+        "leaving", ["finished-there", "still-waiting"], reason="drained", held=["still-waiting"]
+    )
     (moved,) = await jsq.assignments(1)
     assert moved.request.request_id == "still-waiting"
     assert moved.worker_id == "staying"
     assert moved.epoch == 1
     assert jsq.service is not None
     assert jsq.service.reassigned == 1
+
+
+async def test_a_draining_worker_hands_over_what_waits_and_keeps_what_runs(jsq: Stack) -> None:
+    # Told to stop: it heartbeats "draining" (still alive) and finishes what runs; the
+    # monitor names what only waits there.
+    service = await _leaving_takes(jsq, ("runs-there", "waits-there"), status="alive")
+    await jsq.worker_down("leaving", ["waits-there"], reason="draining", held=["waits-there"])
+    (moved,) = await jsq.assignments(1)
+    assert (moved.request.request_id, moved.worker_id, moved.epoch) == ("waits-there", "staying", 1)
+    # Its last heartbeat still lists the moved request (it never learns of the move) and
+    # its assigned set still names the one that ran there: neither is decided again.
+    await jsq.worker_down(
+        "leaving", ["runs-there", "waits-there"], reason="drained", held=["waits-there"]
+    )
+    await jsq.client.publish(REQUESTS, llm_request("after"))
+    (after,) = await jsq.assignments(1)
+    assert after.request.request_id == "after"
+    await asyncio.sleep(0.2)
+    assert service.reassigned == 1
 
 
 async def test_a_request_for_a_model_nobody_serves_waits_for_a_worker(jsq: Stack) -> None:

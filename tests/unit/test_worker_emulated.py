@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from switchyard.config import load_settings
 from switchyard.contracts.messages import (
     Assignment,
     ClassificationPayload,
@@ -18,6 +19,7 @@ from switchyard.contracts.messages import (
 )
 from switchyard.perf import PerformanceModel, performance_model
 
+from services.worker.backends import build_backend
 from services.worker.backends.base import UnsupportedWorkError
 from services.worker.backends.emulated_llm import EmulatedLlmBackend
 from services.worker.queue import LocalQueue, WorkItem
@@ -219,3 +221,21 @@ def test_requests_it_cannot_serve_are_refused_with_the_reason(perf: PerformanceM
     )
     with pytest.raises(UnsupportedWorkError, match="classification request"):
         backend.describe(classification)
+
+
+async def test_worker_max_slots_caps_the_running_batch() -> None:
+    settings = load_settings(
+        {}, worker_profile=PROFILE, worker_time_scale=SCALE, worker_max_slots=2
+    )
+    backend = build_backend(settings, None)
+    assert isinstance(backend, EmulatedLlmBackend)
+    queue, sink = LocalQueue(), Sink()
+    for index in range(3):
+        _enqueue(backend, queue, _assignment(f"r{index}", prompt=50, output=5, order=index))
+    await backend.step(queue, sink, admit=True)
+    # Two start together; the third waits for a slot, and the load says so.
+    assert [item.request_id for item in queue] == ["r2"]
+    load = backend.load(list(queue))
+    assert (load.max_slots, len(load.running)) == (2, 2)
+    await _run_all(backend, queue, sink)
+    assert sorted(sink.results) == ["r0", "r1", "r2"]

@@ -405,6 +405,57 @@ async def test_draining_finishes_running_work_and_says_so(stack: Stack) -> None:
     assert final.running == 0
 
 
+async def test_a_draining_worker_heartbeats_until_what_runs_is_done(stack: Stack) -> None:
+    # A slower emulation (time scale 10): the long request runs for about half a second,
+    # ten heartbeat intervals, so a worker silent while draining would look dead.
+    bus = stack.ctx.bus
+    ctx = _context(bus, stack.state, worker_id="leaving")
+    worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=10.0))
+    await worker.start()
+
+    def mine(beat: Heartbeat) -> bool:
+        return beat.worker_id == "leaving"
+
+    try:
+        async with (
+            bus.subscribe(COMPLETIONS, group="t-leave") as completions,
+            bus.subscribe(HEARTBEATS, group="t-leave-hb") as heartbeats,
+            bus.subscribe(OUTPUT_CHUNKS, group="t-leave-chunks") as chunks,
+        ):
+            await bus.publish(
+                ASSIGNMENTS, _llm("long", output=400, stream=True, worker_id="leaving")
+            )
+            await _next(chunks)  # running now
+            later = _llm("later", worker_id="leaving", not_before_s=time.time() + 3600)
+            await bus.publish(ASSIGNMENTS, later)
+            await _heartbeat_where(heartbeats, lambda h: mine(h) and h.queue_length == 1)
+            ctx.stopping.set()
+            draining = asyncio.create_task(worker.drain())
+            beats = [await _heartbeat_where(heartbeats, lambda h: mine(h) and h.draining)]
+            while beats[-1].running:
+                beats.append(await _heartbeat_where(heartbeats, mine))
+            done = await _completion(completions)
+            await draining
+            assert await completions.next_within(0.2) is None  # "later" never ran here
+    finally:
+        ctx.stopping.set()
+        await worker.cancel_routines()
+    first, last = beats[0], beats[-1]
+    # At once: what runs and what only waits, for the waiting to move now.
+    assert [(e.request_id, e.running) for e in first.outstanding] == [
+        ("long", True),
+        ("later", False),
+    ]
+    # Every interval while the long request ran, each saying draining.
+    assert len(beats) >= 4, [b.running for b in beats]
+    assert all(b.draining for b in beats)
+    assert [b.sequence for b in beats] == sorted({b.sequence for b in beats})
+    # The last: nothing runs, and what still waits is listed for re-assignment.
+    assert last.running == 0
+    assert [(e.request_id, e.running) for e in last.outstanding] == [("later", False)]
+    assert (done.request_id, done.status) == ("long", CompletionStatus.OK)
+
+
 async def test_a_torch_worker_serves_the_tiny_language_model() -> None:
     bus = Bus(MemoryTransport())
     await bus.start()

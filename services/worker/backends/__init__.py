@@ -11,6 +11,8 @@ imported by :func:`build_backend` only when a torch backend is asked for.
 
 from __future__ import annotations
 
+import dataclasses
+
 from switchyard.config import Settings
 from switchyard.perf import performance_model
 from switchyard.serving import ServingCatalogue
@@ -69,9 +71,12 @@ def build_backend(settings: Settings, catalogue: ServingCatalogue | None) -> Bac
         ValueError: a torch backend without a catalogue.
     """
     if settings.worker_backend == "emulated-llm":
-        return EmulatedLlmBackend(
-            performance_model(settings.worker_profile), time_scale=settings.worker_time_scale
-        )
+        perf = performance_model(settings.worker_profile)
+        if settings.worker_max_slots is not None:
+            # Heartbeats report the cap, so policies see the slots this worker really has.
+            slots = min(perf.max_batch_slots, settings.worker_max_slots)
+            perf = dataclasses.replace(perf, max_batch_slots=slots)
+        return EmulatedLlmBackend(perf, time_scale=settings.worker_time_scale)
     if catalogue is None:
         raise ValueError("a torch worker needs the serving catalogue")
     return build_torch_backend(settings, catalogue)

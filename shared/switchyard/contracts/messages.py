@@ -312,7 +312,11 @@ class Heartbeat(Message):
     decode_step_s: NonNegativeFloat = 0.0
     outstanding: list[QueuedEntry] = Field(default_factory=list)
     outstanding_total: NonNegativeInt = 0
-    draining: bool = False
+    draining: bool = Field(
+        default=False,
+        description="The worker was told to stop: it takes no new work and finishes what "
+        "runs, heartbeating meanwhile; its last heartbeat has running == 0.",
+    )
     time_scale: Annotated[float, Field(gt=0)] = Field(
         default=1.0,
         description=(
@@ -349,15 +353,33 @@ class OutputChunk(Message):
 
 
 class WorkerDown(Message):
-    """The monitor's verdict that a worker stopped sending heartbeats (or left on purpose)."""
+    """The monitor's verdict that a worker stopped sending heartbeats, is leaving on
+    purpose, or has left.
+
+    ``reason``:
+
+    - ``heartbeat-timeout``: silent for longer than the timeout; everything it held
+      (``orphaned_request_ids``, and whatever its assigned set still names) is re-assigned.
+    - ``draining``: it was told to stop and finishes what runs there (it keeps sending
+      heartbeats meanwhile). What only waited there when it began is listed, to start
+      elsewhere now rather than after the running work.
+    - ``drained``: its last heartbeat; nothing runs there any more and what it still held
+      is listed.
+
+    ``held_request_ids`` (draining and drained only) is what the worker's heartbeat listed
+    as waiting there, when that list was complete: a request assigned to it that is not in
+    the list and that it took in ran, or runs, there, and must not run again elsewhere.
+    None when the worker's holdings are not known (a death, or a list cut short).
+    """
 
     MESSAGE_TYPE = "worker-down"
 
     worker_id: Identifier
-    reason: Literal["heartbeat-timeout", "drained", "failed"]
+    reason: Literal["heartbeat-timeout", "draining", "drained", "failed"]
     last_heartbeat_s: float | None = None
     detected_at_s: float
     orphaned_request_ids: list[Identifier] = Field(default_factory=list)
+    held_request_ids: list[Identifier] | None = None
 
 
 class DeadLetter(Message):
