@@ -121,12 +121,20 @@ FINAL_STATUSES = frozenset(status.value for status in CompletionStatus)
 
 
 async def record_assignment(
-    state: StateStore, assignment: Assignment, *, moved_from: str | None = None
+    state: StateStore,
+    assignment: Assignment,
+    *,
+    moved_from: str | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> None:
     """Record ``assignment`` as the request's latest, before it is published: its status
     hash (``assigned``, worker, epoch), ``assignment:{id}``, and the worker's assigned
     set. A migration (``moved_from``: the worker it leaves) also leaves that worker's
-    set, so a death of either worker afterwards finds the request where it is."""
+    set, so a death of either worker afterwards finds the request where it is.
+
+    ``trace`` (``traceparent``/``tracestate``, :func:`switchyard.telemetry.trace_carrier`)
+    is the request's trace where it was decided, kept in the status hash so that a
+    re-assignment after a death continues the request's trace."""
     request_id = assignment.request.request_id
     writes: list[Coroutine[Any, Any, object]] = [
         state.hset(
@@ -135,6 +143,7 @@ async def record_assignment(
                 "status": "assigned",
                 "worker_id": assignment.worker_id,
                 "epoch": str(assignment.epoch),
+                **(trace or {}),
             },
         ),
         state.set(assignment_key(request_id), assignment.model_dump_json(), ttl_s=DECISION_TTL_S),

@@ -32,7 +32,9 @@ Tracing: a batch's assignments are published each inside its request's CONSUMER 
 (``Subscription.handling``), so every assignment continues its request's trace. A request
 parked unplaced keeps its trace context (the ingress's PRODUCER span, from the record's
 headers): its later assignment, or its failure, is published in it. Re-assignments after
-a worker's death are published in the trace of the ``WorkerDown`` that caused them.
+a worker's death stay in the request's trace: each decision's trace context is kept in
+``request:{id}`` (``traceparent``), and a re-assignment is published inside a
+``scheduler reassign`` span there, linked to the ``WorkerDown``'s span.
 
 Metrics:
 
@@ -60,8 +62,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import Observation
+from opentelemetry.trace import Link, Span, SpanKind
 from switchyard import __version__
 from switchyard.bus import Delivery, Subscription
 from switchyard.contracts.base import Message
@@ -94,7 +98,7 @@ from switchyard.selection.registry import make_window_scheduler
 from switchyard.selection.snapshot import AppView
 from switchyard.selection.views import app_view
 from switchyard.serving.catalogue import ServingCatalogue
-from switchyard.telemetry import extract_context
+from switchyard.telemetry import context_from_carrier, extract_context, trace_carrier
 from switchyard.telemetry.buckets import SECONDS_BUCKETS
 from switchyard.telemetry.observables import observe
 
@@ -176,6 +180,7 @@ class SchedulerService(Service):
         self.reassigned = 0
         self.failed_unplaced = 0
         self.cluster_ready = asyncio.Event()
+        self._tracer = trace.get_tracer(_SCOPE, __version__, ctx.telemetry.tracer_provider)
         meter = ctx.telemetry.meter_provider.get_meter(_SCOPE, __version__)
         self._m_decisions = meter.create_counter(
             "switchyard.scheduler.decisions",
@@ -372,7 +377,7 @@ class SchedulerService(Service):
         Recording comes first so that the request's status reads ``assigned`` before a
         worker can finish it (the ingress then writes the final status over it).
         """
-        await asyncio.gather(*(self._record(a) for a in outbox.new_assignments))
+        await asyncio.gather(*(self._record(a, o) for a, o in outbox.new_assignments))
         acks: list[Awaitable[Any]] = []
         for topic, message, origin in outbox.messages:
             with outbox.scope(origin):
@@ -472,8 +477,10 @@ class SchedulerService(Service):
             self._m_decisions.add(1, {"policy": self.window_scheduler.name, "kind": kind})
             self.decided += 1
 
-    async def _record(self, assignment: Assignment) -> None:
-        await record_assignment(self.ctx.state, assignment)
+    async def _record(self, assignment: Assignment, origin: Origin | None) -> None:
+        # The request's trace is kept with the decision: a re-assignment continues it.
+        trace_fields = trace_carrier(_trace_of(origin)) if origin is not None else None
+        await record_assignment(self.ctx.state, assignment, trace=trace_fields)
 
     async def _retry_unplaced(self) -> None:
         waiting, self._unplaced = self._unplaced, []
@@ -559,11 +566,12 @@ class SchedulerService(Service):
             orphans = list(dict.fromkeys([*event.orphaned_request_ids, *(m for m, _ in late)]))
         # What a draining or drained worker listed as waiting there; None after a death.
         held = None if event.held_request_ids is None else frozenset(event.held_request_ids)
+        spans: list[Span] = []
         for request_id in orphans:
-            status, raw = await asyncio.gather(
-                state.hget(request_key(request_id), "status"), state.get(assignment_key(request_id))
+            record, raw = await asyncio.gather(
+                state.hgetall(request_key(request_id)), state.get(assignment_key(request_id))
             )
-            if raw is None or status in FINAL_STATUSES:
+            if raw is None or record.get("status") in FINAL_STATUSES:
                 continue
             previous = Assignment.model_validate_json(raw)
             if previous.worker_id != event.worker_id:
@@ -584,13 +592,20 @@ class SchedulerService(Service):
             if not claimed:
                 continue
             epoch = previous.epoch + 1
+            span = _reassign_span_of(self._tracer, previous, record, event)
+            spans.append(span)
+            origin = trace.set_span_in_context(span)
             if isinstance(previous.request.payload, LLMPayload):
                 exclude = frozenset({event.worker_id})
-                self._place_llm(previous.request, time.time(), epoch, exclude, outbox)
+                self._place_llm(previous.request, time.time(), epoch, exclude, outbox, origin)
             else:
-                self._decide_window([previous.request], outbox, {}, epoch)
+                self._decide_window([previous.request], outbox, {request_id: origin}, epoch)
             moved += 1
-        await self._flush(outbox)
+        try:
+            await self._flush(outbox)
+        finally:
+            for span in spans:
+                span.end()
         self.reassigned += moved
         log.info(
             "worker %s down (%s): %d of %d listed requests re-assigned",
@@ -601,16 +616,38 @@ class SchedulerService(Service):
         )
 
 
+def _reassign_span_of(
+    tracer: trace.Tracer, previous: Assignment, record: Mapping[str, str], event: WorkerDown
+) -> Span:
+    """A span for one re-assignment, in the request's own trace (the context its
+    decision recorded; the WorkerDown's when none was) and linked to the WorkerDown that
+    caused it (the current CONSUMER span), so the request's trace goes on to the worker
+    that answers it."""
+    cause = trace.get_current_span().get_span_context()
+    return tracer.start_span(
+        "scheduler reassign",
+        context=context_from_carrier(record) if "traceparent" in record else None,
+        kind=SpanKind.INTERNAL,
+        links=[Link(cause)] if cause.is_valid else None,
+        attributes={
+            "switchyard.request_id": previous.request.request_id,
+            "switchyard.epoch": previous.epoch + 1,
+            "switchyard.worker_id": event.worker_id,
+            "switchyard.worker_down.reason": event.reason,
+        },
+    )
+
+
 class _Outbox:
     """What one round of decisions publishes, in order, each in its request's trace scope."""
 
     def __init__(self, sub: Subscription[InferenceRequest] | None) -> None:
         self._sub = sub
-        self.new_assignments: list[Assignment] = []
+        self.new_assignments: list[tuple[Assignment, Origin | None]] = []
         self.messages: list[tuple[Topic[Any], Message, Origin | None]] = []
 
     def assign(self, assignment: Assignment, origin: Origin | None) -> None:
-        self.new_assignments.append(assignment)
+        self.new_assignments.append((assignment, origin))
         self.messages.append((ASSIGNMENTS, assignment, origin))
 
     def resend(self, assignment: Assignment, origin: Origin | None) -> None:

@@ -7,12 +7,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from opentelemetry.sdk.trace.export import SpanExporter
 from switchyard.bus import Bus, MemoryBroker, MemoryTransport
 from switchyard.config import Settings, load_settings
 from switchyard.contracts.messages import Heartbeat
 from switchyard.runtime import ServiceContext
 from switchyard.state.memory import MemoryStateStore
-from switchyard.telemetry import configure_telemetry
+from switchyard.telemetry import TracingMiddleware, configure_telemetry
 
 
 def service_settings(**overrides: object) -> Settings:
@@ -27,16 +28,28 @@ async def memory_context(
     settings: Settings,
     broker: MemoryBroker,
     state: MemoryStateStore,
+    *,
+    spans: SpanExporter | None = None,
 ) -> ServiceContext:
-    """A started bus on ``broker`` and a client of ``state``, as a service gets them."""
-    bus = Bus(MemoryTransport(broker), client_id=settings.instance_id, commit_interval_s=0.05)
+    """A started bus on ``broker`` and a client of ``state``, as a service gets them;
+    with ``spans``, the bus is traced as the runtime traces it and spans go there."""
+    telemetry = configure_telemetry(name, settings, span_exporter=spans, install_global=False)
+    middlewares = (
+        [TracingMiddleware(telemetry.tracer_provider, telemetry.meter_provider)] if spans else []
+    )
+    bus = Bus(
+        MemoryTransport(broker),
+        client_id=settings.instance_id,
+        commit_interval_s=0.05,
+        middlewares=middlewares,
+    )
     await bus.start()
     return ServiceContext(
         name=name,
         settings=settings,
         bus=bus,
         state=state.sharing(settings.state_prefix),
-        telemetry=configure_telemetry(name, settings, install_global=False),
+        telemetry=telemetry,
         logger=logging.getLogger(f"tests.{name}"),
         stopping=asyncio.Event(),
     )

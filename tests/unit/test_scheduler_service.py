@@ -8,6 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Literal
 
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from switchyard.bus import MemoryBroker
 from switchyard.contracts.messages import (
     Assignment,
@@ -49,17 +52,22 @@ def llm_request(request_id: str, prompt_tokens: int = 100) -> InferenceRequest:
 
 
 class Stack:
-    def __init__(self, policy: str, wait_s: float = 0.2) -> None:
+    def __init__(
+        self, policy: str, wait_s: float = 0.2, spans: InMemorySpanExporter | None = None
+    ) -> None:
         self.broker = MemoryBroker()
         self.state = MemoryStateStore()
         self.policy = policy
         self.wait_s = wait_s
+        self.spans = spans
         self.service: SchedulerService | None = None
 
     async def start(self) -> SchedulerService:
         settings = service_settings(llm_policy=self.policy, prediction_wait_s=self.wait_s)
-        ctx = await memory_context("scheduler", settings, self.broker, self.state)
-        self.client = (await memory_context("client", settings, self.broker, self.state)).bus
+        ctx = await memory_context("scheduler", settings, self.broker, self.state, spans=self.spans)
+        self.client = (
+            await memory_context("client", settings, self.broker, self.state, spans=self.spans)
+        ).bus
         self.service = SchedulerService(
             ctx, CATALOGUE, make_llm_policy(self.policy), make_window_scheduler("lo-edf")
         )
@@ -283,6 +291,48 @@ async def test_a_draining_worker_hands_over_what_waits_and_keeps_what_runs(jsq: 
     assert after.request.request_id == "after"
     await asyncio.sleep(0.2)
     assert service.reassigned == 1
+
+
+async def test_a_re_assignment_continues_the_request_s_trace() -> None:
+    spans = InMemorySpanExporter()
+    stack = Stack("jsq", spans=spans)
+    try:
+        await store_worker(stack.state, heartbeat("doomed"))
+        await stack.start()
+        await stack.client.publish(REQUESTS, llm_request("traced"))  # a trace of its own
+        await stack.assignments(1)
+        await store_worker(stack.state, heartbeat("doomed", sequence=2), status="down")
+        await store_worker(stack.state, heartbeat("survivor"))
+        await asyncio.sleep(0.3)
+        await stack.worker_down("doomed", ["traced"])  # another trace
+        (again,) = await stack.assignments(1)
+    finally:
+        await stack.stop()
+    assert (again.worker_id, again.epoch) == ("survivor", 1)
+
+    finished = spans.get_finished_spans()
+
+    def produced(topic: str) -> list[ReadableSpan]:
+        return [
+            s
+            for s in finished
+            if s.kind is SpanKind.PRODUCER
+            and str((s.attributes or {}).get("messaging.destination.name", "")).endswith(topic)
+        ]
+
+    (request_sent,) = produced("requests")
+    (down_sent,) = produced("worker-events")
+    (reassign,) = [s for s in finished if s.name == "scheduler reassign"]
+    # In the request's trace, not the WorkerDown's; linked to the WorkerDown's.
+    assert reassign.context.trace_id == request_sent.context.trace_id
+    assert [link.context.trace_id for link in reassign.links] == [down_sent.context.trace_id]
+    assert (reassign.attributes or {}).get("switchyard.epoch") == 1
+    # The new assignment is published inside it, so the worker's spans follow on; both
+    # decisions are in the request's trace.
+    assignments = produced("assignments")
+    parents = [s.parent.span_id for s in assignments if s.parent is not None]
+    assert parents.count(reassign.context.span_id) == 1
+    assert {s.context.trace_id for s in assignments} == {request_sent.context.trace_id}
 
 
 async def test_a_request_for_a_model_nobody_serves_waits_for_a_worker(jsq: Stack) -> None:

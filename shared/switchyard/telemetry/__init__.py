@@ -1,6 +1,11 @@
 """Telemetry: OpenTelemetry providers from the environment, JSON logs, bus tracing."""
 
-from switchyard.telemetry.bus_tracing import TracingMiddleware, extract_context
+from switchyard.telemetry.bus_tracing import (
+    TracingMiddleware,
+    context_from_carrier,
+    extract_context,
+    trace_carrier,
+)
 from switchyard.telemetry.logs import JsonFormatter, configure_logging
 from switchyard.telemetry.setup import Telemetry, configure_telemetry
 
@@ -10,5 +15,7 @@ __all__ = [
     "TracingMiddleware",
     "configure_logging",
     "configure_telemetry",
+    "context_from_carrier",
     "extract_context",
+    "trace_carrier",
 ]

@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import Token
 from types import TracebackType
@@ -74,6 +74,20 @@ _GETTER = _HeaderTupleGetter()
 def extract_context(headers: Headers) -> Context:
     """The trace context carried by a record's headers (an empty context when none)."""
     return _PROPAGATOR.extract(headers, getter=_GETTER)
+
+
+def trace_carrier(context: Context) -> dict[str, str]:
+    """``context``'s span as W3C ``traceparent`` (and ``tracestate``) fields, for keeping
+    a request's trace where messages do not carry it (a state-store record); empty when
+    the context has no valid span."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=context)
+    return carrier
+
+
+def context_from_carrier(carrier: Mapping[str, str]) -> Context:
+    """The trace context :func:`trace_carrier` wrote (an empty context when none)."""
+    return _PROPAGATOR.extract(dict(carrier))
 
 
 class _BusInstruments:
