@@ -34,6 +34,13 @@ orphans once it declared the worker down.
 that missed their deadline), ``recent_window`` (how many completions that rate is over),
 ``updated_s``.
 
+``request:{id}`` (hash, :data:`REQUEST_TTL_S`): the request's status, shared with the
+ingress (which writes it on acceptance, see ``services/ingress/records.py``). The
+scheduler sets ``status`` = ``assigned``, ``worker_id``, ``epoch`` and the decision's
+``traceparent`` (:func:`record_assignment`); the answer adds ``status`` (the
+completion's), ``worker_id`` and ``completion`` JSON (:func:`record_completion`),
+written by the monitor and by the ingress replica the answer is addressed to.
+
 ``prediction:{request id}`` (string with a TTL, predictor): a
 :class:`~switchyard.contracts.messages.ServiceTimePrediction` as JSON.
 
@@ -43,6 +50,7 @@ Everything below is pure except :func:`read_cluster` and :func:`read_assigned`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -52,7 +60,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import ValidationError
-from switchyard.contracts.messages import Assignment, CompletionStatus, Heartbeat
+from switchyard.contracts.messages import Assignment, Completion, CompletionStatus, Heartbeat
 from switchyard.perf.profiles import UnknownProfileError, performance_model
 from switchyard.policies.snapshot import ClusterSnapshot, WorkerRole, WorkerView
 from switchyard.state.base import StateStore
@@ -62,6 +70,7 @@ __all__ = [
     "DECISION_TTL_S",
     "FINAL_STATUSES",
     "RECENT_WINDOW",
+    "REQUEST_TTL_S",
     "WORKERS_KEY",
     "ClusterView",
     "ProfileConstants",
@@ -77,6 +86,7 @@ __all__ = [
     "read_assigned",
     "read_cluster",
     "record_assignment",
+    "record_completion",
     "request_key",
     "worker_key",
     "worker_profile",
@@ -152,6 +162,34 @@ async def record_assignment(
     if moved_from is not None and moved_from != assignment.worker_id:
         writes.append(state.zrem(assigned_key(moved_from), request_id))
     await asyncio.gather(*writes)
+
+
+REQUEST_TTL_S = 3600.0
+"""How long a request's record (and its answer, for idempotent retries) is kept."""
+
+
+async def record_completion(state: StateStore, completion: Completion) -> bool:
+    """Add ``completion`` to its request's record (``request:{id}``); False when the
+    record already holds a completion of a later epoch (this one is stale) or this very
+    one (a redelivery, or another writer was first)."""
+    key = request_key(completion.request_id)
+    stored = await state.hget(key, "completion")
+    if stored:
+        with contextlib.suppress(ValidationError):
+            previous = Completion.model_validate_json(stored)
+            if previous.epoch > completion.epoch or previous.message_id == completion.message_id:
+                return False
+    await state.hset(
+        key,
+        {
+            "app": completion.app,
+            "status": str(completion.status),
+            "worker_id": completion.worker_id,
+            "completion": completion.model_dump_json(),
+        },
+    )
+    await state.expire(key, REQUEST_TTL_S)
+    return True
 
 
 def prediction_key(request_id: str) -> str:

@@ -54,6 +54,7 @@ from switchyard.serving import ServingCatalogue, UnknownServedApplicationError
 from switchyard.state.base import StateStore
 from switchyard.telemetry.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
+from services.cluster_state import REQUEST_TTL_S
 from services.ingress import records
 from services.ingress.admission import Admission, AdmissionMiddleware, unavailable
 from services.ingress.admission_policy import AdmissionGate, Decision, Demand, Verdict
@@ -918,7 +919,7 @@ class _Api:
             raise ApiError(
                 404,
                 f"unknown request {request_id!r} (never accepted, or its record expired "
-                f"after {records.REQUEST_TTL_S:g} s)",
+                f"after {REQUEST_TTL_S:g} s)",
                 type_=NOT_FOUND,
                 param="request_id",
                 code="request_not_found",

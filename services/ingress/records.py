@@ -7,9 +7,11 @@ Keys (after the store's prefix):
   ``app``, ``kind`` (``llm`` / ``classification``), ``status`` = ``queued``,
   ``reply_to`` (the accepting replica), ``arrival_s``, ``deadline_s`` (empty when
   none) and, for LLM requests, ``prompt_tokens``. When the completion comes back the
-  replica named in ``reply_to`` adds ``status`` (the completion's), ``worker_id`` and
-  ``completion`` (``Completion.model_dump_json()``). Other services may set ``status``
-  to ``assigned`` in between.
+  replica named in ``reply_to`` and the monitor add ``status`` (the completion's),
+  ``worker_id`` and ``completion`` (``Completion.model_dump_json()``;
+  :func:`~services.cluster_state.record_completion`): the monitor's copy keeps the
+  answer when that replica is gone. The scheduler sets ``status`` to ``assigned`` in
+  between.
 - ``claim:{id}:ingress`` (string, same TTL, via ``set_if_absent``): taken by the call
   that accepts a client-chosen ``request_id`` (value: ``{instance_id}/{call id}``); a
   retry that finds it taken does not publish the request again, unless the claim is
@@ -25,10 +27,7 @@ from pydantic import ValidationError
 from switchyard.contracts.messages import Completion, InferenceRequest, LLMPayload
 from switchyard.state.base import StateStore
 
-from services.cluster_state import request_key
-
-REQUEST_TTL_S = 3600.0
-"""How long a request's record (and its answer, for idempotent retries) is kept."""
+from services.cluster_state import REQUEST_TTL_S, request_key
 
 QUEUED = "queued"
 
@@ -122,29 +121,6 @@ async def forget(state: StateStore, request_id: str) -> None:
     """Drop the record and claim of a request that could not be published, so that a
     retry with the same id runs it."""
     await state.delete(request_key(request_id), claim_key(request_id))
-
-
-async def write_completion(state: StateStore, completion: Completion) -> bool:
-    """Add ``completion`` to its request's record; False when the record already holds
-    a completion of a later epoch (this one is stale) or this very one (a redelivery)."""
-    key = request_key(completion.request_id)
-    stored = await state.hget(key, "completion")
-    if stored:
-        with contextlib.suppress(ValidationError):
-            previous = Completion.model_validate_json(stored)
-            if previous.epoch > completion.epoch or previous.message_id == completion.message_id:
-                return False
-    await state.hset(
-        key,
-        {
-            "app": completion.app,
-            "status": str(completion.status),
-            "worker_id": completion.worker_id,
-            "completion": completion.model_dump_json(),
-        },
-    )
-    await state.expire(key, REQUEST_TTL_S)
-    return True
 
 
 async def read(state: StateStore, request_id: str) -> RequestRecord | None:

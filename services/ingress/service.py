@@ -27,7 +27,7 @@ from services.ingress.admission import Admission
 from services.ingress.admission_policy import AdmissionGate
 from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
-from services.ingress.routing import route_chunks, route_completions
+from services.ingress.routing import ANSWER_LOOKBACK_S, route_chunks, route_completions
 
 _START_TIMEOUT_S = 10.0
 # The API has drained its calls before uvicorn is told to stop; this only bounds
@@ -71,6 +71,7 @@ class IngressService(Service):
             else None
         )
         self._answers_stop = asyncio.Event()
+        self._answers_since_s: float | None = None
         self._server: _EmbeddedServer | None = None
         self._socket: socket.socket | None = None
         self._port: int | None = None
@@ -124,6 +125,8 @@ class IngressService(Service):
             timeout_graceful_shutdown=_UVICORN_GRACE_S,
         )
         self._server = _EmbeddedServer(config)
+        # Answers from before this process started wait for no call here (see routing).
+        self._answers_since_s = time.time() - ANSWER_LOOKBACK_S
         self.spawn_routine("completions_routine", self.completions_routine)
         self.spawn_routine("chunks_routine", self.chunks_routine)
         self.spawn_routine("http_routine", self.http_routine)
@@ -179,12 +182,18 @@ class IngressService(Service):
     async def completions_routine(self) -> None:
         """Record and deliver the completions addressed to this replica."""
         await route_completions(
-            self.ctx.bus, self.ctx.state, self.answers, stopping=self._answers_stop
+            self.ctx.bus,
+            self.ctx.state,
+            self.answers,
+            stopping=self._answers_stop,
+            since_s=self._answers_since_s,
         )
 
     async def chunks_routine(self) -> None:
         """Deliver the streamed chunks addressed to this replica."""
-        await route_chunks(self.ctx.bus, self.answers, stopping=self._answers_stop)
+        await route_chunks(
+            self.ctx.bus, self.answers, stopping=self._answers_stop, since_s=self._answers_since_s
+        )
 
     async def drain(self) -> None:
         """Refuse new calls (503 with Retry-After), let the calls in flight finish (the

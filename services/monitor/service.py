@@ -4,9 +4,11 @@ Three routines:
 
 * ``heartbeat_routine`` consumes HEARTBEATS (group ``monitor``) and writes
   ``worker:{id}`` and ``workers`` (layout in :mod:`services.cluster_state`).
-* ``completion_routine`` consumes COMPLETIONS (group ``monitor``): cluster and
-  per-worker counters, SLO violations, the recent violation rate, and removal of the
-  request from the ``worker:{id}:assigned`` sets.
+* ``completion_routine`` consumes COMPLETIONS (group ``monitor``): the answer into its
+  request's record ``request:{id}`` (as the ingress replica it is addressed to does
+  too: the record keeps it when that replica is gone), cluster and per-worker
+  counters, SLO violations, the recent violation rate, and removal of the request from
+  the ``worker:{id}:assigned`` sets.
 * ``liveness_routine`` declares silent workers down and publishes
   :class:`~switchyard.contracts.messages.WorkerDown` on WORKER_EVENTS; it also sweeps
   down and drained workers' assigned sets for requests assigned after the death was
@@ -69,6 +71,7 @@ from services.cluster_state import (
     WORKERS_KEY,
     WorkerStatus,
     assigned_key,
+    record_completion,
     request_key,
     worker_key,
     worker_profile,
@@ -276,6 +279,10 @@ class MonitorService(Service):
             members = await state.zrange_by_score(WORKERS_KEY, -math.inf, math.inf)
             others = [m for m, _ in members if m != completion.worker_id]
             await asyncio.gather(*(state.zrem(assigned_key(wid), rid) for wid in others))
+        # Whichever ingress replica waited for it may be gone: the record gets the answer
+        # here too (idempotent; a stale epoch is not written over a newer one). After the
+        # sets above: they read the worker the scheduler recorded, which this replaces.
+        await record_completion(state, completion)
         claimed = await state.set_if_absent(
             completion_claim_key(rid), self.token, ttl_s=COMPLETION_CLAIM_TTL_S
         )

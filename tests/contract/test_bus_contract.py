@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -266,6 +267,32 @@ async def test_a_key_filter_skips_other_keys_without_holding_them_back(
     async with second.subscribe(REQUESTS, group="filtered") as after:
         rest = await collect(after, 2)
     assert [d.message.request_id for d in rest] == ["r5", "r6"]
+
+
+async def test_a_reader_since_a_time_skips_what_came_before_it(make_bus: BusFactory) -> None:
+    first, second = make_bus(), make_bus()
+    await first.start()
+    await second.start()
+    for i in range(4):
+        await first.publish(REQUESTS, make_request(f"old{i}", seq=i))
+    await asyncio.sleep(0.05)
+    since_s = time.time()
+    await asyncio.sleep(0.05)
+    for i in range(3):
+        await first.publish(REQUESTS, make_request(f"new{i}", seq=i))
+    # A fresh group starts at the first record of each partition appended since then.
+    async with second.subscribe(REQUESTS, group="fresh", since_s=since_s) as sub:
+        got = await collect(sub, 3)
+        assert await drain_for(sub, 0.5) == []
+    assert sorted(d.message.request_id for d in got) == ["new0", "new1", "new2"]
+    # A group that committed further on keeps its place; and what comes after the
+    # reader joined is read, on partitions with nothing new before it too.
+    async with second.subscribe(REQUESTS, group="fresh", since_s=since_s) as again:
+        await wait_for_assignment([again], 4)
+        await first.publish(REQUESTS, make_request("later"))
+        (later,) = await collect(again, 1)
+        assert await drain_for(again, 0.5) == []
+    assert later.message.request_id == "later"
 
 
 async def _dead_letters(bus_maker: BusFactory, count: int) -> list[DeadLetter]:

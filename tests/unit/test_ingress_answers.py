@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
+from switchyard.bus import Bus, MemoryTransport
 from switchyard.contracts.messages import (
     Completion,
     CompletionStatus,
@@ -14,11 +16,13 @@ from switchyard.contracts.messages import (
     OutputChunk,
     RequestTimeline,
 )
+from switchyard.contracts.topics import COMPLETIONS
 from switchyard.state.memory import MemoryStateStore
 
-from services.cluster_state import request_key
+from services.cluster_state import REQUEST_TTL_S, record_completion, request_key
 from services.ingress import records
 from services.ingress.answers import AnswerRegistry
+from services.ingress.routing import route_completions
 from services.ingress.tokens import approximate_tokens, chat_prompt
 
 
@@ -150,11 +154,11 @@ async def test_a_record_goes_from_queued_to_its_completion() -> None:
     assert queued.completion is None
     ttl = await state.ttl_s(request_key("r-1"))
     assert ttl is not None
-    assert 0 < ttl <= records.REQUEST_TTL_S
+    assert 0 < ttl <= REQUEST_TTL_S
 
     done = completion()
-    assert await records.write_completion(state, done) is True
-    assert await records.write_completion(state, done) is False  # a redelivery
+    assert await record_completion(state, done) is True
+    assert await record_completion(state, done) is False  # a redelivery
     finished = await records.read(state, "r-1")
     assert finished is not None
     assert finished.status == "ok"
@@ -167,8 +171,8 @@ async def test_a_stale_completion_does_not_replace_a_newer_one() -> None:
     state = MemoryStateStore()
     await records.write_accepted(state, request())
     newer = completion(epoch=2, text="newer")
-    await records.write_completion(state, newer)
-    assert await records.write_completion(state, completion(epoch=1, text="older")) is False
+    await record_completion(state, newer)
+    assert await record_completion(state, completion(epoch=1, text="older")) is False
     stored = await records.read(state, "r-1")
     assert stored is not None
     assert stored.completion == newer
@@ -198,3 +202,34 @@ def test_prompt_tokens_are_utf8_bytes_over_four_rounded_up(text: str, tokens: in
 def test_chat_prompt_is_one_line_per_message_then_the_assistant_cue() -> None:
     assert chat_prompt([("user", "Hi")]) == "user: Hi\nassistant:"
     assert chat_prompt([]) == "assistant:"
+
+
+# -- the answer loops ----------------------------------------------------------------------
+
+
+async def test_a_replica_reads_only_the_answers_since_it_started() -> None:
+    bus = Bus(MemoryTransport())
+    await bus.start()
+    state = MemoryStateStore()
+    answers = AnswerRegistry("me")
+    # History: an answer for this replica id from long before this process started.
+    await bus.publish(COMPLETIONS, completion("r-old"))
+    await asyncio.sleep(0.05)
+    since_s = time.time()
+    stopping = asyncio.Event()
+    loop = asyncio.create_task(
+        route_completions(bus, state, answers, stopping=stopping, since_s=since_s)
+    )
+    try:
+        with answers.waiting("r-new") as waiter:
+            await bus.publish(COMPLETIONS, completion("r-new"))
+            assert await waiter.completion(5.0) is not None
+    finally:
+        stopping.set()
+        await loop
+        await bus.stop()
+    # The old one was passed over, not recorded again; the new one was recorded.
+    assert await records.read(state, "r-old") is None
+    recorded = await records.read(state, "r-new")
+    assert recorded is not None
+    assert recorded.status == "ok"

@@ -382,6 +382,25 @@ async def test_completions_count_once_with_violations(stack: Stack) -> None:
     assert view.recent_violation_rate == pytest.approx(1 / 3)
 
 
+async def test_the_answer_reaches_the_request_record_when_its_ingress_is_gone(
+    stack: Stack,
+) -> None:
+    monitor = await stack.monitor(run=False)
+    # Accepted by an ingress replica that has since been scaled away: nobody else
+    # would write the answer, and retries on other replicas poll this record.
+    await stack.state.hset(
+        "request:r1", {"status": "assigned", "reply_to": "ingress-gone", "worker_id": "w1"}
+    )
+    done = completion("r1", epoch=1)
+    assert await monitor.handle_completion(done)
+    record = await stack.state.hgetall("request:r1")
+    assert (record["status"], record["reply_to"]) == ("ok", "ingress-gone")
+    assert Completion.model_validate_json(record["completion"]) == done
+    # A stale copy from an earlier epoch does not replace it.
+    await monitor.handle_completion(completion("r1", epoch=0, worker_id="w2"))
+    assert (await stack.state.hgetall("request:r1"))["worker_id"] == "w1"
+
+
 async def test_a_migrated_request_leaves_every_assigned_set(stack: Stack) -> None:
     monitor = await stack.monitor(run=False)
     for wid in ("w1", "w2"):

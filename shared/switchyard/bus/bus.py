@@ -216,6 +216,7 @@ class Bus:
         group: str,
         stopping: asyncio.Event | None = None,
         key_filter: KeyFilter | None = None,
+        since_s: float | None = None,
     ) -> Subscription[M]:
         """A subscription to ``topic`` as a member of consumer group ``group``.
 
@@ -223,9 +224,14 @@ class Bus:
         Iteration ends once ``stopping`` is set (after the message in hand is finished).
         With ``key_filter``, records whose key it rejects are skipped before decoding
         (and count as handled): a worker reading the assignments of every worker keeps
-        its own this way without paying to decode the others'.
+        its own this way without paying to decode the others'. With ``since_s`` (wall
+        time), messages appended before it are skipped without being fetched, whatever
+        the group committed: for a reader that only wants what is new, such as a fresh
+        ingress replica that must not read the whole history of answers first.
         """
-        return Subscription(self, topic, group=group, stopping=stopping, key_filter=key_filter)
+        return Subscription(
+            self, topic, group=group, stopping=stopping, key_filter=key_filter, since_s=since_s
+        )
 
     async def consume(
         self,
@@ -299,12 +305,14 @@ class Subscription(Generic[M]):
         group: str,
         stopping: asyncio.Event | None,
         key_filter: KeyFilter | None = None,
+        since_s: float | None = None,
     ) -> None:
         self._bus = bus
         self.topic = topic
         self.group = group
         self._stopping = stopping
         self._key_filter = key_filter
+        self._since_ms = None if since_s is None else int(since_s * 1000)
         self._consumer: TransportConsumer | None = None
         self._buffer: deque[Envelope] = deque()
         self._handled: dict[TopicPartition, int] = {}
@@ -331,6 +339,7 @@ class Subscription(Generic[M]):
             group=self._bus.topic_prefix + self.group,
             client_id=f"{self._bus.client_id}-{self.group}",
             on_revoke=self._on_revoke,
+            since_ms=self._since_ms,
         )
         self._bus._subscriptions.add(self)
 
@@ -428,7 +437,7 @@ class Subscription(Generic[M]):
             envelope = await self._next_envelope(deadline_s)
             if envelope is None:
                 continue
-            if self._key_filter is not None and not self._key_filter(envelope.key):
+            if self._skips(envelope):
                 self._mark(envelope)
                 continue
             try:
@@ -439,6 +448,14 @@ class Subscription(Generic[M]):
             self._batch.append(envelope)
             batch.append(Delivery(message, envelope, self.group))
         return batch
+
+    def _skips(self, envelope: Envelope) -> bool:
+        """Whether ``envelope`` is passed over undecoded (it counts as handled): its key
+        is not wanted, or it is older than ``since_s`` (the transport starts after such
+        records; one fetched before its start was set is still not delivered)."""
+        if self._key_filter is not None and not self._key_filter(envelope.key):
+            return True
+        return self._since_ms is not None and envelope.timestamp_ms < self._since_ms
 
     def handling(self, delivery: Delivery[M]) -> AbstractContextManager[None]:
         """The middleware scope (the CONSUMER trace span) of handling one delivery of a
@@ -467,7 +484,7 @@ class Subscription(Generic[M]):
             envelope = await self._next_envelope(deadline_s)
             if envelope is None:
                 continue
-            if self._key_filter is not None and not self._key_filter(envelope.key):
+            if self._skips(envelope):
                 self._mark(envelope)
                 continue
             try:

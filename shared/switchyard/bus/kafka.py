@@ -32,10 +32,13 @@ log = logging.getLogger(__name__)
 
 
 class _RevokeListener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Passes revocations on to the bus before the partitions change hands."""
+    """Passes revocations on to the bus before the partitions change hands; with
+    ``since_ms``, moves each assigned partition's start past its older records."""
 
-    def __init__(self, on_revoke: RevokeCallback) -> None:
+    def __init__(self, on_revoke: RevokeCallback, since_ms: int | None = None) -> None:
         self._on_revoke = on_revoke
+        self._since_ms = since_ms
+        self.consumer: AIOKafkaConsumer | None = None
 
     async def on_partitions_revoked(self, revoked: Iterable[KafkaTopicPartition]) -> None:
         partitions = frozenset(TopicPartition(tp.topic, tp.partition) for tp in revoked)
@@ -43,7 +46,27 @@ class _RevokeListener(ConsumerRebalanceListener):  # type: ignore[misc]
             await self._on_revoke(partitions)
 
     async def on_partitions_assigned(self, assigned: Iterable[KafkaTopicPartition]) -> None:
-        return None
+        consumer, since_ms = self.consumer, self._since_ms
+        partitions = list(assigned)
+        if consumer is None or since_ms is None or not partitions:
+            return
+        # Paused first, before anything is awaited: the fetcher must not read from the
+        # committed (or earliest) offset while the start is being looked up.
+        consumer.pause(*partitions)
+        try:
+            # The first record at or after since_ms (record timestamps), or the end when
+            # there is none; the group's committed offset when that is later.
+            found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
+            missing = [tp for tp in partitions if found.get(tp) is None]
+            ends = await consumer.end_offsets(missing) if missing else {}
+            for tp in partitions:
+                hit = found.get(tp)
+                start = hit.offset if hit is not None else ends[tp]
+                committed = await consumer.committed(tp)
+                if committed is None or committed < start:
+                    consumer.seek(tp, start)
+        finally:
+            consumer.resume(*partitions)
 
 
 class _KafkaConsumer:
@@ -256,6 +279,7 @@ class KafkaTransport:
         group: str,
         client_id: str,
         on_revoke: RevokeCallback,
+        since_ms: int | None = None,
     ) -> _KafkaConsumer:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
@@ -268,7 +292,9 @@ class KafkaTransport:
             fetch_max_wait_ms=self._fetch_max_wait_ms,
             request_timeout_ms=self._request_timeout_ms,
         )
-        consumer.subscribe(topics=list(topics), listener=_RevokeListener(on_revoke))
+        listener = _RevokeListener(on_revoke, since_ms)
+        listener.consumer = consumer
+        consumer.subscribe(topics=list(topics), listener=listener)
         try:
             await consumer.start()
         except (KafkaError, OSError) as exc:

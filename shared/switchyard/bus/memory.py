@@ -10,6 +10,7 @@ leaves without committing. Records are kept for the life of the broker object.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import time
 from collections.abc import Awaitable, Iterable, Mapping
@@ -32,6 +33,7 @@ class _Member:
     member_id: str
     topics: frozenset[str]
     on_revoke: RevokeCallback
+    since_ms: int | None = None
     positions: dict[TopicPartition, int] = field(default_factory=dict)
 
 
@@ -105,10 +107,14 @@ class MemoryBroker:
     # -- groups ----------------------------------------------------------------------
 
     async def join(
-        self, group_id: str, topics: frozenset[str], on_revoke: RevokeCallback
+        self,
+        group_id: str,
+        topics: frozenset[str],
+        on_revoke: RevokeCallback,
+        since_ms: int | None = None,
     ) -> _Member:
         group = self._groups.setdefault(group_id, _Group())
-        member = _Member(f"member-{next(self._member_ids)}", topics, on_revoke)
+        member = _Member(f"member-{next(self._member_ids)}", topics, on_revoke, since_ms)
         async with group.lock:
             group.members[member.member_id] = member
             await self._rebalance(group)
@@ -137,8 +143,20 @@ class MemoryBroker:
         for member_id, member in group.members.items():
             for tp in wanted[member_id]:
                 if tp not in member.positions:
-                    member.positions[tp] = group.committed.get(tp, 0)
+                    start = group.committed.get(tp, 0)
+                    if member.since_ms is not None:
+                        start = max(start, self._first_since(tp, member.since_ms))
+                    member.positions[tp] = start
         self._wake()
+
+    def _first_since(self, tp: TopicPartition, since_ms: int) -> int:
+        """The offset of ``tp``'s first record appended at or after ``since_ms`` (its
+        end when there is none); append times never decrease within a partition."""
+        logs = self._partitions.get(tp.topic)
+        if logs is None:
+            return 0
+        log = logs[tp.partition]
+        return bisect.bisect_left(log, since_ms, key=lambda envelope: envelope.timestamp_ms)
 
     def commit(self, group_id: str, member: _Member, offsets: Mapping[TopicPartition, int]) -> None:
         group = self._groups[group_id]
@@ -234,8 +252,9 @@ class MemoryTransport:
         group: str,
         client_id: str,
         on_revoke: RevokeCallback,
+        since_ms: int | None = None,
     ) -> _MemoryConsumer:
-        member = await self.broker.join(group, frozenset(topics), on_revoke)
+        member = await self.broker.join(group, frozenset(topics), on_revoke, since_ms)
         return _MemoryConsumer(self.broker, group, member)
 
     async def partitions_for(self, topic: str) -> int:

@@ -72,9 +72,12 @@ class Transport(Protocol):
         group: str,
         client_id: str,
         on_revoke: RevokeCallback,
+        since_ms: int | None = None,
     ) -> TransportConsumer:
         """Join consumer group ``group`` on ``topics``; reading starts at the group's
-        committed offsets, or at the earliest record when there are none."""
+        committed offsets, or at the earliest record when there are none. With
+        ``since_ms`` (epoch milliseconds), never before a partition's first record
+        appended at or after it: older ones are skipped, not fetched."""
         ...
 
     async def partitions_for(self, topic: str) -> int:
