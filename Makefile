@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-stack  the live stack on Kafka and Redis: overhead by rate, Azure replay (GAPS, JSQ)"
 	@echo "make bench-recovery  worker-kill recovery (services as processes): detection, re-assignment, lost/doubled"
 	@echo "make bench-agreement  sim-to-live agreement: 2,000 rows of each Azure trace, live stack against the simulator"
+	@echo "make bench-worker-stream  an emulated worker on Kafka: wall against modelled time, streamed and not"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
@@ -120,6 +121,12 @@ bench-agreement: deps
 	deploy/local/infra.sh up
 	$(BIN)/python -m bench.agreement_bench
 	$(BIN)/python -m bench.agreement_bench --sensitivity
+
+# An emulated worker on the local Kafka: wall against modelled time of a burst of
+# requests, streamed and not (does publishing the answers keep up with the model?).
+bench-worker-stream: deps
+	deploy/local/infra.sh up
+	$(BIN)/python -m bench.worker_stream_bench
 
 infra-up:
 	@$(INFRA) up

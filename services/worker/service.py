@@ -53,7 +53,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from opentelemetry import context as otel_context
@@ -136,6 +136,7 @@ class WorkerService(Service):
         self._held: dict[str, WorkItem] = {}  # waiting or running here, by request id
         self._seen: OrderedDict[str, int] = OrderedDict()  # request id -> highest epoch taken
         self._wake = asyncio.Event()
+        # Completions and output chunks on their way to the broker.
         self._sending: set[asyncio.Task[None]] = set()
         self._sequence = 0
         self._sink = _Sink(self)
@@ -538,7 +539,7 @@ class WorkerService(Service):
     def _sent(self, task: asyncio.Task[None]) -> None:
         self._sending.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            self.ctx.logger.error("a completion could not be published: %s", exc)
+            self.ctx.logger.error("a completion or output chunk could not be published: %s", exc)
 
     def _executed(self, item: WorkItem, status: CompletionStatus) -> None:
         """Count a completion, and its execution time when it started here."""
@@ -578,7 +579,20 @@ class WorkerService(Service):
         item.pending_chunk_tokens = 0
         item.pending_chunk_text.clear()
         with _in_trace_of(item):
-            await self._publish(OUTPUT_CHUNKS, chunk)
+            try:
+                # Queued in order: one producer, and the request id as key keeps a
+                # request's chunks on one partition. The engine goes on with the batch
+                # while the broker acknowledges, instead of waiting a round trip per
+                # chunk; drain waits for the acknowledgements.
+                acknowledged = await self.ctx.bus.send(OUTPUT_CHUNKS, chunk)
+            except Exception as exc:
+                if not is_retriable(exc):
+                    raise
+                await self._publish(OUTPUT_CHUNKS, chunk)  # not even queued: retry
+                return
+        task = asyncio.create_task(_awaited(acknowledged))
+        self._sending.add(task)
+        task.add_done_callback(self._sent)
 
     # -- messages -----------------------------------------------------------------------------
 
@@ -714,6 +728,10 @@ class WorkerService(Service):
                     raise
                 self.ctx.logger.warning("publish to %s failed, retrying: %s", topic.name, exc)
                 await asyncio.sleep(backoff_s(attempt))
+
+
+async def _awaited(acknowledgement: Awaitable[object]) -> None:
+    await acknowledgement
 
 
 def _predicted_left_s(item: WorkItem, left_s: float) -> float:
