@@ -225,9 +225,11 @@ class Bus:
         With ``key_filter``, records whose key it rejects are skipped before decoding
         (and count as handled): a worker reading the assignments of every worker keeps
         its own this way without paying to decode the others'. With ``since_s`` (wall
-        time), messages appended before it are skipped without being fetched, whatever
-        the group committed: for a reader that only wants what is new, such as a fresh
-        ingress replica that must not read the whole history of answers first.
+        time), each partition is read from its first message appended at or after it
+        (record timestamps) when the group committed an earlier offset or none; what
+        follows is read whatever its timestamp, so a producer whose clock lags loses
+        nothing once reading began. For a reader that only wants what is new, such as a
+        fresh ingress replica that must not read the whole history of answers first.
         """
         return Subscription(
             self, topic, group=group, stopping=stopping, key_filter=key_filter, since_s=since_s
@@ -451,11 +453,8 @@ class Subscription(Generic[M]):
 
     def _skips(self, envelope: Envelope) -> bool:
         """Whether ``envelope`` is passed over undecoded (it counts as handled): its key
-        is not wanted, or it is older than ``since_s`` (the transport starts after such
-        records; one fetched before its start was set is still not delivered)."""
-        if self._key_filter is not None and not self._key_filter(envelope.key):
-            return True
-        return self._since_ms is not None and envelope.timestamp_ms < self._since_ms
+        is not wanted."""
+        return self._key_filter is not None and not self._key_filter(envelope.key)
 
     def handling(self, delivery: Delivery[M]) -> AbstractContextManager[None]:
         """The middleware scope (the CONSUMER trace span) of handling one delivery of a
