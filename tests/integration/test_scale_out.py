@@ -10,6 +10,8 @@ The stack runs over the real Kafka broker and Redis (``tests/support/process_sta
 - a worker stopped with SIGTERM drains: it heartbeats ``draining`` (so it is never timed
   out), its running requests finish on it, the ones waiting there are re-assigned
   (epoch + 1) to the others at once, and the monitor records it ``drained``.
+- an ingress replica killed while its call waits loses nothing: the monitor records the
+  answer, and the other replica serves a retry with the same ``request_id`` from it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,20 @@ async def _decisions(port: int) -> float:
         if match:
             total += float(match.group(1))
     return total
+
+
+async def _one_worker_stack(
+    process_stack: StackFactory, *, ingresses: tuple[str, ...]
+) -> ProcessStack:
+    """Monitor, scheduler (JSQ), ``worker-a`` and the named ingress replicas, ready."""
+    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
+    stack.start_service("monitor")
+    stack.start_service("scheduler")
+    stack.start_worker("worker-a")
+    for name in ingresses:
+        stack.start_service("ingress", name=name)
+    await stack.wait_ready(workers=1)
+    return stack
 
 
 async def test_replicas_of_every_service_share_the_load(process_stack: StackFactory) -> None:
@@ -129,12 +145,7 @@ async def test_replicas_of_every_service_share_the_load(process_stack: StackFact
 async def test_a_worker_added_mid_replay_takes_load_within_a_heartbeat(
     process_stack: StackFactory,
 ) -> None:
-    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
-    stack.start_service("monitor")
-    stack.start_service("scheduler")
-    stack.start_worker("worker-a")
-    stack.start_service("ingress")
-    await stack.wait_ready(workers=1)
+    stack = await _one_worker_stack(process_stack, ingresses=("ingress",))
     plan = _plan(150)
     speedup = 5.0  # 150 requests over about 10 s: worker-a alone runs several at once
     task = asyncio.create_task(
@@ -280,3 +291,42 @@ async def test_a_terminated_worker_drains(process_stack: StackFactory) -> None:
         f"{(first_handover_s - terminated_at_s) * 1000:.0f} ms after SIGTERM ({downs[0].reason}); "
         f"{len(draining)} draining heartbeats; {report.summary()}"
     )
+
+
+async def test_an_answer_outlives_the_ingress_replica_that_took_the_call(
+    process_stack: StackFactory,
+) -> None:
+    stack = await _one_worker_stack(process_stack, ingresses=("ingress-a", "ingress-b"))
+    request_id = "outlives-its-ingress"
+    body = {
+        "model": "llama-2-7b",
+        "prompt": "a long answer",
+        "max_tokens": 2000,  # about 2 s of emulated generation at this time scale
+        "switchyard": {"request_id": request_id},
+    }
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
+        call = asyncio.create_task(
+            client.post(f"{stack.url_of('ingress-a')}/v1/completions", json=body)
+        )
+        status_url = f"{stack.url_of('ingress-b')}/v1/requests/{request_id}"
+        deadline = time.monotonic() + 20.0
+        while (status := (await client.get(status_url)).json().get("status")) != "assigned":
+            assert time.monotonic() < deadline, (status, stack.logs())
+            await asyncio.sleep(0.05)
+        # The replica that took the call, and would have recorded its answer, is gone
+        # for good before the answer comes.
+        stack.kill("ingress-a")
+        with pytest.raises(httpx.TransportError):
+            await call
+        # The record still gets the answer (the monitor writes it), so both a status
+        # poll and a retry with the same request_id on the other replica find it.
+        while (record := (await client.get(status_url)).json())["status"] != "ok":
+            assert time.monotonic() < deadline + 20.0, (record, stack.logs())
+            await asyncio.sleep(0.1)
+        retry = await client.post(f"{stack.url_of('ingress-b')}/v1/completions", json=body)
+    assert record["worker_id"] == "worker-a", record
+    assert retry.status_code == 200, retry.text
+    assert retry.json()["usage"]["completion_tokens"] == 2000, retry.text
+    # Run once: the retry found the answer rather than running the request again.
+    requests = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, REQUESTS)
+    assert [r.message.request_id for r in requests] == [request_id]
