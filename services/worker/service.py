@@ -433,9 +433,6 @@ class WorkerService(Service):
                 )
                 return False
             not_before_s = now_s + preemption.transfer_s
-        del self._held[request_id]
-        self._remember(request_id, migration.epoch)
-        self._end_span(item, "migrated")
         old = item.assignment
         moved = Assignment(
             request=old.request,
@@ -451,17 +448,26 @@ class WorkerService(Service):
             not_before_s=not_before_s,
         )
         # Recorded before it is published, as the scheduler records its decisions: if
-        # the target then dies, its WorkerDown finds the request on it. The request has
-        # left this worker already, so a failed record must not stop the publish.
+        # the target then dies, its WorkerDown finds the request on it. A move that
+        # cannot be recorded does not happen: unrecorded, the request would be found
+        # on neither worker when one dies. It waits here again (a preempted one resumes
+        # from the tokens it generated).
         try:
             await record_assignment(self.ctx.state, moved, moved_from=self.worker_id)
         except Exception as exc:
             log.error(
-                "the move of %s to %s could not be recorded: %s",
+                "the move of %s to %s could not be recorded, so it stays here: %s",
                 request_id,
                 migration.to_worker_id,
                 exc,
+                extra={"request_id": request_id, "to_worker_id": migration.to_worker_id},
             )
+            self.queue.push(item)
+            self._wake.set()
+            return False
+        del self._held[request_id]
+        self._remember(request_id, migration.epoch)
+        self._end_span(item, "migrated")
         # In the request's trace: the target worker's handling continues it.
         with _in_trace_of(item):
             await self._publish(ASSIGNMENTS, moved)

@@ -245,6 +245,27 @@ async def test_a_bad_assignment_fails_and_the_worker_goes_on(stack: Stack) -> No
     assert stack.worker.alive
 
 
+def _migration(
+    request_id: str,
+    *,
+    from_worker_id: str,
+    epoch: int,
+    cost_s: float,
+    to_worker_id: str = "w2",
+    decided_at_s: float | None = None,
+) -> Migration:
+    return Migration(
+        request_id=request_id,
+        from_worker_id=from_worker_id,
+        to_worker_id=to_worker_id,
+        epoch=epoch,
+        reason="test",
+        expected_gain_s=1.0,
+        cost_s=cost_s,
+        decided_at_s=time.time() if decided_at_s is None else decided_at_s,
+    )
+
+
 async def _heartbeat_where(subscription: Subscription[Heartbeat], test: object) -> Heartbeat:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
@@ -309,16 +330,7 @@ async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack
         before = time.time()
         await stack.publish(
             MIGRATIONS,
-            Migration(
-                request_id="mover",
-                from_worker_id="w1",
-                to_worker_id="w2",
-                epoch=3,
-                reason="test",
-                expected_gain_s=1.0,
-                cost_s=0.5,
-                decided_at_s=before,
-            ),
+            _migration("mover", from_worker_id="w1", epoch=3, cost_s=0.5, decided_at_s=before),
         )
         moved = await _next(assignments)
         after = time.time()
@@ -341,6 +353,49 @@ async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack
     assert await state.zcard(assigned_key(stack.worker.worker_id)) == 0
 
 
+class _NoAssignmentRecords(MemoryStateStore):
+    """A state store that cannot write assignment records (an outage, as a move sees it)."""
+
+    async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
+        if key.startswith("assignment:"):
+            raise ConnectionError("the state store is down (test)")
+        await super().set(key, value, ttl_s=ttl_s)
+
+
+async def test_a_move_that_cannot_be_recorded_does_not_happen(stack: Stack) -> None:
+    bus = stack.ctx.bus
+    ctx = _context(bus, _NoAssignmentRecords("t-stuck:"), worker_id="stuck")
+    worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=1000.0))
+    await worker.start()
+    try:
+        async with (
+            bus.subscribe(ASSIGNMENTS, group="t-obs-stuck") as assignments,
+            bus.subscribe(COMPLETIONS, group="t-done-stuck") as completions,
+        ):
+            held = _llm("stays", output=5, worker_id="stuck", not_before_s=time.time() + 0.3)
+            await bus.publish(ASSIGNMENTS, held)
+            await _next(assignments)
+            deadline = time.monotonic() + WAIT_S
+            while "stays" not in worker.queue:  # taken in, waiting for its time
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            moved = await worker.migrate(
+                _migration("stays", from_worker_id="stuck", epoch=1, cost_s=0.1)
+            )
+            # Unrecorded, the move would leave the request on neither worker's books:
+            # it stays, nothing is sent to w2, and it runs here when its time comes.
+            assert moved is False
+            assert "stays" in worker.queue
+            done = await _completion(completions)
+            assert await assignments.next_within(0.2) is None
+    finally:
+        ctx.stopping.set()
+        await worker.drain()
+        await worker.cancel_routines()
+    assert (done.request_id, done.worker_id, done.epoch) == ("stays", "stuck", 0)
+    assert done.status is CompletionStatus.OK
+
+
 async def test_migrating_a_running_request_moves_its_tokens_and_kv(stack: Stack) -> None:
     perf = performance_model(PROFILE)
     # A slow emulation (time scale 1) so the request is still running when it moves.
@@ -361,16 +416,7 @@ async def test_migrating_a_running_request_moves_its_tokens_and_kv(stack: Stack)
             await _next(chunks)  # it has generated tokens
             await bus.publish(
                 MIGRATIONS,
-                Migration(
-                    request_id="runner",
-                    from_worker_id="slow",
-                    to_worker_id="w2",
-                    epoch=1,
-                    reason="test",
-                    expected_gain_s=1.0,
-                    cost_s=9.0,
-                    decided_at_s=time.time(),
-                ),
+                _migration("runner", from_worker_id="slow", epoch=1, cost_s=9.0),
             )
             moved = await _next(assignments)
     finally:
