@@ -41,7 +41,13 @@ from typing import Any
 from loadgen.mixes import build_plan
 from loadgen.traces import resolve_trace
 from tests.support.process_stack import ProcessStack
-from tests.support.recovery import RecoveryReport, analyse, busiest_worker, replay_with_kill
+from tests.support.recovery import (
+    RecoveryReport,
+    analyse,
+    busiest_worker,
+    replay_with_kill,
+    start_stack,
+)
 
 WORKERS = ("worker-a", "worker-b")
 DEFAULT_OUT = Path("bench/results/recovery")
@@ -61,12 +67,7 @@ async def one_run(args: argparse.Namespace, index: int, log_root: Path) -> dict[
         extra_env={"SWITCHYARD_ADMISSION": "off"},
     )
     try:
-        stack.start_service("monitor")
-        stack.start_service("scheduler")
-        for worker in WORKERS:
-            stack.start_worker(worker)
-        stack.start_service("ingress")
-        await stack.wait_ready(workers=len(WORKERS))
+        await start_stack(stack, WORKERS)
         plan = build_plan(resolve_trace(args.trace), "llm", args.requests, 0)
 
         async def busiest() -> str:

@@ -19,7 +19,10 @@ taken for that request, is dropped. Across restarts, a claim
 ``claim:{request_id}:{epoch}:run`` in the state store (``set_if_absent`` with a TTL) keeps
 a redelivered assignment from running a second time; the work a crashed worker held is
 re-assigned with a higher epoch by whoever notices the crash (the monitor's
-``WorkerDown``), and a higher epoch claims afresh.
+``WorkerDown``), and a higher epoch claims afresh. An assignment the request's record
+(``request:{id}``) shows superseded (a higher epoch was recorded: re-assigned or moved
+since) or answered is dropped before it is claimed: a worker restarted under the same id
+resumes its group's unread assignments, some of them re-assigned elsewhere meanwhile.
 
 Stopping drains: intake stops and nothing new starts. A heartbeat says ``draining=True``
 at once, listing what waits here, so the monitor can have it re-assigned while the running
@@ -86,7 +89,7 @@ from switchyard.serving import ServingCatalogue
 from switchyard.telemetry.buckets import SECONDS_BUCKETS
 from switchyard.telemetry.observables import observe
 
-from services.cluster_state import record_assignment
+from services.cluster_state import FINAL_STATUSES, record_assignment, request_key
 from services.worker.backends.base import Backend, Result, UnsupportedWorkError
 from services.worker.model_cache import ModelCache
 from services.worker.queue import LocalQueue, WorkItem
@@ -342,6 +345,16 @@ class WorkerService(Service):
                 "dropped assignment of %s epoch %d: epoch %d already taken", request_id, epoch, seen
             )
             return False
+        if reason := await self._superseded(request_id, epoch):
+            self._remember(request_id, epoch)
+            log.info(
+                "dropped assignment of %s epoch %d: %s",
+                request_id,
+                epoch,
+                reason,
+                extra={"request_id": request_id, "epoch": epoch},
+            )
+            return False
         claimed = await self.ctx.state.set_if_absent(
             f"claim:{request_id}:{epoch}:run", self.worker_id, ttl_s=CLAIM_TTL_S
         )
@@ -387,6 +400,20 @@ class WorkerService(Service):
         self._held[request_id] = item
         self._wake.set()
         return True
+
+    async def _superseded(self, request_id: str, epoch: int) -> str | None:
+        """Why the request's record says an assignment of ``epoch`` must not run (it was
+        answered, or a later epoch was recorded), or None: run it. A missing record (it
+        expired, or nobody keeps one) does not stop it."""
+        key = request_key(request_id)
+        status, recorded = await asyncio.gather(
+            self.ctx.state.hget(key, "status"), self.ctx.state.hget(key, "epoch")
+        )
+        if status in FINAL_STATUSES:
+            return f"the request was answered already ({status})"
+        if recorded is not None and recorded.isdigit() and int(recorded) > epoch:
+            return f"epoch {recorded} was assigned since"
+        return None
 
     def _remember(self, request_id: str, epoch: int) -> None:
         self._seen[request_id] = max(epoch, self._seen.get(request_id, epoch))

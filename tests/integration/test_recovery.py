@@ -8,6 +8,9 @@ ingress's HTTP API while one process is SIGKILLed:
   (``SWITCHYARD_WORKER_TIMEOUT_S=1.5``, heartbeats every 0.25 s: detection 1.5-2 s after
   the kill) and the scheduler re-assigns its queued and running requests (epoch + 1) to
   the survivor; every request still gets exactly one 200 answer;
+- a worker that comes back under its id after being declared down (a restarted
+  container) resumes its consumer group's unread assignments, which were re-assigned
+  meanwhile: it drops them (their records show a later epoch), so nothing runs twice;
 - one of two scheduler replicas: the other takes its partitions of the requests topic
   (after Kafka's session timeout, 10 s) and decides what it left; no request is lost or
   assigned twice.
@@ -15,13 +18,24 @@ ingress's HTTP API while one process is SIGKILLed:
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
 import pytest
 from switchyard.contracts.topics import WORKER_EVENTS
 
 from loadgen.mixes import PlannedRequest, build_plan
+from loadgen.replay import ReplayResult
 from loadgen.traces import resolve_trace
 from tests.support.process_stack import ProcessStack, StackFactory, read_topic
-from tests.support.recovery import RecoveryReport, analyse, busiest_worker, replay_with_kill
+from tests.support.recovery import (
+    RecoveryReport,
+    analyse,
+    busiest_worker,
+    replay_with_kill,
+    start_stack,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -45,24 +59,36 @@ def _explain(report: RecoveryReport, stack: ProcessStack) -> str:
     return f"{report.summary()}\nfailures: {report.failures[:5]}\n{stack.logs()}"
 
 
-async def test_a_killed_workers_requests_are_reassigned_and_answered_once(
+async def _replay_killing_the_busiest_worker(
     process_stack: StackFactory,
-) -> None:
+    after_kill: Callable[[ProcessStack, str], Awaitable[None]] | None = None,
+) -> tuple[ProcessStack, list[PlannedRequest], tuple[ReplayResult, str, float]]:
+    """The stack of two workers under JSQ, and the replay of :func:`_plan` through it
+    with the worker holding more requests SIGKILLed a third of the way in (then
+    ``after_kill(stack, victim)``)."""
     stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
-    stack.start_service("monitor")
-    stack.start_service("scheduler")
-    for worker in WORKERS:
-        stack.start_worker(worker)
-    stack.start_service("ingress")
-    await stack.wait_ready(workers=len(WORKERS))
+    await start_stack(stack, WORKERS)
     plan = _plan()
 
     async def busiest() -> str:
         # The worker holding more requests right now: its death orphans the most.
         return await busiest_worker(stack, WORKERS)
 
-    result, victim, killed_at_s = await replay_with_kill(
-        stack, plan, busiest, speedup=SPEEDUP, timeout_s=CLIENT_TIMEOUT_S
+    async def then(victim: str) -> None:
+        if after_kill is not None:
+            await after_kill(stack, victim)
+
+    outcome = await replay_with_kill(
+        stack, plan, busiest, speedup=SPEEDUP, timeout_s=CLIENT_TIMEOUT_S, after_kill=then
+    )
+    return stack, plan, outcome
+
+
+async def test_a_killed_workers_requests_are_reassigned_and_answered_once(
+    process_stack: StackFactory,
+) -> None:
+    stack, plan, (result, victim, killed_at_s) = await _replay_killing_the_busiest_worker(
+        process_stack
     )
     survivor = next(w for w in WORKERS if w != victim)
     report = await analyse(stack, result, killed=victim, killed_at_s=killed_at_s)
@@ -98,6 +124,38 @@ async def test_a_killed_workers_requests_are_reassigned_and_answered_once(
     assert report.runs_doubled == [], why
     assert report.assignment_conflicts == {}, why
     print(f"\nworker kill: {report.summary()}")
+
+
+async def _until_down(stack: ProcessStack, worker: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await stack.state.hget(f"worker:{worker}", "status") != "down":
+        assert time.monotonic() < deadline, f"{worker} was not declared down in {timeout_s} s"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_worker_restarted_under_its_id_runs_nothing_twice(
+    process_stack: StackFactory,
+) -> None:
+
+    async def comes_back(stack: ProcessStack, victim: str) -> None:
+        # Declared down, its work re-assigned; then it comes back under the same id, as
+        # a container restarted by `restart: unless-stopped` does. Its consumer group
+        # still holds the assignments sent to it after it died: now running elsewhere.
+        await _until_down(stack, victim)
+        stack.start_worker(victim)
+
+    stack, plan, (result, victim, killed_at_s) = await _replay_killing_the_busiest_worker(
+        process_stack, after_kill=comes_back
+    )
+    report = await analyse(stack, result, killed=victim, killed_at_s=killed_at_s)
+    why = _explain(report, stack)
+    assert report.assigned_to_killed_after_kill, why  # there was something stale to resume
+    assert report.failures == [], why
+    assert report.answered_ok == len(plan), why
+    assert report.lost == [], why
+    assert report.answers_doubled == [], why
+    assert report.runs_doubled == [], why
+    print(f"\nworker restart: {report.summary()}")
 
 
 async def test_a_killed_scheduler_replica_loses_and_doubles_nothing(

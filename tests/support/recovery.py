@@ -104,6 +104,17 @@ def third_of_the_way_s(plan: Sequence[PlannedRequest], speedup: float) -> float:
     return (ordered[len(ordered) // 3] - ordered[0]) / speedup
 
 
+async def start_stack(stack: ProcessStack, workers: Sequence[str]) -> None:
+    """Monitor, one scheduler, ``workers`` and one ingress, each its own process; returns
+    once the ingress answers and every worker has reported."""
+    stack.start_service("monitor")
+    stack.start_service("scheduler")
+    for worker in workers:
+        stack.start_worker(worker)
+    stack.start_service("ingress")
+    await stack.wait_ready(workers=len(workers))
+
+
 async def replay_with_kill(
     stack: ProcessStack,
     plan: Sequence[PlannedRequest],
@@ -111,10 +122,12 @@ async def replay_with_kill(
     *,
     speedup: float,
     timeout_s: float,
+    after_kill: Callable[[str], Awaitable[None]] | None = None,
 ) -> tuple[ReplayResult, str, float]:
     """Replay ``plan`` through the stack's ingress; a third of the way in (by requests
-    sent) SIGKILL the process ``await pick_victim()`` names. Returns the replay's result,
-    the victim and the wall time of the kill."""
+    sent) SIGKILL the process ``await pick_victim()`` names, then ``await
+    after_kill(victim)`` while the replay goes on. Returns the replay's result, the victim
+    and the wall time of the kill."""
     task = asyncio.create_task(
         replay(plan, stack.url, speedup=speedup, timeout_s=timeout_s, progress=False)
     )
@@ -122,6 +135,8 @@ async def replay_with_kill(
         await asyncio.sleep(third_of_the_way_s(plan, speedup))
         victim = await pick_victim()
         killed_at_s = stack.kill(victim)
+        if after_kill is not None:
+            await after_kill(victim)
     except BaseException:
         task.cancel()
         raise

@@ -266,6 +266,14 @@ def _migration(
     )
 
 
+async def _until_queued(worker: WorkerService, request_id: str) -> None:
+    """Wait until ``worker`` has taken ``request_id`` in and it waits in its queue."""
+    deadline = time.monotonic() + WAIT_S
+    while request_id not in worker.queue:
+        assert time.monotonic() < deadline, f"{request_id} was not taken in"
+        await asyncio.sleep(0.01)
+
+
 async def _heartbeat_where(subscription: Subscription[Heartbeat], test: object) -> Heartbeat:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
@@ -320,11 +328,30 @@ async def test_heartbeats_report_held_work_as_the_scheduler_predicted_it(stack: 
     assert beat.queued_work_s == pytest.approx(perf.idle_service_s(300, 20) / 1000.0)
 
 
+async def test_an_assignment_its_record_shows_superseded_or_answered_does_not_run(
+    stack: Stack,
+) -> None:
+    # A worker restarted under its id resumes its group's unread assignments: this one
+    # was re-assigned elsewhere (epoch 1 recorded) meanwhile, that one already answered.
+    state = stack.ctx.state
+    await state.hset(request_key("moved-on"), {"status": "assigned", "epoch": "1"})
+    await state.hset(request_key("answered"), {"status": "ok", "epoch": "0"})
+    await state.hset(request_key("current"), {"status": "assigned", "epoch": "0"})
+    for request_id in ("moved-on", "answered"):
+        assert not await stack.worker.take(_llm(request_id))
+        assert request_id not in stack.worker.queue
+        assert await state.get(f"claim:{request_id}:0:run") is None
+    # The request's current assignment, and one nobody recorded, run.
+    assert await stack.worker.take(_llm("current", not_before_s=time.time() + 3600))
+    assert await stack.worker.take(_llm("unrecorded", not_before_s=time.time() + 3600))
+
+
 async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack: Stack) -> None:
     held = _llm("mover", output=5, not_before_s=time.time() + 3600, epoch=2)
     async with stack.ctx.bus.subscribe(ASSIGNMENTS, group="t-observer") as assignments:
         await stack.publish(ASSIGNMENTS, held)
         assert await _next(assignments) == held
+        await _until_queued(stack.worker, "mover")
         # As the scheduler recorded it when it sent the request here.
         await stack.ctx.state.zadd(assigned_key(stack.worker.worker_id), {"mover": 1.0})
         before = time.time()
@@ -375,10 +402,7 @@ async def test_a_move_that_cannot_be_recorded_does_not_happen(stack: Stack) -> N
             held = _llm("stays", output=5, worker_id="stuck", not_before_s=time.time() + 0.3)
             await bus.publish(ASSIGNMENTS, held)
             await _next(assignments)
-            deadline = time.monotonic() + WAIT_S
-            while "stays" not in worker.queue:  # taken in, waiting for its time
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
+            await _until_queued(worker, "stays")
             moved = await worker.migrate(
                 _migration("stays", from_worker_id="stuck", epoch=1, cost_s=0.1)
             )
