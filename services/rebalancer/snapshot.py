@@ -206,7 +206,7 @@ def build_rebalance_snapshot(
     adjustments: Mapping[str, LoadAdjustment] | None = None,
 ) -> RebalanceSnapshot:
     """The snapshot a rebalancer plans over: every worker with a heartbeat (``alive``
-    per :func:`~services.cluster_state.is_alive`, load changed by ``adjustments`` by
+    per :meth:`~services.cluster_state.WorkerRecord.takes_work`: not draining, load changed by ``adjustments`` by
     worker id), the ``listed`` requests, and the recent violation rate from
     ``cluster:stats``."""
     models: dict[str, str] = {}

@@ -7,12 +7,15 @@ import asyncio
 WAIT_S = 10.0
 
 
-async def raw_http(port: int, raw: bytes) -> tuple[str, bytes]:
-    """Send ``raw`` to ``127.0.0.1:port`` and read until the server closes; returns the
-    head (status line and headers, decoded) and the body."""
+async def raw_http(port: int, raw: bytes, *, eof: bool = False) -> tuple[str, bytes]:
+    """Send ``raw`` to ``127.0.0.1:port`` (then close the sending side when ``eof``: a
+    client that gives up half-way) and read until the server closes; returns the head
+    (status line and headers, decoded) and the body."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(raw)
+        if eof:
+            writer.write_eof()
         await writer.drain()
         response = await asyncio.wait_for(reader.read(), WAIT_S)
     finally:

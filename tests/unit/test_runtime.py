@@ -130,17 +130,8 @@ async def test_other_requests_get_clear_errors(
     health: tuple[HealthServer, dict[str, bool]], raw: bytes, status: int
 ) -> None:
     server, _ = health
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
-        writer.write(raw)
-        if not raw.endswith(b"\r\n\r\n") and not raw.endswith(b"}"):
-            writer.write_eof()
-        await writer.drain()
-        response = await asyncio.wait_for(reader.read(), WAIT_S)
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    head, _, body = response.partition(b"\r\n\r\n")
+    complete = raw.endswith((b"\r\n\r\n", b"}"))
+    head, body = await raw_http(server.port, raw, eof=not complete)
     assert int(head.split()[1]) == status
     assert "error" in json.loads(body)
 
