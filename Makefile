@@ -25,7 +25,7 @@ help:
 	@echo "make bench-selection  window scheduler overhead (24 requests, 5 applications)"
 	@echo "make bench-selection-eval  the classification tables: variants, window scheduling, accuracy"
 	@echo "make bench-multimodel  the multi-model tables: policies, LoRA mix, update frequency, decision time"
-	@echo "make bench-stack  the live stack on Kafka and Redis: overhead by rate, Azure replay (GAPS, JSQ)"
+	@echo "make bench-stack  the live stack on Kafka and Redis: CPU per request, overhead by rate, fan-out, Azure replay"
 	@echo "make bench-recovery  worker-kill recovery (services as processes): detection, re-assignment, lost/doubled"
 	@echo "make bench-agreement  sim-to-live agreement: 2,000 rows of each Azure trace, live stack against the simulator"
 	@echo "make bench-worker-stream  an emulated worker on Kafka: wall against modelled time, streamed and not"
@@ -102,11 +102,14 @@ bench-multimodel: deps
 	$(BIN)/python -m bench.multimodel_eval
 	$(BIN)/python -m bench.multimodel_policy_bench
 
-# The live stack on the local Kafka and Redis: control-plane overhead by offered rate,
-# and the Azure conversation trace under GAPS and JSQ.
+# The live stack on the local Kafka and Redis: CPU per request by process, overhead and
+# the sustained rate (services as processes, with flame graphs at 200/s); records decoded
+# per request as workers and ingress replicas are added; the Azure conversation trace
+# under GAPS and JSQ. Figures in docs/benchmarks.md.
 bench-stack: deps
 	deploy/local/infra.sh up
-	$(BIN)/python -m bench.stack_bench overhead
+	$(BIN)/python -m bench.hot_path_bench rates --profile-rate 200
+	$(BIN)/python -m bench.hot_path_bench fanout
 	$(BIN)/python -m bench.stack_bench azure
 
 # Worker-kill recovery: the stack as separate processes on the local Kafka and Redis, a

@@ -1,18 +1,9 @@
-"""The live stack on real Kafka and Redis: control-plane overhead and trace replay.
+"""The live stack on real Kafka and Redis: an Azure trace replayed through it.
 
-Two experiments, each against a stack started as its own process (``switchyard up
---embedded --transports configured``: every service in one process, each with its own
-Kafka and Redis connections) while this process generates the load over HTTP with
-:mod:`loadgen.replay`:
-
-``overhead``: Poisson arrivals of short LLM requests (lognormal lengths, output capped
-at 32 tokens) at a fixed rate, emulated workers with a large time scale so execution is
-short; the control-plane overhead of each answer is its client latency minus its
-execution (``finished_s - started_s`` on the worker). One run per rate, 60 s of arrivals
-or ``--requests``, whichever is fewer, after ten seconds of light warm-up load; the
-highest rate at which the overhead P99 stays
-under 100 ms and the generator keeps its schedule is the sustained rate. ``--profile``
-runs the stack under cProfile at one rate and prints the top functions.
+The stack runs as one process (``switchyard up --embedded --transports configured``:
+every service in one process, each with its own Kafka and Redis connections) while this
+process generates the load over HTTP with :mod:`loadgen.replay`. What a request costs
+each process, and the overhead by offered rate, is :mod:`bench.hot_path_bench`.
 
 ``azure``: the first ``--limit`` requests of the Azure conversation trace, arrivals and
 emulated time both sped up by ``--speedup``, once per policy: every request answered,
@@ -22,7 +13,7 @@ The machine is shared by the stack, the broker, Redis and the generator (2 cores
 so the figures are this machine's, not the design's ceiling. Emulated latencies are a
 performance model's output, not measurements.
 
-Run ``make bench-stack`` or ``python -m bench.stack_bench overhead|azure [...]``
+Run ``make bench-stack`` or ``python -m bench.stack_bench azure [...]``
 (Kafka and Redis must be up: ``deploy/local/infra.sh up``).
 """
 
@@ -149,66 +140,6 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def run_overhead(rates: Sequence[float], requests: int, profile: bool) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for rate in rates:
-        count = int(min(requests, rate * 60))
-        spec = f"poisson:rate_rps={rate:g},requests={count},lengths=lognormal,max_tokens=32,seed=1"
-        plan = build_plan(resolve_trace(spec), "llm", None, 0)
-        profile_to = RESULTS / f"overhead-{rate:g}.prof" if profile else None
-        with Stack(
-            policy="jsq",
-            time_scale=100.0,
-            llm_workers="a100-80gb/llama-2-7b,a100-80gb/llama-2-7b",
-            profile_to=profile_to,
-        ) as stack:
-            warm_up(stack.url)
-            result = asyncio.run(replay(plan, stack.url, speedup=1.0, timeout_s=60, progress=False))
-        summary = summarize(result.records, result.duration_s)
-        overhead = summary.breakdown.get("overhead")
-        scheduling = summary.breakdown.get("scheduling")
-        queueing = summary.breakdown.get("queueing")
-        row = {
-            "rate_rps": rate,
-            "sent": summary.sent,
-            "answered": summary.answered_ok,
-            "throughput_rps": summary.throughput_rps,
-            "overhead_p50_s": overhead.p50_s if overhead else None,
-            "overhead_p99_s": overhead.p99_s if overhead else None,
-            "scheduling_p50_s": scheduling.p50_s if scheduling else None,
-            "scheduling_p99_s": scheduling.p99_s if scheduling else None,
-            "queueing_p50_s": queueing.p50_s if queueing else None,
-            "queueing_p99_s": queueing.p99_s if queueing else None,
-            "send_lag_p99_s": summary.send_lag_p99_s,
-        }
-        rows.append(row)
-        print(
-            f"rate {rate:g}/s: {summary.answered_ok}/{summary.sent} answered, "
-            f"{summary.throughput_rps or 0:.0f}/s, overhead P50 {_ms(row['overhead_p50_s'])} ms "
-            f"P99 {_ms(row['overhead_p99_s'])} ms, send lag P99 {_ms(summary.send_lag_p99_s)} ms",
-            flush=True,
-        )
-        if profile_to is not None:
-            import pstats
-
-            print(f"profile of the stack at {rate:g}/s ({profile_to}):")
-            pstats.Stats(str(profile_to)).sort_stats("tottime").print_stats(25)
-    print()
-    print(
-        "| offered rate | answered | throughput | overhead P50 | overhead P99 | scheduling P50 / P99 | queueing P50 / P99 | generator lag P99 |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['rate_rps']:g}/s | {r['answered']}/{r['sent']} | {r['throughput_rps'] or 0:.0f}/s "
-            f"| {_ms(r['overhead_p50_s'])} ms | {_ms(r['overhead_p99_s'])} ms "
-            f"| {_ms(r['scheduling_p50_s'])} / {_ms(r['scheduling_p99_s'])} ms "
-            f"| {_ms(r['queueing_p50_s'])} / {_ms(r['queueing_p99_s'])} ms "
-            f"| {_ms(r['send_lag_p99_s'])} ms |"
-        )
-    return rows
-
-
 def run_azure(policies: Sequence[str], limit: int, speedup: float) -> list[dict[str, Any]]:
     plan = build_plan(resolve_trace("azure-conv"), "llm", limit, 0)
     rows: list[dict[str, Any]] = []
@@ -261,20 +192,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="experiment", required=True)
-    over = sub.add_parser("overhead")
-    over.add_argument("--rates", default="25,50,100,200,400")
-    over.add_argument("--requests", type=int, default=3000)
-    over.add_argument("--profile", action="store_true")
     az = sub.add_parser("azure")
     az.add_argument("--policies", default="gaps,jsq")
     az.add_argument("--limit", type=int, default=2000)
     az.add_argument("--speedup", type=float, default=10.0)
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    if args.experiment == "overhead":
-        rows = run_overhead([float(r) for r in args.rates.split(",")], args.requests, args.profile)
-    else:
-        rows = run_azure(args.policies.split(","), args.limit, args.speedup)
+    rows = run_azure(args.policies.split(","), args.limit, args.speedup)
     out = RESULTS / f"{args.experiment}.json"
     out.write_text(json.dumps(rows, indent=2))
     print(f"\nwritten {out}")

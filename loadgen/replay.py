@@ -2,8 +2,10 @@
 
 Request ``i`` of a plan is sent ``(arrival_i - arrival_0) / speedup`` seconds after the
 start, whatever happened to the requests before it: one asyncio task per request on a
-shared ``httpx.AsyncClient`` whose connection pool is large enough that no request waits
-for a connection. The dispatcher records, for each request, when it was due
+shared keep-alive client (:mod:`loadgen.http_client`) that opens a connection whenever
+every open one is busy, so no request waits for a connection. The client is lean on
+purpose: the generator's own CPU per request is part of what a benchmark reports
+(``ReplayResult.cpu_s``), and at 1,000 requests/s a heavy client would measure itself. The dispatcher records, for each request, when it was due
 (``scheduled_s``) and when it actually went out (``sent_s``); the difference,
 ``send_lag_s``, says when the generator itself fell behind (a busy event loop, a
 saturated client), so that such a run is not mistaken for a slow server.
@@ -43,6 +45,13 @@ from typing import Any
 import httpx
 from switchyard.progress import Progress
 
+from loadgen.http_client import (
+    HttpClient,
+    HttpxClient,
+    KeepAliveClient,
+    ProtocolError,
+    RequestTimeoutError,
+)
 from loadgen.mixes import PlannedRequest
 
 __all__ = [
@@ -212,6 +221,8 @@ class ReplayResult:
         duration_s: seconds from the start to the last answer (or to the stop).
         stopped: whether the replay was stopped early (Ctrl-C, the ``stop`` event).
         records: one record per planned request, in plan order.
+        cpu_s: CPU seconds this process spent during the replay (the generator's own
+            cost; with other work in the process, an upper bound).
     """
 
     run_id: str
@@ -222,6 +233,15 @@ class ReplayResult:
     duration_s: float
     stopped: bool
     records: list[RequestRecord] = field(default_factory=list)
+    cpu_s: float | None = None
+
+    @property
+    def cpu_ms_per_request(self) -> float | None:
+        """The generator's CPU milliseconds per request it sent (None: none sent)."""
+        sent = sum(1 for record in self.records if record.was_sent)
+        if self.cpu_s is None or not sent:
+            return None
+        return self.cpu_s * 1000.0 / sent
 
     def config(self) -> dict[str, Any]:
         """The settings of the run, for a report's ``config`` section."""
@@ -234,6 +254,8 @@ class ReplayResult:
             "duration_s": self.duration_s,
             "stopped": self.stopped,
             "planned": len(self.records),
+            "generator_cpu_s": self.cpu_s,
+            "generator_cpu_ms_per_request": self.cpu_ms_per_request,
         }
 
 
@@ -406,9 +428,11 @@ def parse_answer(
 class _Run:
     """The mutable state of one replay: the client, the clock, the records so far."""
 
+    _POSTFIX_EVERY_S = 0.1
+
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         run_id: str,
         clock: Callable[[], float],
         bar: Progress,
@@ -424,6 +448,7 @@ class _Run:
         self.ok = 0
         self.failed = 0
         self.max_lag_s = 0.0
+        self._postfix_at_s = 0.0
 
     def base_record(self, request: PlannedRequest, scheduled_s: float) -> dict[str, Any]:
         return {
@@ -447,22 +472,20 @@ class _Run:
         record["sent_s"] = sent_s
         record["send_lag_s"] = sent_s - scheduled_s
         try:
-            response = await self.client.post(
-                request.path, content=payload, headers={"content-type": "application/json"}
-            )
-        except httpx.TimeoutException as exc:
+            response = await self.client.post(request.path, payload)
+        except RequestTimeoutError as exc:
             record["outcome"] = TIMEOUT
             record["error_type"] = type(exc).__name__
             record["error_message"] = str(exc) or "no answer within the timeout"
-        except httpx.HTTPError as exc:  # refused, reset, protocol errors
+        except ProtocolError as exc:  # refused, reset, protocol errors
             record["outcome"] = TRANSPORT_ERROR
             record["error_type"] = type(exc).__name__
             record["error_message"] = str(exc) or type(exc).__name__
         else:
             record["latency_s"] = self.clock() - self.start - sent_s
-            record["status_code"] = response.status_code
+            record["status_code"] = response.status
             record.update(
-                parse_answer(request.kind, response.status_code, response.content, response.headers)
+                parse_answer(request.kind, response.status, response.content, response.headers)
             )
         done_s = self.clock() - self.start
         self.last_answer_s = max(self.last_answer_s, done_s)
@@ -471,10 +494,16 @@ class _Run:
             self.ok += 1
         else:
             self.failed += 1
-        self.bar.advance(
-            postfix=f"ok {self.ok} failed {self.failed} in flight "
-            f"{len(self.sent) - len(self.records)} max lag {self.max_lag_s:.3f}s"
-        )
+        postfix = None
+        if done_s - self._postfix_at_s >= self._POSTFIX_EVERY_S:
+            # Formatted a few times a second, not per answer: at 1,000 answers a second
+            # the text would cost more than the bar shows.
+            self._postfix_at_s = done_s
+            postfix = (
+                f"ok {self.ok} failed {self.failed} in flight "
+                f"{len(self.sent) - len(self.records)} max lag {self.max_lag_s:.3f}s"
+            )
+        self.bar.advance(postfix=postfix)
 
 
 async def _sleep_or_stop(delay_s: float, stop: asyncio.Event | None) -> None:
@@ -491,21 +520,31 @@ async def _first_done(waiters: set[asyncio.Future[Any]], timeout_s: float | None
 
 
 async def _wait_all(tasks: set[asyncio.Task[None]], stop: asyncio.Event | None) -> bool:
-    """Wait for every task, or until ``stop`` is set; True when all finished."""
-    if not tasks:
+    """Wait for every task, or until ``stop`` is set; True when all finished.
+
+    Each task counts itself off as it ends, so the wait costs nothing per answer (a
+    replay of 100,000 requests must not rescan its tasks at every answer)."""
+    pending = {task for task in tasks if not task.done()}
+    if not pending:
         return True
-    if stop is None:
-        await asyncio.wait(tasks)
-        return True
-    stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    all_done = asyncio.Event()
+
+    def finished(task: asyncio.Task[None]) -> None:
+        pending.discard(task)
+        if not pending:
+            all_done.set()
+
+    for task in pending:
+        task.add_done_callback(finished)
+    waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(all_done.wait())}
+    if stop is not None:
+        waits.add(asyncio.ensure_future(stop.wait()))
     try:
-        while not stop.is_set() and not all(task.done() for task in tasks):
-            waiters: set[asyncio.Future[Any]] = {t for t in tasks if not t.done()}
-            await _first_done(waiters | {stopper}, None)
+        await _first_done(waits, None)
     finally:
-        stopper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await stopper
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
     return all(task.done() for task in tasks)
 
 
@@ -532,6 +571,27 @@ async def _grace(
             aborter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await aborter
+
+
+def _client(
+    base_url: str,
+    timeout_s: float,
+    max_connections: int,
+    transport: httpx.AsyncBaseTransport | None,
+) -> contextlib.AbstractAsyncContextManager[HttpClient]:
+    """The lean keep-alive client for a plain ``http://`` target; httpx for ``https://``
+    or an in-process transport."""
+    url = httpx.URL(base_url)
+    client: HttpClient
+    if transport is None and url.scheme == "http":
+        client = KeepAliveClient(
+            url.host, url.port or 80, timeout_s=timeout_s, max_connections=max_connections
+        )
+    else:
+        client = HttpxClient(
+            base_url, timeout_s=timeout_s, max_connections=max_connections, transport=transport
+        )
+    return contextlib.aclosing(client)
 
 
 async def replay(
@@ -569,7 +629,8 @@ async def replay(
         grace_s: how long a stopped replay waits for in-flight answers.
         max_connections: the connection pool's size.
         transport: an httpx transport to use instead of the network (tests pass an
-            ``httpx.ASGITransport``).
+            ``httpx.ASGITransport``); the requests then go through httpx, as they do to
+            an ``https://`` target. Otherwise the lean keep-alive client sends them.
         clock: a monotonic clock in seconds.
 
     Returns:
@@ -593,18 +654,10 @@ async def replay(
     payloads = [
         json.dumps(request.body(run_id), separators=(",", ":")).encode() for request in ordered
     ]
-    limits = httpx.Limits(
-        max_connections=max_connections,
-        max_keepalive_connections=min(max_connections, 1024),
-    )
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     stopped = False
-    async with httpx.AsyncClient(
-        base_url=base_url,
-        timeout=httpx.Timeout(timeout_s),
-        limits=limits,
-        transport=transport,
-    ) as client:
+    cpu_start_s = time.process_time()
+    async with _client(base_url, timeout_s, max_connections, transport) as client:
         with Progress(len(ordered), "replay", enabled=None if progress else False) as bar:
             run = _Run(client, run_id, clock, bar)
             tasks: set[asyncio.Task[None]] = set()
@@ -623,6 +676,7 @@ async def replay(
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             end_s = clock() - run.start
+    cpu_s = time.process_time() - cpu_start_s
     records: list[RequestRecord] = []
     for request in sorted(plan, key=lambda r: r.index):
         record = run.records.get(request.index)
@@ -644,4 +698,5 @@ async def replay(
         duration_s=duration_s,
         stopped=stopped,
         records=records,
+        cpu_s=cpu_s,
     )

@@ -37,6 +37,7 @@ from switchyard.telemetry import (
     TracingMiddleware,
     configure_logging,
     configure_telemetry,
+    observe_bus_records,
 )
 
 from services.catalog import service_factory
@@ -300,6 +301,7 @@ class _ContextBuilder:
         assert telemetry is not None
         tracing = TracingMiddleware(telemetry.tracer_provider, telemetry.meter_provider)
         bus = bus_from_settings(settings, middlewares=[tracing], memory_broker=stack.broker)
+        observe_bus_records(telemetry.meter_provider, bus)
         state: StateStore = (
             stack._memory_state.sharing(settings.state_prefix)
             if settings.state == "memory"

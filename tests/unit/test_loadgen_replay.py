@@ -353,7 +353,7 @@ async def test_a_slow_answer_past_the_timeout_is_a_timeout(served: tuple[FakeIng
 
     assert [r.outcome for r in result.records] == [TIMEOUT, REJECTED, OK]
     assert result.records[0].latency_s is None
-    assert result.records[0].error_type == "ReadTimeout"
+    assert result.records[0].error_type == "RequestTimeoutError"
 
 
 def closed_port_url() -> str:

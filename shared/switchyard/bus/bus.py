@@ -26,7 +26,7 @@ import base64
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -112,6 +112,10 @@ class Bus:
         self._ensured: set[str] = set()
         self._subscriptions: set[Subscription[Any]] = set()
         self._started = False
+        self.record_counts: Counter[tuple[str, str, str]] = Counter()
+        """Records read, by (topic, group, outcome): ``decoded`` (validated into a
+        message), ``skipped`` (passed over by a key filter, never decoded) and
+        ``dead_lettered``; plain counts, exported as ``switchyard.bus.records``."""
 
     def topic_name(self, topic: Topic[Any]) -> str:
         """The topic's name on the broker, with this bus's prefix."""
@@ -439,17 +443,29 @@ class Subscription(Generic[M]):
             envelope = await self._next_envelope(deadline_s)
             if envelope is None:
                 continue
-            if self._skips(envelope):
-                self._mark(envelope)
-                continue
-            try:
-                message = codec.decode(envelope, self.topic.message_type)
-            except DecodeError as exc:
-                await self._dead_letter_and_mark(envelope, exc.kind, str(exc))
+            message = await self._decode(envelope)
+            if message is None:
                 continue
             self._batch.append(envelope)
             batch.append(Delivery(message, envelope, self.group))
         return batch
+
+    async def _decode(self, envelope: Envelope) -> M | None:
+        """The message of ``envelope``; None when it is skipped (its key is not wanted) or
+        cannot be decoded (then it is dead-lettered). Either way it counts as handled."""
+        counts = self._bus.record_counts
+        if self._skips(envelope):
+            self._mark(envelope)
+            counts[envelope.topic, self.group, "skipped"] += 1
+            return None
+        try:
+            message = codec.decode(envelope, self.topic.message_type)
+        except DecodeError as exc:
+            counts[envelope.topic, self.group, "dead_lettered"] += 1
+            await self._dead_letter_and_mark(envelope, exc.kind, str(exc))
+            return None
+        counts[envelope.topic, self.group, "decoded"] += 1
+        return message
 
     def _skips(self, envelope: Envelope) -> bool:
         """Whether ``envelope`` is passed over undecoded (it counts as handled): its key
@@ -483,13 +499,8 @@ class Subscription(Generic[M]):
             envelope = await self._next_envelope(deadline_s)
             if envelope is None:
                 continue
-            if self._skips(envelope):
-                self._mark(envelope)
-                continue
-            try:
-                message = codec.decode(envelope, self.topic.message_type)
-            except DecodeError as exc:
-                await self._dead_letter_and_mark(envelope, exc.kind, str(exc))
+            message = await self._decode(envelope)
+            if message is None:
                 continue
             managers = [
                 mw.consuming(envelope, self.group, self.topic.message_type.MESSAGE_TYPE)

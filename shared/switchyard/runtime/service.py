@@ -222,15 +222,22 @@ async def build_default_context(name: str, settings: Settings) -> ServiceContext
     # fakes without touching telemetry or the transports.
     from switchyard.bus import bus_from_settings
     from switchyard.state import state_from_settings
-    from switchyard.telemetry import TracingMiddleware, configure_logging, configure_telemetry
+    from switchyard.telemetry import (
+        TracingMiddleware,
+        configure_logging,
+        configure_telemetry,
+        observe_bus_records,
+    )
 
     configure_logging(name, settings)
     telemetry = configure_telemetry(name, settings)
     tracing = TracingMiddleware(telemetry.tracer_provider, telemetry.meter_provider)
+    bus = bus_from_settings(settings, middlewares=[tracing])
+    observe_bus_records(telemetry.meter_provider, bus)
     return ServiceContext(
         name=name,
         settings=settings,
-        bus=bus_from_settings(settings, middlewares=[tracing]),
+        bus=bus,
         state=state_from_settings(settings),
         telemetry=telemetry,
         logger=logging.getLogger(f"switchyard.{name}"),

@@ -4,6 +4,7 @@ from switchyard.telemetry.bus_tracing import (
     TracingMiddleware,
     context_from_carrier,
     extract_context,
+    observe_bus_records,
     trace_carrier,
 )
 from switchyard.telemetry.logs import JsonFormatter, configure_logging
@@ -17,5 +18,6 @@ __all__ = [
     "configure_telemetry",
     "context_from_carrier",
     "extract_context",
+    "observe_bus_records",
     "trace_carrier",
 ]

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import Token
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -43,6 +44,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from switchyard import __version__
 from switchyard.bus.records import Envelope, Headers
+from switchyard.telemetry.observables import observe
+
+if TYPE_CHECKING:
+    from switchyard.bus import Bus
 
 _INSTRUMENTATION_NAME = "switchyard.bus"
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -343,3 +348,27 @@ class TracingMiddleware:
                     "switchyard.dead_letter.reason": reason_kind,
                 },
             )
+
+
+def observe_bus_records(meter_provider: MeterProvider, bus: Bus) -> None:
+    """Export ``bus.record_counts`` as the counter ``switchyard.bus.records`` (``topic``,
+    ``group``, ``outcome``: ``decoded``, ``skipped``, ``dead_lettered``): what each
+    consumer read, decoded or passed over. Several buses of one process (the embedded
+    stack) feed the one instrument."""
+    counts = bus.record_counts
+
+    def observations() -> Iterable[Observation]:
+        return [
+            Observation(count, {"topic": topic, "group": group, "outcome": outcome})
+            for (topic, group, outcome), count in list(counts.items())
+        ]
+
+    observe(
+        meter_provider,
+        "switchyard.bus",
+        "switchyard.bus.records",
+        observations,
+        kind="counter",
+        unit="{record}",
+        description="Records read by consumers, by outcome (decoded, skipped, dead_lettered).",
+    )
