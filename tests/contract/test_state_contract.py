@@ -10,49 +10,17 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 from switchyard.errors import StateError
-from switchyard.state import MemoryStateStore, StateStore
+from switchyard.state import StateStore
+from switchyard.state.base import Script, ScriptView
 from switchyard.state.redis_store import RedisStateStore
 
+from tests.contract.conftest import StoreMaker
+
 pytestmark = pytest.mark.contract
-
-StoreMaker = Callable[[str], StateStore]
-
-
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.integration)])
-async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreMaker]:
-    """Makes stores (clients) that share one backing store; clears and closes them after."""
-    made: list[StateStore] = []
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-
-        def make(prefix: str) -> StateStore:
-            store = RedisStateStore(url, prefix=prefix)
-            made.append(store)
-            return store
-
-    else:
-        shared = MemoryStateStore("")
-
-        def make(prefix: str) -> StateStore:
-            store = shared.sharing(prefix)
-            made.append(store)
-            return store
-
-    yield make
-    for store in made:
-        await store.clear_prefix()
-        await store.close()
-
-
-@pytest.fixture
-def store(make_store: StoreMaker, unique_prefix: str) -> StateStore:
-    """One store under a prefix no other test uses."""
-    return make_store(unique_prefix)
-
 
 # -- plain keys ------------------------------------------------------------------------
 
@@ -415,6 +383,74 @@ async def test_clear_prefix_deletes_many_keys(store: StateStore) -> None:
     assert not await store.exists("k1199")
 
 
+# -- scripts ---------------------------------------------------------------------------
+
+# Moves a counter between two hashes if the source holds at least the amount; the same
+# step in Lua and in Python, as every script is written.
+_MOVE_LUA = """
+local have = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+local amount = tonumber(ARGV[1])
+if have < amount then return {'short', tostring(have)} end
+redis.call('HINCRBY', KEYS[1], 'n', -amount)
+local now = redis.call('HINCRBY', KEYS[2], 'n', amount)
+return {'moved', tostring(now)}
+"""
+
+
+def _move(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    have = int(view.hget(keys[0], "n") or "0")
+    amount = int(args[0])
+    if have < amount:
+        return ["short", str(have)]
+    view.hincrby(keys[0], "n", -amount)
+    return ["moved", str(view.hincrby(keys[1], "n", amount))]
+
+
+MOVE = Script("test-move", _MOVE_LUA, _move)
+
+
+async def test_a_script_runs_on_prefixed_keys_and_returns_strings(store: StateStore) -> None:
+    await store.hset("a", {"n": "5"})
+
+    assert await store.run_script(MOVE, ["a", "b"], ["3"]) == ["moved", "3"]
+    assert await store.run_script(MOVE, ["a", "b"], ["3"]) == ["short", "2"]
+    assert await store.hgetall("a") == {"n": "2"}
+    assert await store.hgetall("b") == {"n": "3"}
+
+
+async def test_many_runs_of_a_script_apply_in_order(store: StateStore) -> None:
+    await store.hset("a", {"n": "4"})
+
+    results = await store.run_script_many(MOVE, [(["a", "b"], ["2"])] * 3)
+
+    assert results == [["moved", "2"], ["moved", "4"], ["short", "0"]]
+    assert await store.run_script_many(MOVE, []) == []
+
+
+async def test_concurrent_scripts_never_interleave(
+    make_store: StoreMaker, unique_prefix: str
+) -> None:
+    # Ten clients race to take 1 from a pot of 6: exactly six win, whatever the timing.
+    clients = [make_store(unique_prefix) for _ in range(10)]
+    await clients[0].hset("pot", {"n": "6"})
+
+    results = await asyncio.gather(
+        *(client.run_script(MOVE, ["pot", f"won-{i}"], ["1"]) for i, client in enumerate(clients))
+    )
+
+    assert sum(1 for result in results if result[0] == "moved") == 6
+    assert await clients[0].hget("pot", "n") == "0"
+
+
+async def test_a_script_on_a_key_of_another_type_is_refused(store: StateStore) -> None:
+    await store.set("a", "plain")
+
+    with pytest.raises(StateError) as refused:
+        await store.run_script(MOVE, ["a", "b"], ["1"])
+
+    assert not refused.value.retriable
+
+
 # -- errors ----------------------------------------------------------------------------
 
 
@@ -477,3 +513,28 @@ async def test_a_redis_that_never_answers_is_a_retriable_timeout() -> None:
         await store.close()
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.integration
+async def test_scripts_survive_a_redis_that_lost_its_script_cache(
+    redis_url: str, unique_prefix: str
+) -> None:
+    # A restarted Redis (or SCRIPT FLUSH) forgets loaded scripts: the store loads them
+    # again, and a batch runs each call exactly once.
+    import redis.asyncio as aioredis
+
+    store = RedisStateStore(redis_url, prefix=unique_prefix)
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        await store.hset("a", {"n": "10"})
+        assert (await store.run_script(MOVE, ["a", "b"], ["1"]))[0] == "moved"
+        await raw.script_flush()
+        assert (await store.run_script(MOVE, ["a", "b"], ["1"]))[0] == "moved"
+        await raw.script_flush()
+        results = await store.run_script_many(MOVE, [(["a", "b"], ["1"])] * 3)
+        assert [r[0] for r in results] == ["moved"] * 3
+        assert await store.hgetall("a") == {"n": "5"}
+    finally:
+        await store.clear_prefix()
+        await store.close()
+        await raw.aclose()

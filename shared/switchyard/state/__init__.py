@@ -9,13 +9,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from switchyard.config import Settings
+from switchyard.state import keys
 from switchyard.state.base import StateStore
 from switchyard.state.memory import MemoryStateStore
 
 if TYPE_CHECKING:
     from switchyard.state.redis_store import RedisStateStore
 
-__all__ = ["MemoryStateStore", "RedisStateStore", "StateStore", "state_from_settings"]
+__all__ = [
+    "MemoryStateStore",
+    "RedisStateStore",
+    "StateStore",
+    "keys",
+    "state_from_settings",
+]
 
 
 def __getattr__(name: str) -> object:

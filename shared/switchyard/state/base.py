@@ -19,7 +19,8 @@ Errors, the same in both implementations:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
 
@@ -47,6 +48,61 @@ def format_float(value: float) -> str:
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return "0" if text == "-0" else text
+
+
+class ScriptView(Protocol):
+    """What the Python body of a :class:`Script` may do: synchronous operations on
+    un-prefixed keys of the in-memory store, each the counterpart of one Redis command
+    its Lua body uses (``GET``, ``SET``/``PX``, ``DEL``, ``EXISTS``, ``PEXPIRE``,
+    ``HGET``, ``HMGET``, ``HGETALL``, ``HSET``, ``HDEL``, ``HINCRBY``, ``ZADD``,
+    ``ZREM``)."""
+
+    def get(self, key: str) -> str | None: ...
+
+    def set(self, key: str, value: str, ttl_s: float | None = None) -> None: ...
+
+    def delete(self, *keys: str) -> int: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def expire(self, key: str, ttl_s: float) -> bool: ...
+
+    def hget(self, key: str, field: str) -> str | None: ...
+
+    def hmget(self, key: str, fields: Sequence[str]) -> list[str | None]: ...
+
+    def hgetall(self, key: str) -> dict[str, str]: ...
+
+    def hset(self, key: str, mapping: Mapping[str, str]) -> None: ...
+
+    def hdel(self, key: str, *fields: str) -> int: ...
+
+    def hincrby(self, key: str, field: str, amount: int) -> int: ...
+
+    def zadd(self, key: str, mapping: Mapping[str, float]) -> None: ...
+
+    def zrem(self, key: str, *members: str) -> int: ...
+
+
+ScriptBody = Callable[[ScriptView, Sequence[str], Sequence[str]], Sequence[str]]
+"""``body(view, keys, args) -> result``: the in-memory form of a script."""
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """An operation on several keys that the store runs as one atomic step.
+
+    Redis runs ``lua`` server-side (loaded once, called by SHA), the memory store runs
+    ``local`` to its end without yielding; the two forms of a script stand side by side
+    in the module that owns the keys it touches, and one contract suite runs against
+    both stores. ``KEYS`` and ``keys`` are un-prefixed keys (the store prefixes them),
+    ``ARGV`` and ``args`` strings. The result is a list of strings (a Lua table of
+    strings; ``false``/nil entries are not allowed, use ``""``).
+    """
+
+    name: str
+    lua: str
+    local: ScriptBody
 
 
 class StateStore(Protocol):
@@ -193,6 +249,22 @@ class StateStore(Protocol):
 
     async def zcard(self, key: str) -> int:
         """How many members the sorted set has; 0 when the key is missing."""
+        ...
+
+    # -- scripts ---------------------------------------------------------------------
+
+    async def run_script(
+        self, script: Script, keys: Sequence[str], args: Sequence[str]
+    ) -> list[str]:
+        """Run ``script`` atomically on ``keys`` with ``args``; its result."""
+        ...
+
+    async def run_script_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[str]]]
+    ) -> list[list[str]]:
+        """Run ``script`` once per ``(keys, args)`` in ``calls``, in order, in one round
+        trip (each run atomic on its own, not the batch as a whole); the results in
+        order. For handling a consumed batch with one write to the store."""
         ...
 
     # -- housekeeping ----------------------------------------------------------------

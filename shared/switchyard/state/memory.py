@@ -15,7 +15,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from switchyard.errors import StateError
-from switchyard.state.base import INT64_MAX, INT64_MIN, check_limit, check_ttl_s, format_float
+from switchyard.state.base import (
+    INT64_MAX,
+    INT64_MIN,
+    Script,
+    check_limit,
+    check_ttl_s,
+    format_float,
+)
 
 # What Redis accepts as an integer (string2ll) and as a float (string2ld), near enough.
 _INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
@@ -148,6 +155,10 @@ class MemoryStateStore:
     async def get(self, key: str) -> str | None:
         return self._string(key)
 
+    def _set_now(self, key: str, value: str, ttl_s: float | None) -> None:
+        check_ttl_s(ttl_s)
+        self._write(key, value, ttl_s)
+
     async def get_many(self, keys: Sequence[str]) -> list[str | None]:
         values: list[str | None] = []
         for key in keys:
@@ -156,8 +167,7 @@ class MemoryStateStore:
         return values
 
     async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
-        check_ttl_s(ttl_s)
-        self._write(key, value, ttl_s)
+        self._set_now(key, value, ttl_s)
 
     async def set_if_absent(self, key: str, value: str, *, ttl_s: float | None = None) -> bool:
         check_ttl_s(ttl_s)
@@ -176,6 +186,9 @@ class MemoryStateStore:
         return True
 
     async def delete(self, *keys: str) -> int:
+        return self._delete_now(*keys)
+
+    def _delete_now(self, *keys: str) -> int:
         deleted = 0
         for key in keys:
             full = self.prefix + key
@@ -188,6 +201,9 @@ class MemoryStateStore:
         return self._live(self.prefix + key) is not None
 
     async def expire(self, key: str, ttl_s: float) -> bool:
+        return self._expire_now(key, ttl_s)
+
+    def _expire_now(self, key: str, ttl_s: float) -> bool:
         check_ttl_s(ttl_s)
         full = self.prefix + key
         if self._live(full) is None:
@@ -222,6 +238,9 @@ class MemoryStateStore:
     # -- hashes ----------------------------------------------------------------------
 
     async def hset(self, key: str, mapping: Mapping[str, str]) -> None:
+        self._hset_now(key, mapping)
+
+    def _hset_now(self, key: str, mapping: Mapping[str, str]) -> None:
         if mapping:
             fields = self._hash(key, create=True)
             assert fields is not None
@@ -235,6 +254,9 @@ class MemoryStateStore:
         return dict(self._hash(key) or {})
 
     async def hdel(self, key: str, *fields: str) -> int:
+        return self._hdel_now(key, *fields)
+
+    def _hdel_now(self, key: str, *fields: str) -> int:
         if not fields:
             return 0
         found = self._hash(key)
@@ -257,6 +279,9 @@ class MemoryStateStore:
     # -- sorted sets -----------------------------------------------------------------
 
     async def zadd(self, key: str, mapping: Mapping[str, float]) -> None:
+        self._zadd_now(key, mapping)
+
+    def _zadd_now(self, key: str, mapping: Mapping[str, float]) -> None:
         if not mapping:
             return
         scores = {member: float(score) for member, score in mapping.items()}
@@ -267,6 +292,9 @@ class MemoryStateStore:
         found.update(scores)
 
     async def zrem(self, key: str, *members: str) -> int:
+        return self._zrem_now(key, *members)
+
+    def _zrem_now(self, key: str, *members: str) -> int:
         if not members:
             return 0
         found = self._zset(key)
@@ -298,6 +326,20 @@ class MemoryStateStore:
         found = self._zset(key)
         return 0 if found is None else len(found)
 
+    # -- scripts ---------------------------------------------------------------------
+
+    async def run_script(
+        self, script: Script, keys: Sequence[str], args: Sequence[str]
+    ) -> list[str]:
+        # The Python body runs to its end without awaiting: atomic, as a script on Redis.
+        return list(script.local(_ScriptView(self), keys, args))
+
+    async def run_script_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[str]]]
+    ) -> list[list[str]]:
+        view = _ScriptView(self)
+        return [list(script.local(view, keys, args)) for keys, args in calls]
+
     # -- housekeeping ----------------------------------------------------------------
 
     async def clear_prefix(self) -> int:
@@ -308,3 +350,58 @@ class MemoryStateStore:
                 deleted += 1
                 self._drop(full)
         return deleted
+
+
+class _ScriptView:
+    """The synchronous operations a script's Python body uses (:class:`ScriptView`), on
+    this store's data and un-prefixed keys."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: MemoryStateStore) -> None:
+        self._store = store
+
+    def get(self, key: str) -> str | None:
+        return self._store._string(key)
+
+    def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
+        self._store._set_now(key, value, ttl_s)
+
+    def delete(self, *keys: str) -> int:
+        return self._store._delete_now(*keys)
+
+    def exists(self, key: str) -> bool:
+        return self._store._live(self._store.prefix + key) is not None
+
+    def expire(self, key: str, ttl_s: float) -> bool:
+        return self._store._expire_now(key, ttl_s)
+
+    def hget(self, key: str, field: str) -> str | None:
+        fields = self._store._hash(key)
+        return None if fields is None else fields.get(field)
+
+    def hmget(self, key: str, fields: Sequence[str]) -> list[str | None]:
+        found: Mapping[str, str] = self._store._hash(key) or {}
+        return [found.get(field) for field in fields]
+
+    def hgetall(self, key: str) -> dict[str, str]:
+        return dict(self._store._hash(key) or {})
+
+    def hset(self, key: str, mapping: Mapping[str, str]) -> None:
+        self._store._hset_now(key, mapping)
+
+    def hdel(self, key: str, *fields: str) -> int:
+        return self._store._hdel_now(key, *fields)
+
+    def hincrby(self, key: str, field: str, amount: int) -> int:
+        fields = self._store._hash(key, create=True)
+        assert fields is not None
+        value = _parse_int(f"{key} {field}", fields.get(field, "0")) + amount
+        fields[field] = str(value)
+        return value
+
+    def zadd(self, key: str, mapping: Mapping[str, float]) -> None:
+        self._store._zadd_now(key, mapping)
+
+    def zrem(self, key: str, *members: str) -> int:
+        return self._store._zrem_now(key, *members)

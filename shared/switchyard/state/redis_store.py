@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from switchyard.errors import StateError
-from switchyard.state.base import check_limit, check_ttl_s
+from switchyard.state.base import Script, check_limit, check_ttl_s
 
 # KEYS[1] key; ARGV: 1 "1" when the key must be absent, 2 expected, 3 new, 4 ttl in ms or "".
 _CAS_SCRIPT = """
@@ -96,6 +96,7 @@ class RedisStateStore:
         )
         self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)  # owns the pool: closes it
         self._cas = self._redis.register_script(_CAS_SCRIPT)
+        self._shas: dict[str, str] = {}  # script name -> SHA1 of its loaded Lua
 
     async def _call(self, operation: str, call: Awaitable[Any]) -> Any:
         # redis-py's types cannot see decode_responses=True; callers convert the result.
@@ -265,6 +266,70 @@ class RedisStateStore:
         count: int = await self._call(f"zcard {key!r}", self._redis.zcard(self._k(key)))
         return count
 
+    # -- scripts ---------------------------------------------------------------------
+
+    async def _load(self, script: Script) -> str:
+        sha = str(
+            await self._call(f"loading script {script.name}", self._redis.script_load(script.lua))
+        )
+        self._shas[script.name] = sha
+        return sha
+
+    def _evalsha_args(self, sha: str, keys: Sequence[str], args: Sequence[str]) -> list[Any]:
+        return [sha, len(keys), *(self._k(k) for k in keys), *args]
+
+    async def run_script(
+        self, script: Script, keys: Sequence[str], args: Sequence[str]
+    ) -> list[str]:
+        sha = self._shas.get(script.name) or await self._load(script)
+        for attempt in (1, 2):
+            try:
+                result = await self._redis.evalsha(*self._evalsha_args(sha, keys, args))
+            except redis_errors.NoScriptError:
+                # The server lost its script cache (a restart, SCRIPT FLUSH): load again.
+                if attempt == 2:
+                    raise StateError(
+                        f"script {script.name} could not be loaded", retriable=True
+                    ) from None
+                sha = await self._load(script)
+                continue
+            except Exception as exc:
+                await self._call(f"script {script.name}", _raise(exc))
+            return _strings(result)
+        raise AssertionError("unreachable")
+
+    async def run_script_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[str]]]
+    ) -> list[list[str]]:
+        if not calls:
+            return []
+        sha = self._shas.get(script.name) or await self._load(script)
+        results: list[list[str] | None] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in (1, 2):
+            pipe = self._redis.pipeline(transaction=False)
+            for index in todo:
+                keys, args = calls[index]
+                pipe.evalsha(*self._evalsha_args(sha, keys, args))
+            replies = await self._call(
+                f"{len(todo)} runs of script {script.name}", pipe.execute(raise_on_error=False)
+            )
+            missing: list[int] = []
+            for index, reply in zip(todo, replies, strict=True):
+                if isinstance(reply, redis_errors.NoScriptError):
+                    missing.append(index)  # not run: the server lost its script cache
+                elif isinstance(reply, Exception):
+                    await self._call(f"script {script.name}", _raise(reply))
+                else:
+                    results[index] = _strings(reply)
+            if not missing:
+                break
+            if attempt == 2:
+                raise StateError(f"script {script.name} could not be loaded", retriable=True)
+            sha = await self._load(script)
+            todo = missing
+        return [result if result is not None else [] for result in results]
+
     # -- housekeeping ----------------------------------------------------------------
 
     async def clear_prefix(self) -> int:
@@ -281,3 +346,18 @@ class RedisStateStore:
                 deleted += await self._call("clear_prefix (unlink)", self._redis.unlink(*keys))
             if cursor == 0:
                 return deleted
+
+
+async def _raise(exc: BaseException) -> None:
+    """An awaitable that raises ``exc``: lets :meth:`RedisStateStore._call` map an error
+    caught elsewhere (a pipeline reply) like one it caught itself."""
+    raise exc
+
+
+def _strings(reply: Any) -> list[str]:
+    """A script's reply (a Lua table of strings and integers) as a list of strings."""
+    if reply is None:
+        return []
+    if isinstance(reply, list):
+        return [str(item) for item in reply]
+    return [str(reply)]

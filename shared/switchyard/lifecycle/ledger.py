@@ -1,0 +1,309 @@
+"""The request ledger: every change of a request's record goes through here.
+
+A request lives through ``queued -> assigned -> running -> answered`` (``ok``,
+``failed``, ``expired`` or ``cancelled``), with ``assigned`` entered again by each
+re-assignment (a worker died or drained) and each move (a migration); see
+:mod:`switchyard.lifecycle.record` for the fields. Each transition is one atomic script
+on the state store (:mod:`switchyard.lifecycle.scripts`), and the ``_many`` forms run a
+whole consumed batch in one round trip.
+
+Who calls what:
+
+- the ingress :meth:`RequestLedger.accept`\\ s a call's request (or finds the earlier one
+  a retry names) and :meth:`~RequestLedger.read`\\ s records for status and retries;
+- the scheduler :meth:`~RequestLedger.assign`\\ s (a first decision, or a re-assignment
+  with the epoch it replaces), and answers directly with
+  :meth:`~RequestLedger.finish_many` (``worker_fenced=False``) what a window plan gives
+  itself or what no worker can serve;
+- a worker :meth:`~RequestLedger.start_many`\\ s what it takes in and
+  :meth:`~RequestLedger.finish_many`\\ es what it ran; a worker that moves a request
+  assigns it to the target with its own epoch as the one it replaces.
+
+Example::
+
+    ledger = RequestLedger(state)
+    if (await ledger.accept(request)).accepted:
+        ...  # publish it
+    outcome = (await ledger.assign_many([Assign(assignment)]))[0]
+    (await ledger.start_many([Fence(request_id, epoch, worker_id)]))[0]  # "started"
+    (await ledger.finish_many([completion]))[0]  # "finished"
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from switchyard.contracts.messages import (
+    Assignment,
+    Completion,
+    CompletionStatus,
+    InferenceRequest,
+    LLMPayload,
+)
+from switchyard.lifecycle import scripts
+from switchyard.lifecycle.record import REQUEST_TTL_S, RequestRecord, RequestStatus
+from switchyard.state import keys
+from switchyard.state.base import StateStore
+
+RECENT_WINDOW = 100
+"""How many of the latest completions ``cluster:stats`` field ``recent`` keeps (the
+simulator's default ``violation_window``)."""
+
+
+def completion_violated(completion: Completion) -> bool:
+    """Whether ``completion`` missed its SLO: it has a deadline and either expired or
+    finished after it. Completions without a deadline never count."""
+    deadline_s = completion.deadline_s
+    if deadline_s is None:
+        return False
+    if completion.status is CompletionStatus.EXPIRED:
+        return True
+    finished_s = completion.timeline.finished_s
+    return finished_s is not None and finished_s > deadline_s
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """What :meth:`RequestLedger.accept` found: a new request (``accepted``) or the
+    record of the earlier one with that id."""
+
+    accepted: bool
+    record: RequestRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    """One assignment to record.
+
+    Attributes:
+        assignment: the decision (worker, variant, epoch, ...).
+        replaces_epoch: None for a request's first decision (it must still be queued);
+            else the epoch this one replaces (a re-assignment or a move), which the record
+            must still show.
+        replaces_worker: the worker the record must still name (a move, a re-assignment
+            after a death); None: any. Its assigned set loses the request.
+        trace: the decision's ``traceparent``/``tracestate``.
+    """
+
+    assignment: Assignment
+    replaces_epoch: int | None = None
+    replaces_worker: str | None = None
+    trace: Mapping[str, str] | None = None
+
+
+AssignResult = Literal["assigned", "answered", "exists", "superseded", "missing"]
+
+
+@dataclass(frozen=True, slots=True)
+class AssignOutcome:
+    """What became of one :class:`Assign`.
+
+    ``assigned``: recorded. ``exists``: a first decision for a request decided before
+    (a redelivery): ``recorded`` is that earlier assignment, to be sent again.
+    ``answered``: it has its answer already. ``superseded``: the record no longer shows
+    the epoch (or worker) it replaces. ``missing``: there is no record (expired, or the
+    state store lost it).
+    """
+
+    result: AssignResult
+    epoch: int | None = None
+    worker_id: str | None = None
+    recorded: Assignment | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A worker's claim on a request: the epoch and worker its assignment names."""
+
+    request_id: str
+    epoch: int
+    worker_id: str
+
+
+StartResult = Literal["started", "running", "answered", "superseded", "missing"]
+"""``started``: go. ``running``: this worker (an earlier incarnation of it) started it
+already; do not run it again. ``answered``, ``superseded``: do not run it. ``missing``:
+there is no record to fence on (expired, or the state store lost it)."""
+
+FinishResult = Literal["finished", "duplicate", "superseded"]
+"""``finished``: the answer is recorded. ``duplicate``: an answer was recorded before.
+``superseded``: the request was given to another worker or epoch since: discard it."""
+
+
+class RequestLedger:
+    """The transitions of requests' records on one state store (see the module docs).
+
+    Args:
+        state: the store holding ``request:{id}`` and the assigned sets.
+        ttl_s: how long a record lives after its last change.
+    """
+
+    def __init__(self, state: StateStore, *, ttl_s: float = REQUEST_TTL_S) -> None:
+        self.state = state
+        self.ttl_s = ttl_s
+        self._ttl_ms = str(max(1, math.ceil(ttl_s * 1000)))
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def read(self, request_id: str) -> RequestRecord | None:
+        """The record of ``request_id``; None when there is none (unknown or expired)."""
+        fields = await self.state.hgetall(keys.request(request_id))
+        return RequestRecord.from_fields(request_id, fields) if fields else None
+
+    # -- accept ----------------------------------------------------------------------------
+
+    async def accept(self, request: InferenceRequest) -> Accepted:
+        """Record ``request`` as queued, unless a record with its id exists: then that
+        record (a retry, or another call's use of the id)."""
+        args = [self._ttl_ms]
+        for field, value in acceptance_fields(request).items():
+            args += (field, value)
+        reply = await self.state.run_script(
+            scripts.ACCEPT, [keys.request(request.request_id)], args
+        )
+        if reply[0] == "accepted":
+            return Accepted(True)
+        pairs = reply[1:]
+        fields = dict(zip(pairs[0::2], pairs[1::2], strict=True))
+        return Accepted(False, RequestRecord.from_fields(request.request_id, fields))
+
+    # -- assign ----------------------------------------------------------------------------
+
+    async def assign(self, item: Assign) -> AssignOutcome:
+        """Record one assignment (see :class:`Assign` and :class:`AssignOutcome`)."""
+        return (await self.assign_many([item]))[0]
+
+    async def assign_many(self, items: Sequence[Assign]) -> list[AssignOutcome]:
+        """Record assignments in one round trip; an outcome each, in order."""
+        calls = [self._assign_call(item) for item in items]
+        replies = await self.state.run_script_many(scripts.ASSIGN, calls)
+        return [_assign_outcome(item, reply) for item, reply in zip(items, replies, strict=True)]
+
+    def _assign_call(self, item: Assign) -> tuple[list[str], list[str]]:
+        assignment = item.assignment
+        request_id = assignment.request.request_id
+        leaving = item.replaces_worker or assignment.worker_id
+        trace = item.trace or {}
+        return (
+            [
+                keys.request(request_id),
+                keys.assigned(assignment.worker_id),
+                keys.assigned(leaving),
+            ],
+            [
+                self._ttl_ms,
+                request_id,
+                str(assignment.epoch),
+                assignment.worker_id,
+                "" if item.replaces_epoch is None else str(item.replaces_epoch),
+                item.replaces_worker or "",
+                repr(assignment.assigned_at_s),
+                assignment.model_dump_json(exclude={"request"}),
+                trace.get("traceparent", ""),
+                trace.get("tracestate", ""),
+            ],
+        )
+
+    # -- start -----------------------------------------------------------------------------
+
+    async def start_many(self, fences: Sequence[Fence], now_s: float) -> list[StartResult]:
+        """Mark requests running on the workers their fences name, in one round trip;
+        each result says whether that worker may run it (see :data:`StartResult`)."""
+        calls = [
+            (
+                [keys.request(fence.request_id)],
+                [self._ttl_ms, str(fence.epoch), fence.worker_id, repr(now_s)],
+            )
+            for fence in fences
+        ]
+        replies = await self.state.run_script_many(scripts.START, calls)
+        return [_literal_start(reply[0]) for reply in replies]
+
+    # -- finish ----------------------------------------------------------------------------
+
+    async def finish_many(
+        self, completions: Sequence[Completion], *, worker_fenced: bool = True
+    ) -> list[FinishResult]:
+        """Record answers in one round trip (see :data:`FinishResult`).
+
+        A worker's answer (``worker_fenced``) must match the recorded epoch and worker,
+        leaves the worker's assigned set and counts in its ``completed``/``violated``;
+        an answer the scheduler gives itself (no worker ran it) is fenced on the epoch
+        only. Either way the cluster totals count it.
+        """
+        calls = []
+        for completion in completions:
+            worker_id = completion.worker_id if worker_fenced else ""
+            calls.append(
+                (
+                    [
+                        keys.request(completion.request_id),
+                        keys.assigned(completion.worker_id),
+                        keys.worker(completion.worker_id),
+                        keys.CLUSTER_STATS,
+                    ],
+                    [
+                        self._ttl_ms,
+                        completion.request_id,
+                        str(completion.epoch),
+                        worker_id,
+                        str(completion.status),
+                        completion.model_dump_json(),
+                        "1" if completion_violated(completion) else "0",
+                        str(RECENT_WINDOW),
+                    ],
+                )
+            )
+        replies = await self.state.run_script_many(scripts.FINISH, calls)
+        return [_literal_finish(reply[0]) for reply in replies]
+
+
+def acceptance_fields(request: InferenceRequest) -> dict[str, str]:
+    """The fields :meth:`RequestLedger.accept` writes for ``request``."""
+    fields = {
+        "status": RequestStatus.QUEUED.value,
+        "app": request.app,
+        "kind": str(request.payload.kind),
+        "reply_to": request.reply_to or "",
+        "arrival_s": repr(request.arrival_s),
+        "deadline_s": "" if request.deadline_s is None else repr(request.deadline_s),
+        "request": request.model_dump_json(),
+    }
+    if isinstance(request.payload, LLMPayload):
+        fields["prompt_tokens"] = str(request.payload.prompt_tokens)
+    return fields
+
+
+def _assign_outcome(item: Assign, reply: Sequence[str]) -> AssignOutcome:
+    result = reply[0]
+    if result == "assigned":
+        return AssignOutcome("assigned", item.assignment.epoch, item.assignment.worker_id)
+    if result == "answered":
+        return AssignOutcome("answered")
+    if result == "missing":
+        return AssignOutcome("missing")
+    epoch, worker = int(reply[1] or 0), reply[2] or None
+    if result == "exists":
+        recorded = None
+        if len(reply) > 3 and reply[3]:
+            recorded = Assignment.model_validate(
+                {**json.loads(reply[3]), "request": item.assignment.request}
+            )
+        return AssignOutcome("exists", epoch, worker, recorded)
+    return AssignOutcome("superseded", epoch, worker)
+
+
+def _literal_start(text: str) -> StartResult:
+    if text not in ("started", "running", "answered", "superseded", "missing"):
+        raise ValueError(f"unexpected start result {text!r}")
+    return text  # type: ignore[return-value]
+
+
+def _literal_finish(text: str) -> FinishResult:
+    if text not in ("finished", "duplicate", "superseded"):
+        raise ValueError(f"unexpected finish result {text!r}")
+    return text  # type: ignore[return-value]

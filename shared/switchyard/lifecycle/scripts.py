@@ -1,0 +1,216 @@
+"""The transitions of a request's life, each one atomic step on the state store.
+
+Every script exists twice, side by side: the Lua that Redis runs and the Python the
+in-memory store runs. ``tests/contract/test_lifecycle_contract.py`` runs one suite against
+both. Results are lists of strings, the first naming the outcome.
+
+Fencing: ``epoch`` grows with each (re)assignment and move, and ``worker_id`` names
+where the request was sent. A start or a finish must show the recorded epoch and worker,
+or it is *superseded*: a worker declared dead (or frozen, or cut off by a broker outage)
+whose request was given to another cannot start it, nor record its answer, afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from switchyard.state.base import Script, ScriptView
+
+_FINAL = "local final = {ok=true, failed=true, expired=true, cancelled=true}\n"
+_FINAL_SET = frozenset({"ok", "failed", "expired", "cancelled"})
+
+# -- accept ------------------------------------------------------------------------------
+# KEYS: request. ARGV: ttl_ms, then field, value pairs (status included).
+# -> {"accepted"} | {"exists", field, value, ...}
+
+_ACCEPT_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local found = redis.call('HGETALL', KEYS[1])
+  table.insert(found, 1, 'exists')
+  return found
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return {'accepted'}
+"""
+
+
+def _accept(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    if view.exists(keys[0]):
+        found = view.hgetall(keys[0])
+        return ["exists", *(item for pair in found.items() for item in pair)]
+    pairs = args[1:]
+    view.hset(keys[0], dict(zip(pairs[0::2], pairs[1::2], strict=True)))
+    view.expire(keys[0], int(args[0]) / 1000.0)
+    return ["accepted"]
+
+
+ACCEPT = Script("accept", _ACCEPT_LUA, _accept)
+
+# -- assign ------------------------------------------------------------------------------
+# KEYS: request, assigned set of the new worker, assigned set it leaves (the new one's
+# when none). ARGV: ttl_ms, request_id, epoch, worker_id, expect_epoch ("" for a first
+# decision: the request must be queued), expect_worker ("" for any), assigned_at_s,
+# decision, traceparent, tracestate.
+# -> {"assigned"} | {"answered", status} | {"exists", epoch, worker, decision}
+#    | {"superseded", epoch, worker} | {"missing"}
+
+_ASSIGN_LUA = (
+    _FINAL
+    + """
+local r = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'worker_id', 'decision')
+local status, epoch, worker = r[1], r[2] or '0', r[3] or ''
+if not status then return {'missing'} end
+if final[status] then return {'answered', status} end
+if ARGV[5] == '' then
+  if status ~= 'queued' then return {'exists', epoch, worker, r[4] or ''} end
+elseif epoch ~= ARGV[5] or (ARGV[6] ~= '' and worker ~= ARGV[6]) then
+  return {'superseded', epoch, worker}
+end
+redis.call('HSET', KEYS[1], 'status', 'assigned', 'epoch', ARGV[3], 'worker_id', ARGV[4],
+  'decision', ARGV[8], 'traceparent', ARGV[9], 'tracestate', ARGV[10])
+redis.call('HDEL', KEYS[1], 'started_s')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+if KEYS[3] ~= KEYS[2] then redis.call('ZREM', KEYS[3], ARGV[2]) end
+redis.call('ZADD', KEYS[2], ARGV[7], ARGV[2])
+return {'assigned'}
+"""
+)
+
+
+def _assign(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    status, epoch, worker, decision = view.hmget(
+        keys[0], ("status", "epoch", "worker_id", "decision")
+    )
+    epoch, worker = epoch or "0", worker or ""
+    if status is None:
+        return ["missing"]
+    if status in _FINAL_SET:
+        return ["answered", status]
+    if args[4] == "":
+        if status != "queued":
+            return ["exists", epoch, worker, decision or ""]
+    elif epoch != args[4] or (args[5] != "" and worker != args[5]):
+        return ["superseded", epoch, worker]
+    view.hset(
+        keys[0],
+        {
+            "status": "assigned",
+            "epoch": args[2],
+            "worker_id": args[3],
+            "decision": args[7],
+            "traceparent": args[8],
+            "tracestate": args[9],
+        },
+    )
+    view.hdel(keys[0], "started_s")
+    view.expire(keys[0], int(args[0]) / 1000.0)
+    if keys[2] != keys[1]:
+        view.zrem(keys[2], args[1])
+    view.zadd(keys[1], {args[1]: float(args[6])})
+    return ["assigned"]
+
+
+ASSIGN = Script("assign", _ASSIGN_LUA, _assign)
+
+# -- start -------------------------------------------------------------------------------
+# KEYS: request. ARGV: ttl_ms, epoch, worker_id, started_s.
+# -> {"started"} | {"running"} | {"answered", status} | {"superseded", epoch, worker}
+#    | {"missing"}
+
+_START_LUA = (
+    _FINAL
+    + """
+local r = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'worker_id')
+local status, epoch, worker = r[1], r[2] or '0', r[3] or ''
+if not status then return {'missing'} end
+if final[status] then return {'answered', status} end
+if epoch ~= ARGV[2] or worker ~= ARGV[3] then return {'superseded', epoch, worker} end
+if status == 'running' then return {'running'} end
+redis.call('HSET', KEYS[1], 'status', 'running', 'started_s', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return {'started'}
+"""
+)
+
+
+def _start(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    status, epoch, worker = view.hmget(keys[0], ("status", "epoch", "worker_id"))
+    epoch, worker = epoch or "0", worker or ""
+    if status is None:
+        return ["missing"]
+    if status in _FINAL_SET:
+        return ["answered", status]
+    if epoch != args[1] or worker != args[2]:
+        return ["superseded", epoch, worker]
+    if status == "running":
+        return ["running"]
+    view.hset(keys[0], {"status": "running", "started_s": args[3]})
+    view.expire(keys[0], int(args[0]) / 1000.0)
+    return ["started"]
+
+
+START = Script("start", _START_LUA, _start)
+
+# -- finish ------------------------------------------------------------------------------
+# KEYS: request, the finishing worker's assigned set, its worker hash, cluster stats.
+# ARGV: ttl_ms, request_id, epoch, worker_id ("" when not a worker's answer: no fence on
+# the worker, no worker counters), status, completion JSON, violated ("0"/"1"),
+# recent window (how many outcomes cluster:stats keeps in "recent").
+# -> {"finished"} | {"duplicate", status} | {"superseded", epoch, worker}
+
+_FINISH_LUA = (
+    _FINAL
+    + """
+local r = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'worker_id')
+local status, epoch, worker = r[1], r[2] or '0', r[3] or ''
+if status then
+  if final[status] then return {'duplicate', status} end
+  if epoch ~= ARGV[3] or (ARGV[4] ~= '' and worker ~= ARGV[4]) then
+    return {'superseded', epoch, worker}
+  end
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[5], 'completion', ARGV[6])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+if ARGV[4] ~= '' then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  redis.call('HINCRBY', KEYS[3], 'completed', 1)
+  if ARGV[7] == '1' then redis.call('HINCRBY', KEYS[3], 'violated', 1) end
+end
+redis.call('HINCRBY', KEYS[4], 'completed', 1)
+if ARGV[7] == '1' then redis.call('HINCRBY', KEYS[4], 'violated', 1) end
+local recent = (redis.call('HGET', KEYS[4], 'recent') or '') .. ARGV[7]
+local window = tonumber(ARGV[8])
+if #recent > window then recent = string.sub(recent, -window) end
+redis.call('HSET', KEYS[4], 'recent', recent)
+return {'finished'}
+"""
+)
+
+
+def _finish(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    status, epoch, worker = view.hmget(keys[0], ("status", "epoch", "worker_id"))
+    epoch, worker = epoch or "0", worker or ""
+    if status is not None:
+        if status in _FINAL_SET:
+            return ["duplicate", status]
+        if epoch != args[2] or (args[3] != "" and worker != args[3]):
+            return ["superseded", epoch, worker]
+    view.hset(keys[0], {"status": args[4], "completion": args[5]})
+    view.expire(keys[0], int(args[0]) / 1000.0)
+    violated = args[6] == "1"
+    if args[3] != "":
+        view.zrem(keys[1], args[1])
+        view.hincrby(keys[2], "completed", 1)
+        if violated:
+            view.hincrby(keys[2], "violated", 1)
+    view.hincrby(keys[3], "completed", 1)
+    if violated:
+        view.hincrby(keys[3], "violated", 1)
+    recent = (view.hget(keys[3], "recent") or "") + args[6]
+    window = int(args[7])
+    view.hset(keys[3], {"recent": recent[-window:] if len(recent) > window else recent})
+    return ["finished"]
+
+
+FINISH = Script("finish", _FINISH_LUA, _finish)

@@ -1,0 +1,73 @@
+"""Every key Switchyard keeps in the state store, defined once.
+
+Keys are relative to the store's prefix (``SWITCHYARD_STATE_PREFIX``; the store adds
+it) and named ``{kind}:{id}[:{detail}]``. Each key has one owning module that writes it;
+others only read it, through that module:
+
+=============================  ==========  ===============================================
+key                            type        owner (writes) -- readers
+=============================  ==========  ===============================================
+``request:{id}``               hash        :mod:`switchyard.lifecycle` (every transition of
+                                           a request's life) -- ingress, scheduler,
+                                           monitor, rebalancer
+``worker:{id}``                hash        monitor (heartbeats, liveness); the finish
+                                           transition adds ``completed``/``violated``
+                                           -- scheduler, ingress, rebalancer
+``worker:{id}:assigned``       sorted set  :mod:`switchyard.lifecycle` (assign adds, the
+                                           next assign or finish removes) -- monitor,
+                                           scheduler (orphans of a dead worker)
+``workers``                    sorted set  monitor -- everyone reading the cluster
+``cluster:stats``              hash        the finish transition (``completed``,
+                                           ``violated``, ``recent``) -- rebalancer
+``predictor:model``            string      predictor (its fitted model, JSON) --
+                                           scheduler, rebalancer, a restarted predictor
+``estimate:{id}``              string      sneakpeek -- scheduler
+``lease:{topic}:{partition}``  string      :mod:`switchyard.state.leases` (partition
+                                           leases of addressed topics)
+``claim:worker-down:{id}:..``  string      monitor (one WorkerDown per death)
+=============================  ==========  ===============================================
+"""
+
+from __future__ import annotations
+
+WORKERS = "workers"
+"""Sorted set: worker id -> when the monitor last heard from it (wall seconds)."""
+
+CLUSTER_STATS = "cluster:stats"
+"""Hash: ``completed``, ``violated`` (cluster-wide totals) and ``recent`` (the outcomes
+of the latest completions, oldest first, ``1`` for a missed deadline)."""
+
+PREDICTOR_MODEL = "predictor:model"
+"""String: the predictor's latest fitted model (``PredictorModel`` JSON)."""
+
+
+def request(request_id: str) -> str:
+    """``request:{id}``: one request's record (fields in :mod:`switchyard.lifecycle.record`)."""
+    return f"request:{request_id}"
+
+
+def worker(worker_id: str) -> str:
+    """``worker:{id}``: what the monitor knows of one worker."""
+    return f"worker:{worker_id}"
+
+
+def assigned(worker_id: str) -> str:
+    """``worker:{id}:assigned``: request id -> assigned-at seconds, every request the
+    worker was sent and has not finished (or handed on)."""
+    return f"worker:{worker_id}:assigned"
+
+
+def estimate(request_id: str) -> str:
+    """``estimate:{id}``: SneakPeek's AccuracyEstimate of a classification request."""
+    return f"estimate:{request_id}"
+
+
+def lease(topic: str, partition: int) -> str:
+    """``lease:{topic}:{partition}``: who reads partition ``partition`` of ``topic``."""
+    return f"lease:{topic}:{partition}"
+
+
+def worker_down_claim(worker_id: str, detail: str) -> str:
+    """``claim:worker-down:{id}:{detail}``: taken by the monitor replica that announces
+    one death, drain or sweep of a worker (``detail`` names which)."""
+    return f"claim:worker-down:{worker_id}:{detail}"

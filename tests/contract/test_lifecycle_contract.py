@@ -1,0 +1,253 @@
+"""The request ledger's transitions, run against the memory store and a real Redis.
+
+Each transition is a Lua script on Redis and a Python function in memory: this suite is
+what keeps the two the same. Every test runs twice, ``[memory]`` and ``[redis]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from switchyard.contracts.messages import (
+    Assignment,
+    Completion,
+    CompletionStatus,
+    InferenceRequest,
+    LLMPayload,
+    RequestTimeline,
+)
+from switchyard.lifecycle import Assign, Fence, RequestLedger, RequestStatus
+from switchyard.state import StateStore, keys
+
+from tests.contract.conftest import StoreMaker
+
+pytestmark = pytest.mark.contract
+
+
+def request(request_id: str = "r1", deadline_s: float | None = 110.0) -> InferenceRequest:
+    return InferenceRequest(
+        request_id=request_id,
+        app="llama",
+        payload=LLMPayload(model="llama-2-7b", prompt_tokens=12, max_output_tokens=8),
+        arrival_s=100.0,
+        deadline_s=deadline_s,
+        reply_to="ingress-a",
+    )
+
+
+def assignment(
+    worker_id: str = "w1", epoch: int = 0, of: InferenceRequest | None = None
+) -> Assignment:
+    return Assignment(
+        request=of or request(),
+        worker_id=worker_id,
+        variant="llama-2-7b",
+        order=1.0,
+        policy="jsq",
+        epoch=epoch,
+        assigned_at_s=101.0 + epoch,
+    )
+
+
+def completion(
+    worker_id: str = "w1",
+    epoch: int = 0,
+    finished_s: float = 105.0,
+    status: CompletionStatus = CompletionStatus.OK,
+    request_id: str = "r1",
+) -> Completion:
+    return Completion(
+        request_id=request_id,
+        app="llama",
+        worker_id=worker_id,
+        worker_type="a100-80gb/llama-2-7b",
+        variant="llama-2-7b",
+        epoch=epoch,
+        status=status,
+        timeline=RequestTimeline(arrival_s=100.0, finished_s=finished_s),
+        deadline_s=110.0,
+    )
+
+
+@pytest.fixture
+def ledger(store: StateStore) -> RequestLedger:
+    return RequestLedger(store)
+
+
+async def assigned_to(store: StateStore, worker_id: str) -> list[str]:
+    members = await store.zrange_by_score(keys.assigned(worker_id), float("-inf"), float("inf"))
+    return [member for member, _ in members]
+
+
+async def test_a_request_is_accepted_once_and_a_retry_finds_its_record(
+    ledger: RequestLedger,
+) -> None:
+    original = request()
+    first = await ledger.accept(original)
+    again = await ledger.accept(original.model_copy(update={"app": "other"}))
+
+    assert first.accepted
+    assert not again.accepted
+    assert again.record is not None
+    assert again.record.status == RequestStatus.QUEUED
+    assert again.record.app == "llama", "a retry never overwrites the first record"
+    assert again.record.request == original
+    record = await ledger.read("r1")
+    assert record is not None
+    assert (record.arrival_s, record.deadline_s, record.prompt_tokens) == (100.0, 110.0, 12)
+    assert await ledger.read("never") is None
+
+
+async def test_a_first_decision_is_recorded_once_and_a_redelivery_gets_it_back(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    original = request()
+    await ledger.accept(original)
+    decided = assignment("w1", of=original)
+
+    first = await ledger.assign(Assign(decided, trace={"traceparent": "00-ab-cd-01"}))
+    again = await ledger.assign(Assign(assignment("w2", of=original)))
+
+    assert first.result == "assigned"
+    assert again.result == "exists"
+    assert again.recorded == decided, "the redelivery gets the recorded decision"
+    record = await ledger.read("r1")
+    assert record is not None
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "w1", 0)
+    assert record.assignment == decided
+    assert record.trace_carrier() == {"traceparent": "00-ab-cd-01"}
+    assert await assigned_to(store, "w1") == ["r1"]
+    assert await assigned_to(store, "w2") == []
+
+
+async def test_a_reassignment_moves_the_request_and_fences_the_old_worker(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    await ledger.accept(request())
+    await ledger.assign(Assign(assignment("w1")))
+    assert await ledger.start_many([Fence("r1", 0, "w1")], now_s=102.0) == ["started"]
+
+    moved = await ledger.assign(Assign(assignment("w2", epoch=1), 0, "w1"))
+
+    assert moved.result == "assigned"
+    assert await assigned_to(store, "w1") == []
+    assert await assigned_to(store, "w2") == ["r1"]
+    # The old worker wakes up: it can neither start the request again nor answer it.
+    assert await ledger.start_many([Fence("r1", 0, "w1")], now_s=103.0) == ["superseded"]
+    assert await ledger.finish_many([completion("w1", epoch=0)]) == ["superseded"]
+    assert await ledger.start_many([Fence("r1", 1, "w2")], now_s=103.0) == ["started"]
+    answer = completion("w2", epoch=1)
+    assert await ledger.finish_many([answer]) == ["finished"]
+    record = await ledger.read("r1")
+    assert record is not None
+    assert record.status == "ok"
+    assert record.completion == answer
+
+
+async def test_of_two_racing_reassignments_one_wins(
+    make_store: StoreMaker, unique_prefix: str
+) -> None:
+    ledgers = [RequestLedger(make_store(unique_prefix)) for _ in range(4)]
+    await ledgers[0].accept(request())
+    await ledgers[0].assign(Assign(assignment("w1")))
+
+    outcomes = await asyncio.gather(
+        *(
+            ledger.assign(Assign(assignment(f"w{2 + i}", epoch=1), 0, "w1"))
+            for i, ledger in enumerate(ledgers)
+        )
+    )
+
+    assert sorted(o.result for o in outcomes) == [
+        "assigned",
+        "superseded",
+        "superseded",
+        "superseded",
+    ]
+
+
+async def test_a_start_is_fenced_by_epoch_and_worker(ledger: RequestLedger) -> None:
+    await ledger.accept(request())
+    await ledger.assign(Assign(assignment("w1")))
+
+    results = await ledger.start_many(
+        [Fence("r1", 0, "w2"), Fence("r1", 1, "w1"), Fence("r1", 0, "w1"), Fence("r1", 0, "w1")],
+        now_s=102.0,
+    )
+
+    assert results == ["superseded", "superseded", "started", "running"]
+    record = await ledger.read("r1")
+    assert record is not None
+    assert (record.status, record.started_s) == ("running", 102.0)
+
+
+async def test_an_answer_is_recorded_once_and_counted(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    await ledger.accept(request())
+    await ledger.assign(Assign(assignment("w1")))
+    late = completion("w1", finished_s=111.0)
+
+    assert await ledger.finish_many([late, late]) == ["finished", "duplicate"]
+    assert await ledger.start_many([Fence("r1", 0, "w1")], now_s=112.0) == ["answered"]
+    assert (await ledger.assign(Assign(assignment("w3", epoch=1), 0, "w1"))).result == "answered"
+    worker = await store.hgetall(keys.worker("w1"))
+    assert (worker["completed"], worker["violated"]) == ("1", "1"), "it missed its deadline"
+    assert await assigned_to(store, "w1") == []
+
+
+async def test_the_cluster_keeps_the_outcomes_of_the_latest_completions(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    for index in range(105):
+        rid = f"r{index}"
+        await ledger.accept(request(rid))
+        await ledger.assign(Assign(assignment("w1", of=request(rid))))
+        missed = index % 5 == 0
+        done = completion("w1", finished_s=111.0 if missed else 105.0, request_id=rid)
+        assert await ledger.finish_many([done]) == ["finished"]
+
+    stats = await store.hgetall(keys.CLUSTER_STATS)
+
+    assert (stats["completed"], stats["violated"]) == ("105", "21")
+    assert len(stats["recent"]) == 100
+    assert stats["recent"].count("1") == 20
+    assert stats["recent"][-5:] == "10000", "oldest first, the latest last"
+
+
+async def test_the_scheduler_answers_a_request_it_never_assigned(ledger: RequestLedger) -> None:
+    await ledger.accept(request())
+    answer = completion("short-circuit", status=CompletionStatus.FAILED)
+
+    assert await ledger.finish_many([answer], worker_fenced=False) == ["finished"]
+
+    record = await ledger.read("r1")
+    assert record is not None
+    assert record.status == "failed"
+
+
+async def test_transitions_on_a_record_that_is_gone(ledger: RequestLedger) -> None:
+    # The record expired, or the state store lost it: nothing is assigned or started
+    # blindly, and an answer is still recorded so a retry finds it.
+    assert (await ledger.assign(Assign(assignment("w1")))).result == "missing"
+    assert await ledger.start_many([Fence("r1", 0, "w1")], now_s=1.0) == ["missing"]
+    assert await ledger.finish_many([completion("w1")]) == ["finished"]
+    record = await ledger.read("r1")
+    assert record is not None
+    assert record.status == "ok"
+
+
+async def test_every_transition_keeps_the_record_alive(
+    store: StateStore, make_store: StoreMaker, unique_prefix: str
+) -> None:
+    ledger = RequestLedger(store, ttl_s=60.0)
+    await ledger.accept(request())
+    await ledger.assign(Assign(assignment("w1")))
+    await ledger.start_many([Fence("r1", 0, "w1")], now_s=1.0)
+    await ledger.finish_many([completion("w1")])
+
+    left_s = await store.ttl_s(keys.request("r1"))
+
+    assert left_s is not None
+    assert 50.0 < left_s <= 60.0
