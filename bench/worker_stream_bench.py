@@ -30,8 +30,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from switchyard.bus import Bus
 from switchyard.bus.kafka import KafkaTransport
 from switchyard.config import load_settings
-from switchyard.contracts.messages import Assignment, InferenceRequest, LLMPayload
-from switchyard.contracts.topics import ASSIGNMENTS, COMPLETIONS
+from switchyard.contracts.messages import Assignment, Completion, InferenceRequest, LLMPayload
+from switchyard.contracts.topics import ANSWERS, WORKER_INBOX
+from switchyard.lifecycle import Assign, RequestLedger
 from switchyard.perf import performance_model
 from switchyard.runtime.service import ServiceContext
 from switchyard.state.memory import MemoryStateStore
@@ -41,6 +42,7 @@ from services.worker.backends.emulated_llm import EmulatedLlmBackend
 from services.worker.service import WorkerService
 
 PROFILE = "a100-80gb/llama-2-7b"
+_REPLY_PARTITION = 0
 PROMPT_TOKENS = 200
 RESULTS = Path(__file__).parent / "results" / "worker_stream.json"
 
@@ -54,11 +56,13 @@ async def one_run(
     settings = load_settings(
         {}, worker_id="bench-worker", heartbeat_interval_s=0.5, worker_profile=PROFILE
     )
+    state = MemoryStateStore("bench:")
+    ledger = RequestLedger(state)
     ctx = ServiceContext(
         name="worker",
         settings=settings,
         bus=bus,
-        state=MemoryStateStore("bench:"),
+        state=state,
         telemetry=Telemetry(TracerProvider(), MeterProvider()),
         logger=logging.getLogger("bench.worker"),
         stopping=asyncio.Event(),
@@ -67,8 +71,8 @@ async def one_run(
     worker = WorkerService(ctx, backend)
     await worker.start()
     try:
-        async with bus.subscribe(COMPLETIONS, group="bench") as completions:
-            await asyncio.sleep(2.0)  # the worker's consumers join their groups
+        answers = bus.subscribe(ANSWERS, group="bench", partitions=[_REPLY_PARTITION])
+        async with answers as completions:
             modelled_before_s = backend.modelled_now_s
             started = time.monotonic()
             now_s = time.time()
@@ -85,6 +89,7 @@ async def one_run(
                     ),
                     arrival_s=now_s,
                     reply_to="bench",
+                    reply_partition=_REPLY_PARTITION,
                 )
                 assignment = Assignment(
                     request=request,
@@ -94,11 +99,19 @@ async def one_run(
                     policy="bench",
                     assigned_at_s=now_s,
                 )
-                sends.append(await bus.send(ASSIGNMENTS, assignment))
+                # Recorded as the scheduler records its decisions: the worker fences on it.
+                await ledger.accept(request)
+                await ledger.assign(Assign(assignment))
+                sends.append(
+                    await bus.send(WORKER_INBOX, assignment, partition=worker.inbox.partition)
+                )
             await asyncio.gather(*sends)
-            for _ in range(requests):
-                if await completions.next_within(300.0) is None:
+            answered = 0
+            while answered < requests:
+                delivery = await completions.next_within(300.0)
+                if delivery is None:
                     raise RuntimeError("a completion did not come within 300 s")
+                answered += isinstance(delivery.message, Completion)
             wall_s = time.monotonic() - started
         return wall_s, backend.modelled_now_s - modelled_before_s
     finally:

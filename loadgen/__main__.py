@@ -180,6 +180,8 @@ async def _run_replay(args: argparse.Namespace, plan: Sequence[PlannedRequest]) 
 
 def replay_command(args: argparse.Namespace) -> int:
     """The body of ``replay``; returns the exit status (errors propagate)."""
+    from switchyard.runtime import loop as event_loop
+
     from loadgen.mixes import build_plan, check_mix_name, parse_app_map
     from loadgen.replay import normalise_target
     from loadgen.replay_report import (
@@ -203,7 +205,7 @@ def replay_command(args: argparse.Namespace) -> int:
         trace, args.mix, args.limit, args.seed, classification_share=share, app_map=app_map
     )
     _raise_file_limit()
-    result = asyncio.run(_run_replay(args, plan))
+    result = event_loop.run(_run_replay(args, plan))
 
     config: dict[str, Any] = {
         "trace": trace.name,
@@ -217,7 +219,13 @@ def replay_command(args: argparse.Namespace) -> int:
         config["classification_share"] = share
     summary = summarize(result.records, result.duration_s)
     per_app = per_app_summaries(result.records, result.duration_s)
-    shown = {**config, "target": result.target, "speedup": f"x{result.speedup:g}"}
+    shown = {
+        **config,
+        "target": result.target,
+        "speedup": f"x{result.speedup:g}",
+        "generator_cpu_s": result.cpu_s,
+        "generator_cpu_ms_per_request": result.cpu_ms_per_request,
+    }
     print(format_report(summary, per_app, shown), end="")
     if args.json is not None:
         write_json(report_document(result, config), args.json)

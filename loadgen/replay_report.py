@@ -424,6 +424,13 @@ def format_report(
         f"send lag: P50 {_s(summary.send_lag_p50_s)} s, P99 {_s(summary.send_lag_p99_s)} s, "
         f"max {_s(summary.send_lag_max_s)} s"
     )
+    per_request_ms = config.get("generator_cpu_ms_per_request")
+    cpu_s = config.get("generator_cpu_s")
+    if isinstance(per_request_ms, float) and isinstance(cpu_s, float) and summary.duration_s > 0:
+        out.append(
+            f"generator: {per_request_ms:.3f} ms of CPU per request sent "
+            f"({cpu_s / summary.duration_s * 100:.0f}% of one core over the replay)"
+        )
     if summary.send_lag_p99_s is not None and summary.send_lag_p99_s > LAG_WARNING_S:
         out.append(
             f"warning: the generator fell behind its schedule (send lag P99 "

@@ -9,10 +9,10 @@ every service in this process over the in-memory bus and state, with the HTTP AP
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from switchyard.config import Settings
 from switchyard.runtime import run_service
+from switchyard.runtime.loop import run
 
 from services.catalog import SERVICE_NAMES, service_factory
 
@@ -26,7 +26,7 @@ def add_service_arguments(parser: argparse.ArgumentParser) -> None:
 def run_one(settings: Settings, args: argparse.Namespace) -> int:
     """Run service ``args.name`` until SIGTERM/SIGINT; returns its exit code."""
     factory = service_factory(args.name)
-    return asyncio.run(run_service(factory, name=args.name, settings=settings))
+    return run(run_service(factory, name=args.name, settings=settings))
 
 
 def _positive_int(text: str) -> int:
@@ -90,6 +90,6 @@ def run_up(settings: Settings, args: argparse.Namespace) -> int:
             )
             return 2
     plan = EmbeddedPlan(llm_workers=profiles, torch_workers=args.torch_workers, http_port=args.port)
-    return asyncio.run(
+    return run(
         run_embedded(settings, plan, over_settings_transports=args.transports == "configured")
     )

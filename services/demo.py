@@ -11,16 +11,26 @@ by the same factor as the arrivals (``SWITCHYARD_WORKER_TIME_SCALE = speedup``),
 cluster sees the trace's real load in compressed time. Their latencies are a model's
 output, not measurements; classification requests run real torch and scikit-learn
 models.
+
+The terminal shows the progress bar, the reports and what the user must act on (a stack
+that did not start, a service that failed, each naming the log file). Every service log
+record goes to a file instead, named on the first line: ``--log-file``, or by default
+``$SWITCHYARD_CACHE_DIR/demo/demo-<UTC time>.log`` (``~/.cache/switchyard/demo/…``).
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 
 from switchyard.config import Settings
+from switchyard.errors import SwitchyardError
+from switchyard.runtime import loop as event_loop
+from switchyard.telemetry import configure_logging
 
 from services.embedded import EmbeddedPlan, EmbeddedStack, EmbeddedStartError
 
@@ -53,12 +63,39 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-async def run_stack_demo(settings: Settings, config: StackDemoConfig) -> int:
-    """Run the demo; returns the exit code (0 when every request got an answer)."""
+def default_log_path(settings: Settings, now: datetime | None = None) -> Path:
+    """``{cache_dir}/demo/demo-20261122T175001Z.log``: where the services' logs go."""
+    stamp = (now if now is not None else datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return Path(settings.cache_dir).expanduser() / "demo" / f"demo-{stamp}.log"
+
+
+def send_logs_to_file(settings: Settings, path: str | os.PathLike[str] | None = None) -> Path:
+    """Send every log record at or above ``settings.log_level`` to ``path`` (default
+    :func:`default_log_path`), not to the terminal; returns the file.
+
+    The embedded stack keeps this file when it configures its logs (``keep_file``).
+
+    Raises:
+        OSError: the file (or its folder) cannot be created.
+    """
+    target = Path(path).expanduser() if path is not None else default_log_path(settings)
+    configure_logging("embedded", settings, path=target)
+    return target
+
+
+async def run_stack_demo(
+    settings: Settings, config: StackDemoConfig, *, log_path: Path | None = None
+) -> int:
+    """Run the demo; returns the exit code (0 when every request got an answer).
+
+    ``log_path``, the file the services log to, is named in the messages about failures.
+    """
     from loadgen.mixes import build_plan
     from loadgen.replay import replay
     from loadgen.replay_report import format_report, per_app_summaries, summarize
     from loadgen.traces import resolve_trace
+
+    see_logs = f" (service logs: {log_path})" if log_path is not None else ""
 
     plan = build_plan(
         resolve_trace(config.trace, seed=config.seed),
@@ -84,8 +121,8 @@ async def run_stack_demo(settings: Settings, config: StackDemoConfig) -> int:
         print(f"\n== policy {policy}: starting the embedded stack ...", flush=True)
         try:
             await stack.start()
-        except EmbeddedStartError as exc:
-            print(f"switchyard demo: {exc}", file=sys.stderr)
+        except (EmbeddedStartError, SwitchyardError) as exc:  # e.g. a bad registry file
+            print(f"switchyard demo: {exc}{see_logs}", file=sys.stderr)
             return 1
         try:
             result = await replay(plan, stack.url, speedup=config.speedup, timeout_s=120.0)
@@ -114,7 +151,20 @@ async def run_stack_demo(settings: Settings, config: StackDemoConfig) -> int:
         )
         # Refusals (429/503 from admission control) are the stack protecting deadlines,
         # not failures; anything else unanswered is.
-        if summary.answered_ok + summary.rejected < summary.sent or code != 0:
+        unanswered = summary.sent - summary.answered_ok - summary.rejected
+        if unanswered > 0:
+            print(
+                f"switchyard demo: {unanswered} of {summary.sent} requests got no answer "
+                f"under {policy}{see_logs}",
+                file=sys.stderr,
+            )
+        if code != 0:
+            print(
+                f"switchyard demo: a service of the {policy} stack failed (exit code {code})"
+                f"{see_logs}",
+                file=sys.stderr,
+            )
+        if unanswered > 0 or code != 0:
             worst = 1
     print("\nPolicies compared (latencies of emulated LLM workers are a performance model's")
     print("output, not measurements; overhead = client latency minus execution):")
@@ -132,7 +182,23 @@ async def run_stack_demo(settings: Settings, config: StackDemoConfig) -> int:
     return worst
 
 
-def run(settings: Settings, policies: Sequence[str], limit: int, speedup: float) -> int:
-    """Entry point of ``switchyard demo``."""
+def run(
+    settings: Settings,
+    policies: Sequence[str],
+    limit: int,
+    speedup: float,
+    *,
+    log_file: str | os.PathLike[str] | None = None,
+) -> int:
+    """Entry point of ``switchyard demo``: the services log to ``log_file`` (default
+    :func:`default_log_path`), named on the first line printed."""
     config = StackDemoConfig(policies=tuple(policies), limit=limit, speedup=speedup)
-    return asyncio.run(run_stack_demo(settings, config))
+    try:
+        log_path = send_logs_to_file(settings, log_file)
+    except OSError as exc:
+        print(f"switchyard demo: cannot write the service logs: {exc}", file=sys.stderr)
+        return 2
+    print(f"service logs: {log_path}", flush=True)
+    # Not on uvloop yet: the replay's HTTP client rejects uvloop's transports (see
+    # switchyard.runtime.loop).
+    return event_loop.run(run_stack_demo(settings, config, log_path=log_path))

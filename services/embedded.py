@@ -167,7 +167,8 @@ class EmbeddedStack:
         Raises:
             EmbeddedStartError: a service exited, or the stack was not ready in time.
         """
-        configure_logging("embedded", self.settings)
+        # A program that sent the logs to a file (`switchyard demo`) keeps them there.
+        configure_logging("embedded", self.settings, keep_file=True)
         if self._telemetry is None:
             self._telemetry = configure_telemetry("switchyard-embedded", self.settings)
         if self.catalogue is None:

@@ -2,7 +2,7 @@
 serving its model can still finish it before its deadline.
 
 Pure and synchronous: :class:`AdmissionGate` holds the monitor's last
-:class:`~services.cluster_state.ClusterView` (the ingress refreshes it every
+:class:`~switchyard.cluster.ClusterView` (the ingress refreshes it every
 ``min(0.1 s, heartbeat interval / 2)``, never per request) plus this replica's own
 admissions since each worker's last heartbeat, and :meth:`AdmissionGate.decide` answers
 one request from them with the time passed in. The ingress calls it after a request's id
@@ -70,11 +70,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
+from switchyard.cluster import ClusterView, WorkerRecord
 from switchyard.contracts.messages import Heartbeat
 from switchyard.perf import PerformanceModel
 from switchyard.perf.profiles import UnknownProfileError, performance_model
-
-from services.cluster_state import ClusterView, WorkerRecord
 
 __all__ = [
     "DEFAULT_SERVICE_S",

@@ -1,10 +1,10 @@
 """The registry of HTTP calls waiting for their answers on this ingress replica.
 
-Answers come back on the bus: :data:`~switchyard.contracts.topics.COMPLETIONS` and
-:data:`~switchyard.contracts.topics.OUTPUT_CHUNKS`. Every replica reads every answer
-(each has its own consumer group) and keeps those whose ``reply_to`` is its own
-instance id (:meth:`AnswerRegistry.is_mine`); :meth:`AnswerRegistry.deliver` hands them
-to the :class:`Waiter`\\ s registered for the request id.
+Answers come back on the bus, on the partition of
+:data:`~switchyard.contracts.topics.ANSWERS` this replica leased (every request names it
+in ``reply_partition``), so a replica reads only its own answers and streamed chunks, in
+order; :meth:`AnswerRegistry.deliver` hands them to the :class:`Waiter`\\ s registered
+for the request id (:mod:`services.ingress.routing`).
 
 Delivery is at least once, so the registry is idempotent:
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 
 from switchyard.contracts.messages import Completion, OutputChunk
@@ -37,6 +38,7 @@ class Waiter:
     def __init__(self, request_id: str, *, stream: bool) -> None:
         self.request_id = request_id
         self.stream = stream
+        self.registered_s = time.monotonic()
         self._completion: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         self._events: asyncio.Queue[Answer] = asyncio.Queue()
         self._seen: set[tuple[int, int]] = set()
@@ -95,15 +97,23 @@ class AnswerRegistry:
 
     Several waiters may wait for one request id (a client retrying with the same
     ``request_id`` while the first call still waits); each gets every answer.
+
+    Attributes:
+        instance_id: every request's ``reply_to``.
+        reply_partition: the partition of the answers topic this replica reads, every
+            request's ``reply_partition`` (None: answers do not come over the bus; the
+            calls poll the records).
     """
 
-    def __init__(self, instance_id: str) -> None:
+    def __init__(self, instance_id: str, reply_partition: int | None = None) -> None:
         self.instance_id = instance_id
+        self.reply_partition = reply_partition
         self._waiters: dict[str, list[Waiter]] = {}
 
-    def is_mine(self, reply_to: str | None) -> bool:
-        """Whether an answer addressed to ``reply_to`` is this replica's to deliver."""
-        return reply_to == self.instance_id
+    def overdue(self, age_s: float) -> list[str]:
+        """Request ids whose first waiter has waited longer than ``age_s``."""
+        cutoff = time.monotonic() - age_s
+        return [rid for rid, waiters in self._waiters.items() if waiters[0].registered_s < cutoff]
 
     def register(self, request_id: str, *, stream: bool = False) -> Waiter:
         """A new waiter for ``request_id``; register before publishing the request, so a

@@ -3,17 +3,11 @@ status, the catalogue, and its OpenAPI document.
 
 :func:`build_app` makes the Starlette app from its collaborators only (the catalogue, a
 publisher, the answer registry and the state store), so tests drive it in process with
-``httpx.ASGITransport`` and the service runs it under uvicorn.
-
-How one call goes: validate (every refusal is an OpenAI-shaped error naming the field),
-claim its id, pass the admission gate when there is one (a request no worker can finish
-before its deadline gets 429, one for a model no worker serves 503, both with
-``Retry-After`` and before anything is recorded or published: see
-:mod:`services.ingress.admission_policy`), register a waiter for the request id, record
-the request as ``queued`` in the state store, publish it to ``switchyard.requests`` (returns once the bus stored it: accepted
-work is never lost; a failure is a 503 with ``Retry-After``), then wait up to
-``answer_timeout_s`` for the completion routed back to this replica (see
-:mod:`services.ingress.answers`).
+``httpx.ASGITransport`` and the service runs it under uvicorn. The handlers here read and
+validate a call (:mod:`services.ingress.body`, :mod:`services.ingress.openai_schema`),
+hand its request to the :class:`~services.ingress.calls.RequestDesk` (admission, the
+request ledger, publishing, waiting for the answer) and shape the answer
+(:mod:`services.ingress.responses`, :mod:`services.ingress.streaming`).
 
 Every call but the probes runs inside a SERVER span (:mod:`services.ingress.telemetry`),
 so the request is published in the call's trace; ``GET /metrics`` serves the process's
@@ -22,14 +16,9 @@ metrics in the Prometheus text format, so one scrape target per ingress replica 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
-import math
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,27 +27,24 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 from switchyard.contracts.messages import (
     ClassificationPayload,
-    Completion,
-    CompletionStatus,
     InferenceRequest,
     LLMPayload,
-    OutputChunk,
     WorkloadType,
 )
+from switchyard.lifecycle import REQUEST_TTL_S, RequestLedger
 from switchyard.serving import ServingCatalogue, UnknownServedApplicationError
 from switchyard.state.base import StateStore
 from switchyard.telemetry.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
-from services.cluster_state import REQUEST_TTL_S
-from services.ingress import records
 from services.ingress.admission import Admission, AdmissionMiddleware, unavailable
-from services.ingress.admission_policy import AdmissionGate, Decision, Demand, Verdict
-from services.ingress.answers import AnswerRegistry, Waiter
+from services.ingress.admission_policy import AdmissionGate, Demand
+from services.ingress.answers import AnswerRegistry
+from services.ingress.body import deadline_and_priority, json_body
+from services.ingress.calls import CallOptions, Publish, RequestDesk, status_error
 from services.ingress.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
@@ -81,25 +67,17 @@ from services.ingress.responses import (
     answer_headers,
     classification_answer,
     llm_answer,
-    llm_chunk,
-    llm_final_chunk,
-    output_of,
     switchyard_block,
     timeline,
 )
-from services.ingress.telemetry import CallRecord, HttpTelemetryMiddleware, call_record
+from services.ingress.streaming import stream_answer
+from services.ingress.telemetry import HttpTelemetryMiddleware, call_record
 from services.ingress.tokens import approximate_tokens, chat_prompt
 
 if TYPE_CHECKING:
     from switchyard.telemetry import Telemetry
 
 log = logging.getLogger("switchyard.ingress")
-
-Publish = Callable[[InferenceRequest], Awaitable[object]]
-"""Publishes a request to ``switchyard.requests``; returns once the bus stored it."""
-
-DEADLINE_HEADER = "X-Switchyard-Deadline-Ms"
-PRIORITY_HEADER = "X-Switchyard-Priority"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +88,11 @@ class ApiOptions:
         max_body_bytes: largest request body (413 beyond it).
         answer_timeout_s: longest a call waits for its answer (504 after, with the id).
         publish_timeout_s: longest publishing a request may take before the call is
-            answered 503.
-        stream_grace_s: how long a stream whose completion overtook its last chunks (they
-            travel on different topics) waits for them before finishing from the
-            completion's text.
+            answered 503 ``outcome_unknown``.
+        stream_grace_s: how long a stream whose answer overtook its last chunks waits
+            for them before finishing from the answer's text.
         poll_interval_s: how often a retry of a request that another replica is serving
-            polls the state store for its answer.
-        orphaned_claim_s: how long a retry waits for the record of a claimed request id
-            before it takes the claim over (its claimant failed without releasing it).
+            polls the request's record for its answer.
         llm_time_scale: emulated LLM workers run this many times faster than real
             (``SWITCHYARD_WORKER_TIME_SCALE``); an LLM application's SLO is divided by it,
             so that a default deadline means the same in compressed time.
@@ -128,19 +103,14 @@ class ApiOptions:
     publish_timeout_s: float = 10.0
     stream_grace_s: float = 0.25
     poll_interval_s: float = 0.05
-    orphaned_claim_s: float = 1.0
     llm_time_scale: float = 1.0
 
-
-@dataclass(slots=True)
-class _Accepted:
-    """A call's request: fresh (a waiter), or a retry (a stored answer, another call's
-    request on this replica, or one being served elsewhere: polled)."""
-
-    request_id: str
-    waiter: Waiter | None = None
-    stored: Completion | None = None
-    record: records.RequestRecord | None = None
+    def calls(self) -> CallOptions:
+        return CallOptions(
+            answer_timeout_s=self.answer_timeout_s,
+            publish_timeout_s=self.publish_timeout_s,
+            poll_interval_s=self.poll_interval_s,
+        )
 
 
 def build_app(
@@ -174,7 +144,11 @@ def build_app(
             Prometheus reader ``GET /metrics`` renders (404 without one); None: spans and
             metrics go to the process-wide providers, and there is no ``/metrics``.
     """
-    api = _Api(catalogue, publish, answers, state, options or ApiOptions(), clock, gate)
+    options = options or ApiOptions()
+    desk = RequestDesk(
+        RequestLedger(state), publish, answers, options.calls(), clock=clock, gate=gate
+    )
+    api = _Api(catalogue, desk, options, clock)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -246,39 +220,6 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     return ApiError(500, "internal error in the ingress", type_=SERVER_ERROR).response()
 
 
-def _refusal(decision: Decision, what: str) -> ApiError:
-    """The answer to a request the admission gate refused: 429 (overloaded) or 503 (no
-    live worker), both with ``Retry-After``."""
-    retry = str(decision.retry_after_s)
-    if decision.verdict is Verdict.NO_WORKER:
-        return ApiError(
-            503,
-            f"no live worker serves {what} ({decision.reason}); nothing was started, "
-            f"retry after {retry} s",
-            type_=SERVER_ERROR,
-            code="no_worker",
-            headers={"Retry-After": retry},
-        )
-    return ApiError(
-        429,
-        f"{what} is overloaded: the estimated wait is {decision.wait_s:.2f} s plus "
-        f"{decision.service_s:.2f} s of service on the least-loaded worker, more than the "
-        f"{max(0.0, decision.time_left_s):.2f} s left to the request's deadline; nothing "
-        f"was started, retry after {retry} s",
-        type_=SERVER_ERROR,
-        code="overloaded",
-        headers={"Retry-After": retry},
-        extra={
-            "switchyard": {
-                "estimated_wait_s": round(decision.wait_s, 4),
-                "estimated_service_s": round(decision.service_s, 4),
-                "time_left_s": round(decision.time_left_s, 4),
-                "retry_after_s": decision.retry_after_s,
-            }
-        },
-    )
-
-
 def _trace_request_id(request_id: str) -> None:
     """Name the request on the call's SERVER span (spans only: never a metric label)."""
     span = trace.get_current_span()
@@ -286,226 +227,25 @@ def _trace_request_id(request_id: str) -> None:
         span.set_attribute("switchyard.request_id", request_id)
 
 
-def _sse(data: Any) -> bytes:
-    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
-
-
-_DONE = b"data: [DONE]\n\n"
-
-
-class _SseResponse(StreamingResponse):
-    """A ``text/event-stream`` answer that runs ``on_close`` however the stream ends
-    (finished, failed, or the client went away before it started)."""
-
-    def __init__(
-        self,
-        content: AsyncIterator[bytes],
-        *,
-        headers: dict[str, str],
-        on_close: Callable[[], None],
-    ) -> None:
-        super().__init__(
-            content,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
-        )
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
 class _Api:
+    """The route handlers (see the module docstring)."""
+
     def __init__(
         self,
         catalogue: ServingCatalogue,
-        publish: Publish,
-        answers: AnswerRegistry,
-        state: StateStore,
+        desk: RequestDesk,
         options: ApiOptions,
         clock: Callable[[], float],
-        gate: AdmissionGate | None = None,
     ) -> None:
         self.catalogue = catalogue
-        self.gate = gate
-        self._classification_service_s: dict[str, float | None] = {}
-        self.publish = publish
-        self.answers = answers
-        self.state = state
+        self.desk = desk
+        self.answers = desk.answers
+        self.ledger = desk.ledger
         self.options = options
         self.clock = clock
         self.admission = Admission()
+        self._classification_service_s: dict[str, float | None] = {}
         self._openapi: dict[str, Any] | None = None
-
-    # -- reading a call -----------------------------------------------------------------
-
-    async def _json_body(self, request: Request) -> Any:
-        """The body parsed as JSON: 415 for another content type, 413 beyond the limit
-        (checked against Content-Length and while reading), 400 when it is not JSON."""
-        content_type = request.headers.get("content-type")
-        if content_type is not None:
-            media = content_type.split(";", 1)[0].strip().lower()
-            if media != "application/json" and not media.endswith("+json"):
-                raise ApiError(
-                    415,
-                    f"Content-Type must be application/json, got {content_type!r}",
-                    param="Content-Type",
-                    code="unsupported_media_type",
-                )
-        limit = self.options.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            if not declared.strip().isdigit():
-                raise bad_request(
-                    f"Content-Length must be a byte count, got {declared!r}", param="Content-Length"
-                )
-            if int(declared) > limit:
-                raise self._too_large(int(declared))
-        body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > limit:  # a lying or missing Content-Length: never read unbounded
-                raise self._too_large(None)
-        if not body.strip():
-            raise bad_request("the request body is empty; send a JSON object", param=None)
-        try:
-            return json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise ApiError(
-                400, f"the request body is not valid JSON: {exc}", code="invalid_json"
-            ) from None
-
-    def _too_large(self, size: int | None) -> ApiError:
-        what = f"{size} bytes" if size is not None else "more than that"
-        return ApiError(
-            413,
-            f"request body too large: at most {self.options.max_body_bytes} bytes, got {what}",
-            code="body_too_large",
-        )
-
-    @staticmethod
-    def _header_deadline_ms(request: Request) -> float | None:
-        raw = request.headers.get(DEADLINE_HEADER)
-        if raw is None:
-            return None
-        try:
-            value = float(raw)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > 0):
-            raise bad_request(
-                f"header {DEADLINE_HEADER} must be a positive number of milliseconds, got {raw!r}",
-                param=DEADLINE_HEADER,
-            )
-        return value
-
-    @staticmethod
-    def _header_priority(request: Request) -> int | None:
-        raw = request.headers.get(PRIORITY_HEADER)
-        if raw is None:
-            return None
-        text = raw.strip()
-        if not (text.isdigit() and 0 <= int(text) <= 1000):
-            raise bad_request(
-                f"header {PRIORITY_HEADER} must be an integer from 0 to 1000, got {raw!r}",
-                param=PRIORITY_HEADER,
-            )
-        return int(text)
-
-    def _deadline_and_priority(
-        self, request: Request, deadline_ms: float | None, priority: int | None
-    ) -> tuple[float | None, int]:
-        # Headers are read (and checked) always; the body's values win.
-        header_deadline = self._header_deadline_ms(request)
-        header_priority = self._header_priority(request)
-        deadline = deadline_ms if deadline_ms is not None else header_deadline
-        chosen = priority if priority is not None else header_priority
-        return deadline, chosen if chosen is not None else 0
-
-    # -- accepting and answering -----------------------------------------------------------
-
-    def _request_maker(
-        self,
-        app: str,
-        payload: LLMPayload | ClassificationPayload,
-        arrival_s: float,
-        deadline_s: float | None,
-        priority: int,
-    ) -> Callable[[str], InferenceRequest]:
-        """How to build the request once its id is known (the client's, or a new one)."""
-
-        def make_request(request_id: str) -> InferenceRequest:
-            return InferenceRequest(
-                request_id=request_id,
-                app=app,
-                payload=payload,
-                arrival_s=arrival_s,
-                deadline_s=deadline_s,
-                priority=priority,
-                reply_to=self.answers.instance_id,
-            )
-
-        return make_request
-
-    async def _accept(
-        self,
-        client_id: str | None,
-        make_request: Callable[[str], InferenceRequest],
-        *,
-        stream: bool,
-        demand: Demand | None = None,
-        what: str = "",
-    ) -> _Accepted:
-        """Register, record and publish a request, or find the earlier one a retry names.
-
-        A fresh request (not a retry of an accepted one) passes the admission gate first
-        with ``demand``; ``what`` names its model or application in a refusal."""
-        try:
-            if client_id is None:
-                request_id = f"req-{uuid.uuid4().hex}"
-            else:
-                owner = f"{self.answers.instance_id}/{uuid.uuid4().hex}"
-                if not await records.claim(self.state, client_id, owner):
-                    existing = await self._existing(client_id, owner, stream=stream)
-                    if existing is not None:
-                        return existing
-                request_id = client_id
-        except ApiError:
-            raise
-        except Exception as exc:
-            raise unavailable(f"the state store is unavailable: {exc}") from None
-        if self.gate is not None and demand is not None:
-            decision = self.gate.decide(demand, self.clock())
-            if not decision.admitted:
-                if client_id is not None:  # let a later retry of this id in
-                    with contextlib.suppress(Exception):
-                        await records.forget(self.state, request_id)
-                log.debug(
-                    "refused request %s for %s: %s",
-                    request_id,
-                    what,
-                    decision.reason,
-                    extra={"event": "admission_refused", "verdict": str(decision.verdict)},
-                )
-                raise _refusal(decision, what)
-        request = make_request(request_id)
-        waiter = self.answers.register(request_id, stream=stream)
-        try:
-            await records.write_accepted(self.state, request)
-            await asyncio.wait_for(self.publish(request), self.options.publish_timeout_s)
-        except Exception as exc:
-            self.answers.release(waiter)
-            with contextlib.suppress(Exception):
-                await records.forget(self.state, request_id)
-            reason = str(exc) or type(exc).__name__
-            log.warning("could not accept request %s: %s", request_id, reason)
-            raise unavailable(
-                f"could not queue request {request_id}: {reason}; nothing was started"
-            ) from None
-        return _Accepted(request_id, waiter=waiter)
 
     def _profiled_service_s(self, name: str) -> float | None:
         """The fastest profiled batch-of-one latency of application ``name``'s variants,
@@ -521,99 +261,12 @@ class _Api:
             self._classification_service_s[name] = min(found) if found else None
         return self._classification_service_s[name]
 
-    async def _existing(self, request_id: str, owner: str, *, stream: bool) -> _Accepted | None:
-        """A retry of a request id already claimed; None when its claim was orphaned and
-        this call (``owner``) took it over: the caller then runs the request."""
-        record = await records.read(self.state, request_id)
-        if record is not None and record.completion is not None:
-            return _Accepted(request_id, stored=record.completion, record=record)
-        if self.answers.is_waited_for(request_id):
-            # The first call still waits on this replica: wait with it.
-            waiter = self.answers.register(request_id, stream=stream)
-            # The answer may have come between the read above and registering.
-            again = await records.read(self.state, request_id)
-            if again is not None and again.completion is not None:
-                self.answers.release(waiter)
-                return _Accepted(request_id, stored=again.completion, record=again)
-            return _Accepted(request_id, waiter=waiter, record=record)
-        if record is None:
-            # Claimed but not recorded: the claimant is between its claim and its record
-            # (a moment), or it failed and could not release its claim (a state store
-            # outage). Give it the moment, then take the claim over.
-            deadline = time.monotonic() + self.options.orphaned_claim_s
-            while record is None and time.monotonic() < deadline:
-                await asyncio.sleep(self.options.poll_interval_s)
-                record = await records.read(self.state, request_id)
-            if record is None and await records.take_over(self.state, request_id, owner):
-                return None
-        return _Accepted(request_id, record=record)  # served elsewhere: poll the record
-
-    async def _completion(self, accepted: _Accepted, timeout_s: float) -> Completion | None:
-        """The completion, or None when it did not come within ``timeout_s``."""
-        if accepted.stored is not None:
-            return accepted.stored
-        if accepted.waiter is not None:
-            return await accepted.waiter.completion(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                record = await records.read(self.state, accepted.request_id)
-            except Exception as exc:
-                log.warning("polling request %s failed: %s", accepted.request_id, exc)
-                record = None
-            if record is not None and record.completion is not None:
-                return record.completion
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            await asyncio.sleep(min(self.options.poll_interval_s, left))
-
-    def _timeout(self, request_id: str) -> ApiError:
-        return ApiError(
-            504,
-            f"no answer for request {request_id} within {self.options.answer_timeout_s:g} s; "
-            f"it was accepted and may still finish: poll GET /v1/requests/{request_id}",
-            type_=SERVER_ERROR,
-            code="answer_timeout",
-            headers=answer_headers(request_id, emulated=False),
-            extra={"switchyard": {"request_id": request_id, "status": "pending"}},
-        )
-
-    @staticmethod
-    def _status_error(completion: Completion, deadline_s: float | None) -> ApiError | None:
-        """The error answer of a completion that is not ``ok``; None when it is."""
-        rid = completion.request_id
-        extra = {"switchyard": switchyard_block(completion, deadline_s)}
-        headers = answer_headers(rid, emulated=completion.emulated)
-        if completion.status is CompletionStatus.OK:
-            return None
-        if completion.status is CompletionStatus.EXPIRED:
-            return ApiError(
-                504,
-                f"request {rid} expired: its deadline passed before it was served"
-                + (f" ({completion.error})" if completion.error else ""),
-                type_=SERVER_ERROR,
-                code="deadline_expired",
-                headers=headers,
-                extra=extra,
-            )
-        what = "failed" if completion.status is CompletionStatus.FAILED else "was cancelled"
-        return ApiError(
-            502,
-            f"request {rid} {what} on worker {completion.worker_id}: "
-            f"{completion.error or 'no reason given'}",
-            type_=SERVER_ERROR,
-            code="worker_failed" if completion.status is CompletionStatus.FAILED else "cancelled",
-            headers=headers,
-            extra=extra,
-        )
-
     # -- LLM endpoints -----------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``."""
         arrival_s = self.clock()
-        body = parse(CompletionBody, await self._json_body(request))
+        body = parse(CompletionBody, await json_body(request, self.options.max_body_bytes))
         options = body.switchyard or SwitchyardOptions()
         if body.prompt is None and options.prompt_tokens is None:
             raise bad_request(
@@ -636,7 +289,7 @@ class _Api:
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
         arrival_s = self.clock()
-        body = parse(ChatBody, await self._json_body(request))
+        body = parse(ChatBody, await json_body(request, self.options.max_body_bytes))
         prompt = chat_prompt((m.role, m.text()) for m in body.messages)
         return await self._llm(
             request,
@@ -697,7 +350,7 @@ class _Api:
                 f"{app.max_output_tokens}",
                 param="max_tokens",
             )
-        deadline_ms, priority = self._deadline_and_priority(
+        deadline_ms, priority = deadline_and_priority(
             request, options.deadline_ms, options.priority
         )
         deadline_s = arrival_s + (
@@ -717,7 +370,8 @@ class _Api:
             stream=stream,
         )
 
-        make_request = self._request_maker(app.name, payload, arrival_s, deadline_s, priority)
+        def make_request(request_id: str) -> InferenceRequest:
+            return self.desk.request(request_id, app.name, payload, arrival_s, deadline_s, priority)
 
         demand = Demand(
             kind="llm",
@@ -727,7 +381,7 @@ class _Api:
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
         )
-        accepted = await self._accept(
+        accepted = await self.desk.accept(
             options.request_id,
             make_request,
             stream=stream,
@@ -747,103 +401,25 @@ class _Api:
             deadline_s=record.deadline_s if record else deadline_s,
         )
         if stream:
-            return await self._stream(call, accepted, telemetry)
+            return await stream_answer(
+                self.desk,
+                call,
+                accepted,
+                stream_grace_s=self.options.stream_grace_s,
+                telemetry=telemetry,
+            )
         try:
-            completion = await self._completion(accepted, self.options.answer_timeout_s)
+            completion = await self.desk.completion(accepted, self.options.answer_timeout_s)
         finally:
-            if accepted.waiter is not None:
-                self.answers.release(accepted.waiter)
+            self.desk.release(accepted)
         if completion is None:
-            raise self._timeout(call.request_id)
-        if (error := self._status_error(completion, call.deadline_s)) is not None:
+            raise self.desk.timeout(call.request_id)
+        if (error := status_error(completion, call.deadline_s)) is not None:
             raise error
         return JSONResponse(
             llm_answer(call, completion),
             headers=answer_headers(call.request_id, emulated=completion.emulated),
         )
-
-    async def _stream(
-        self, call: LlmCall, accepted: _Accepted, telemetry: CallRecord | None = None
-    ) -> Response:
-        """A streamed answer. Waits for the first chunk (or the completion) before
-        answering, so a request that fails or times out before any output gets a proper
-        HTTP error and the ``X-Switchyard-Emulated`` header is known."""
-        waiter = accepted.waiter
-        deadline = time.monotonic() + self.options.answer_timeout_s
-
-        def close() -> None:
-            if waiter is not None:
-                self.answers.release(waiter)
-
-        try:
-            first: OutputChunk | Completion | None
-            if waiter is not None and waiter.stream:
-                first = await waiter.next_event(deadline - time.monotonic())
-            else:  # a retry: the whole answer comes as one piece
-                first = await self._completion(accepted, deadline - time.monotonic())
-            if first is None:
-                raise self._timeout(call.request_id)
-            error = (
-                self._status_error(first, call.deadline_s)
-                if isinstance(first, Completion)
-                else None
-            )
-            if error is not None:
-                raise error
-        except BaseException:
-            close()
-            raise
-        events = self._events(call, first, waiter, deadline, telemetry)
-        headers = answer_headers(call.request_id, emulated=first.emulated)
-        return _SseResponse(events, headers=headers, on_close=close)
-
-    async def _events(
-        self,
-        call: LlmCall,
-        first: OutputChunk | Completion,
-        waiter: Waiter | None,
-        deadline: float,
-        telemetry: CallRecord | None = None,
-    ) -> AsyncIterator[bytes]:
-        streamed: list[str] = []
-        tokens = 0
-        event: OutputChunk | Completion | None = first
-        while isinstance(event, OutputChunk):
-            streamed.append(event.text)
-            tokens += event.tokens
-            yield _sse(llm_chunk(call, event.text, first=len(streamed) == 1))
-            assert waiter is not None  # chunks come only through a streaming waiter
-            event = await waiter.next_event(deadline - time.monotonic())
-        if event is None:
-            if telemetry is not None:
-                telemetry.outcome = "timeout"
-            yield _sse(self._timeout(call.request_id).body())
-            yield _DONE
-            return
-        completion = event
-        text, output_tokens = output_of(completion)
-        covered = bool(text) and text.startswith("".join(streamed))
-        if waiter is not None and tokens < output_tokens and not covered:
-            # The completion travels on another topic than the chunks and may overtake
-            # the last of them. Its text, when it has one, finishes the stream; without
-            # one, the missing chunks get a moment to arrive.
-            grace_end = time.monotonic() + self.options.stream_grace_s
-            while tokens < output_tokens:
-                late = await waiter.next_event(grace_end - time.monotonic())
-                if not isinstance(late, OutputChunk):
-                    break
-                streamed.append(late.text)
-                tokens += late.tokens
-                yield _sse(llm_chunk(call, late.text, first=len(streamed) == 1))
-        so_far = "".join(streamed)
-        if len(text) > len(so_far) and text.startswith(so_far):
-            streamed.append(text[len(so_far) :])
-            yield _sse(llm_chunk(call, streamed[-1], first=len(streamed) == 1))
-        error = self._status_error(completion, call.deadline_s)
-        if error is not None and telemetry is not None:
-            telemetry.error_code = error.code
-        yield _sse(error.body() if error is not None else llm_final_chunk(call, completion))
-        yield _DONE
 
     # -- classification ------------------------------------------------------------------
 
@@ -859,21 +435,20 @@ class _Api:
             ) from None
         if (telemetry := call_record(request.scope)) is not None:
             telemetry.app = app.name
-        body = parse(InferBody, await self._json_body(request))
+        body = parse(InferBody, await json_body(request, self.options.max_body_bytes))
         if len(body.features) != app.feature_dim:
             raise bad_request(
                 f"'features' has {len(body.features)} values; application {app.name!r} "
                 f"takes exactly {app.feature_dim}",
                 param="features",
             )
-        deadline_ms, priority = self._deadline_and_priority(
-            request, body.deadline_ms, body.priority
-        )
+        deadline_ms, priority = deadline_and_priority(request, body.deadline_ms, body.priority)
         due_s = arrival_s + (deadline_ms / 1000.0 if deadline_ms is not None else app.deadline_s)
         deadline_s: float | None = due_s
         payload = ClassificationPayload(features=list(body.features))
 
-        make_request = self._request_maker(app.name, payload, arrival_s, deadline_s, priority)
+        def make_request(request_id: str) -> InferenceRequest:
+            return self.desk.request(request_id, app.name, payload, arrival_s, deadline_s, priority)
 
         demand = Demand(
             kind="classification",
@@ -882,7 +457,7 @@ class _Api:
             deadline_s=due_s,
             service_s=self._profiled_service_s(app.name),
         )
-        accepted = await self._accept(
+        accepted = await self.desk.accept(
             body.request_id,
             make_request,
             stream=False,
@@ -893,13 +468,12 @@ class _Api:
         if accepted.record is not None:
             deadline_s = accepted.record.deadline_s
         try:
-            completion = await self._completion(accepted, self.options.answer_timeout_s)
+            completion = await self.desk.completion(accepted, self.options.answer_timeout_s)
         finally:
-            if accepted.waiter is not None:
-                self.answers.release(accepted.waiter)
+            self.desk.release(accepted)
         if completion is None:
-            raise self._timeout(accepted.request_id)
-        if (error := self._status_error(completion, deadline_s)) is not None:
+            raise self.desk.timeout(accepted.request_id)
+        if (error := status_error(completion, deadline_s)) is not None:
             raise error
         return JSONResponse(
             classification_answer(completion, app.classes, deadline_s),
@@ -912,7 +486,7 @@ class _Api:
         """``GET /v1/requests/{request_id}``."""
         request_id = request.path_params["request_id"]
         try:
-            record = await records.read(self.state, request_id)
+            record = await self.ledger.read(request_id)
         except Exception as exc:
             raise unavailable(f"the state store is unavailable: {exc}") from None
         if record is None:

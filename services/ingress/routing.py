@@ -1,90 +1,83 @@
 """The loops that bring answers back to this ingress replica.
 
-Every request carries ``reply_to`` = the accepting replica's ``instance_id``. Each
-replica reads ``switchyard.completions`` and ``switchyard.output-chunks`` in its own
-consumer group (``ingress-{instance_id}``, :func:`answer_group`), so every replica sees
-every answer and keeps the ones addressed to it. A completion is written to its
-request's record first (so ``GET /v1/requests/{id}`` on any replica, and a retry with
-the same ``request_id``, see it even when the call already gave up), then handed to the
-waiting call; chunks go to the waiting call only.
+Every request carries ``reply_to`` (this replica's instance id) and ``reply_partition``
+(the partition of ``switchyard.answers`` this replica leased at start). Workers publish
+each answer, and a streamed request's chunks before it, to that partition, after the
+answer is recorded in the request ledger; :func:`route_answers` reads the partition and
+hands each to the call waiting for it. Nothing is written here: the record has the
+answer already, so ``GET /v1/requests/{id}`` on any replica, and a retry with the same
+``request_id``, see it even when the call gave up.
 
-A replica reads only the answers appended since shortly before it started
-(:data:`ANSWER_LOOKBACK_S`): no call of this process waits for an older one, the monitor
-has written each into its request's record already, and a new replica (a new instance
-id, so a new consumer group) must not read the topic's whole history before its first
-answer.
+An answer that cannot reach its replica over the bus (its publish failed for good, or
+this replica lost its partition while frozen) is still in its record:
+:func:`sweep_overdue` looks up the records of calls waiting longer than
+:data:`OVERDUE_S` every :data:`OVERDUE_S` and delivers the answers found there, so no
+call waits past its answer by more than that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
-from switchyard.bus import Bus, Delivery, Subscription
-from switchyard.contracts.messages import Completion
-from switchyard.contracts.topics import COMPLETIONS, OUTPUT_CHUNKS
-from switchyard.state.base import StateStore
+from switchyard.bus import Subscription
+from switchyard.contracts.messages import Completion, OutputChunk
+from switchyard.lifecycle import RequestLedger
+from switchyard.runtime.inbox import Inbox
 
-from services.cluster_state import record_completion
 from services.ingress.answers import AnswerRegistry
 
 _BATCH = 256
 _BATCH_WAIT_S = 0.2
-ANSWER_LOOKBACK_S = 300.0
-"""How long before its start a replica still reads answers from: a margin for clocks
-that differ between the hosts that time-stamp records and this one."""
+OVERDUE_S = 5.0
+"""How long a call waits before its request's record is also looked at (and then how
+often)."""
 
 
 def answer_group(instance_id: str) -> str:
-    """The consumer group of a replica's answer loops."""
+    """The consumer group keeping the offsets of a replica's answer partition."""
     return f"ingress-{instance_id}"
 
 
-async def route_completions(
-    bus: Bus,
-    state: StateStore,
+def answer_subscription(
+    inbox: Inbox[Completion | OutputChunk], answers: AnswerRegistry, stopping: asyncio.Event
+) -> Subscription[Completion | OutputChunk]:
+    """A reader of this replica's answer partition (open it before the partition is
+    named in any request: it reads from the partition's end)."""
+    return inbox.subscribe(group=answer_group(answers.instance_id), stopping=stopping)
+
+
+async def route_answers(
+    subscription: Subscription[Completion | OutputChunk],
+    inbox: Inbox[Completion | OutputChunk],
     answers: AnswerRegistry,
     *,
     stopping: asyncio.Event,
-    since_s: float | None = None,
 ) -> None:
-    """Record and deliver the completions addressed to ``answers.instance_id`` until
-    ``stopping`` is set (those appended since ``since_s``, when given).
-
-    Completions are taken in batches and their records written concurrently, so one
-    slow write does not hold back the answers behind it. A state store outage fails the
-    batch: it is not committed, the routine restarts and the batch comes again.
-    """
-    group = answer_group(answers.instance_id)
-    async with bus.subscribe(
-        COMPLETIONS, group=group, stopping=stopping, since_s=since_s
-    ) as subscription:
+    """Deliver the answers and chunks ``subscription`` reads until ``stopping``."""
+    generation = inbox.generation
+    async with subscription:
         while not stopping.is_set():
             batch = await subscription.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
-            mine = [d for d in batch if answers.is_mine(d.message.reply_to)]
-            if not mine:
-                continue
-            # Record first: once the caller has its answer, its status shows it too.
-            await asyncio.gather(*(_record(subscription, d, state) for d in mine))
-            for delivery in mine:
-                answers.deliver(delivery.message)
+            inbox.check(generation)
+            for delivery in batch:
+                # Its CONSUMER span, the last of the request's trace.
+                with subscription.handling(delivery):
+                    answers.deliver(delivery.message)
 
 
-async def _record(
-    subscription: Subscription[Completion], delivery: Delivery[Completion], state: StateStore
+async def sweep_overdue(
+    ledger: RequestLedger, answers: AnswerRegistry, *, stopping: asyncio.Event
 ) -> None:
-    with subscription.handling(delivery):
-        await record_completion(state, delivery.message)
-
-
-async def route_chunks(
-    bus: Bus, answers: AnswerRegistry, *, stopping: asyncio.Event, since_s: float | None = None
-) -> None:
-    """Deliver the streamed chunks addressed to ``answers.instance_id`` until
-    ``stopping`` is set (those appended since ``since_s``, when given)."""
-    group = answer_group(answers.instance_id)
-    async with bus.subscribe(
-        OUTPUT_CHUNKS, group=group, stopping=stopping, since_s=since_s
-    ) as subscription:
-        async for delivery in subscription:
-            if answers.is_mine(delivery.message.reply_to):
-                answers.deliver(delivery.message)
+    """Deliver, from their records, the answers of calls waiting longer than
+    :data:`OVERDUE_S` (see the module docstring)."""
+    while not stopping.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), OVERDUE_S)
+        overdue = answers.overdue(OVERDUE_S)
+        if not overdue:
+            continue
+        records = await asyncio.gather(*(ledger.read(rid) for rid in overdue))
+        for record in records:
+            if record is not None and record.final and (completion := record.completion):
+                answers.deliver(completion)

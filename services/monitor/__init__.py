@@ -1,4 +1,4 @@
-"""The monitor service: worker liveness (heartbeats, WorkerDown) and completion accounting.
+"""The monitor service: worker liveness (heartbeats, WorkerDown).
 
 Run it with ``python -m services.monitor``; see :mod:`services.monitor.service`.
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from switchyard.runtime.service import Service, ServiceContext
 
-from services.monitor.service import MonitorService, completion_violated
+from services.monitor.service import MonitorService
 
-__all__ = ["MonitorService", "completion_violated", "create"]
+__all__ = ["MonitorService", "create"]
 
 
 async def create(ctx: ServiceContext) -> Service:

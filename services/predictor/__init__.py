@@ -1,5 +1,5 @@
-"""The predictor service: service-time predictions and their calibration, learning online."""
+"""The predictor service: learns service times from what ran, publishes its fitted model."""
 
-from services.predictor.service import PredictorService, create, prediction_key
+from services.predictor.service import PredictorService, create
 
-__all__ = ["PredictorService", "create", "prediction_key"]
+__all__ = ["PredictorService", "create"]

@@ -9,10 +9,18 @@ worker views carry.
 Time is wall-clock time on the live stack. Emulated workers run ``time_scale`` times
 faster than the performance model, so the pre-training labels are divided by it
 (``SWITCHYARD_WORKER_TIME_SCALE`` is one setting for the whole stack).
+
+:meth:`LivePredictor.snapshot` gives the fitted model as a :class:`PredictorModel`: what
+the scheduler predicts with in-process
+(:class:`~switchyard.prediction.snapshot.FittedPredictor`, the same numbers as
+:meth:`LivePredictor.predict`), and a checkpoint :meth:`LivePredictor.from_model` resumes
+from. :meth:`LivePredictor.observe` learns from a :class:`ServiceObservation`, which
+carries the raw prediction the scheduler used, so nothing per request is remembered here.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,6 +30,8 @@ from switchyard.contracts.messages import (
     CompletionStatus,
     InferenceRequest,
     LLMPayload,
+    PredictorModel,
+    ServiceObservation,
     ServiceTimePrediction,
     WorkloadType,
 )
@@ -34,7 +44,14 @@ from switchyard.prediction.calibration import (
     calibrated_s,
 )
 from switchyard.prediction.features import ServiceTimeFeatures
+from switchyard.prediction.linear import LinearServiceTimePredictor
 from switchyard.prediction.registry import make_predictor
+from switchyard.prediction.snapshot import (
+    calibration_config_of,
+    calibration_states_of,
+    linear_state_of,
+    predictor_model,
+)
 
 PREDICTOR_NAME = "linear"
 _REMEMBERED_PREDICTIONS = 100_000  # raw predictions kept to calibrate on completion
@@ -69,11 +86,14 @@ class LivePredictor:
         calibration: the calibration weights.
         known_types: worker types predicted for every request of their model, besides
             those learnt online.
+        time_scale: how many times faster than the performance model the workers run
+            (what :meth:`pretrained` divided its labels by); carried by :meth:`snapshot`.
     """
 
     predictor: ServiceTimePredictor
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     known_types: set[str] = field(default_factory=set)
+    time_scale: float = 1.0
     _states: dict[str, CalibrationState] = field(default_factory=dict)
     _recent: OrderedDict[str, _Made] = field(default_factory=OrderedDict)
     observed: int = 0
@@ -114,7 +134,45 @@ class LivePredictor:
                 labels.append(perf.idle_service_s(prompt_tokens, output_tokens) / time_scale)
         predictor = make_predictor(PREDICTOR_NAME)
         predictor.fit(features, labels)
-        return cls(predictor=predictor, known_types=types)
+        return cls(predictor=predictor, known_types=types, time_scale=time_scale)
+
+    @classmethod
+    def from_model(cls, model: PredictorModel) -> LivePredictor:
+        """The predictor that published ``model``, restored: it predicts, calibrates and
+        learns on exactly as that one would have (see :meth:`snapshot`)."""
+        return cls(
+            predictor=LinearServiceTimePredictor.from_state(linear_state_of(model)),
+            calibration=calibration_config_of(model),
+            known_types=set(model.worker_types),
+            time_scale=model.time_scale,
+            _states=calibration_states_of(model),
+            observed=model.observed,
+        )
+
+    def snapshot(self, version: int, now_s: float) -> PredictorModel:
+        """The fitted model as published at ``now_s`` (epoch seconds) under ``version``.
+
+        Everything learnt goes in: linear updates not yet solved for are folded in first
+        (this predictor goes on from the folded model too), so a predictor restored by
+        :meth:`from_model` continues exactly as this one. Raw predictions remembered for
+        :meth:`learn` are not part of it. A :class:`TypeError` says when the predictor is
+        not the linear one, the only one a model can be published for.
+        """
+        predictor = self.predictor
+        if not isinstance(predictor, LinearServiceTimePredictor):
+            raise TypeError(
+                f"only a linear predictor can be published, this one is {predictor.name!r}"
+            )
+        return predictor_model(
+            version=version,
+            published_at_s=now_s,
+            time_scale=self.time_scale,
+            calibration=self.calibration,
+            states=self._states,
+            worker_types=self.known_types,
+            linear=predictor.export_state(),
+            observed=self.observed,
+        )
 
     def types_for(self, model: str) -> list[str]:
         """The worker types that serve ``model``, in a stable order."""
@@ -185,26 +243,39 @@ class LivePredictor:
         if made is None or completion.status is not CompletionStatus.OK:
             return False
         execution_s = completion.timeline.execution_s()
-        if execution_s is None or execution_s < 0:
+        if execution_s is None:
             return False
         gpu = completion.worker_type.partition("/")[0]
         model = completion.variant
-        worker_type = worker_type_name(gpu, model)
-        self.known_types.add(worker_type)
-        if worker_type in made.raw_s:
-            state = self._states.get(worker_type, CalibrationState())
-            self._states[worker_type] = state.observe(
-                made.raw_s[worker_type], execution_s, self.calibration
-            )
-            self.last_error = (worker_type, abs(execution_s - made.raw_s[worker_type]))
-        self.predictor.update(
-            ServiceTimeFeatures(
-                prompt_tokens=made.prompt_tokens, workload=made.workload, model=model, gpu=gpu
-            ),
-            execution_s,
+        return self._learn_from(
+            gpu=gpu,
+            model=model,
+            prompt_tokens=made.prompt_tokens,
+            workload=made.workload,
+            # What learn() has always done: the hint is not remembered with a prediction.
+            output_tokens_hint=None,
+            raw_predicted_s=made.raw_s.get(worker_type_name(gpu, model)),
+            execution_s=execution_s,
         )
-        self.observed += 1
-        return True
+
+    def observe(self, observation: ServiceObservation) -> bool:
+        """Fold one finished LLM request in, as the scheduler reports it; returns whether
+        it taught anything.
+
+        The linear model of the observation's GPU (the part of ``worker_type`` before
+        the ``/``) serving ``model`` learns ``execution_s``; when ``raw_predicted_s`` is
+        given, the calibration of that worker type learns its error and
+        :attr:`last_error` is set.
+        """
+        return self._learn_from(
+            gpu=observation.worker_type.partition("/")[0],
+            model=observation.model,
+            prompt_tokens=observation.prompt_tokens,
+            workload=observation.workload,
+            output_tokens_hint=observation.output_tokens_hint,
+            raw_predicted_s=observation.raw_predicted_s,
+            execution_s=observation.execution_s,
+        )
 
     def calibration_state(self, worker_type: str) -> CalibrationState:
         """The running error averages on ``worker_type``."""
@@ -213,6 +284,41 @@ class LivePredictor:
     def calibration_states(self) -> dict[str, CalibrationState]:
         """The running error averages of every worker type learnt from so far."""
         return dict(self._states)
+
+    def _learn_from(
+        self,
+        *,
+        gpu: str,
+        model: str,
+        prompt_tokens: int,
+        workload: WorkloadType,
+        output_tokens_hint: int | None,
+        raw_predicted_s: float | None,
+        execution_s: float,
+    ) -> bool:
+        """The one place where a finished request teaches the model and the calibration."""
+        if not (math.isfinite(execution_s) and execution_s >= 0):
+            return False
+        worker_type = worker_type_name(gpu, model)
+        self.known_types.add(worker_type)
+        if raw_predicted_s is not None:
+            state = self._states.get(worker_type, CalibrationState())
+            self._states[worker_type] = state.observe(
+                raw_predicted_s, execution_s, self.calibration
+            )
+            self.last_error = (worker_type, abs(execution_s - raw_predicted_s))
+        self.predictor.update(
+            ServiceTimeFeatures(
+                prompt_tokens=prompt_tokens,
+                workload=workload,
+                model=model,
+                gpu=gpu,
+                output_tokens_hint=output_tokens_hint,
+            ),
+            execution_s,
+        )
+        self.observed += 1
+        return True
 
     def _remember(self, request_id: str, made: _Made) -> None:
         self._recent[request_id] = made

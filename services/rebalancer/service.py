@@ -7,17 +7,20 @@ The policy is ``make_llm_policy(settings.llm_policy).rebalancer``. Without one (
 When it runs:
 
 * ``policy.period_s > 0``: a round every ``max(policy.period_s, rebalance_interval_s)``;
-* ``policy.period_s == 0`` (spike-only): every ``rebalance_interval_s`` it reads
-  ``cluster:stats`` and runs a round when ``policy.spike(recent_violation_rate)`` says so,
-  once at least half of ``RECENT_WINDOW`` completions are in that rate (as the
-  simulator requires).
+* ``policy.period_s == 0`` (spike-only): every ``rebalance_interval_s`` it reads the
+  cluster and runs a round when ``policy.spike(recent_violation_rate)`` says so (the
+  share of the latest completions that missed their deadline, kept by the request
+  ledger), once at least half of ``RECENT_WINDOW`` completions are in that rate (as
+  the simulator requires).
 
-A round reads the cluster (:func:`services.cluster_state.read_cluster`), the
-predictions of the requests it lists (``prediction:{id}``), builds the snapshot as the
-simulator does (:mod:`services.rebalancer.snapshot`), calls ``policy.plan`` and
-publishes one Migration per plan whose source and target are live and whose request is
-still listed on the source: ``epoch`` is the listed epoch + 1, ``kv_cache_bytes`` the
-plan's KV tokens times the source profile's ``kv_bytes_per_token``.
+A round reads the cluster (:class:`switchyard.cluster.ClusterReader`) and the
+predictor's latest published model (``predictor:model``, predicting the listed requests
+in-process as the scheduler does), builds the snapshot as the simulator does
+(:mod:`services.rebalancer.snapshot`), calls ``policy.plan`` and publishes one Migration
+per plan whose source and target are live and whose request is still listed on the
+source, to the source's partition of ``switchyard.worker-inbox`` (naming the target's):
+``epoch`` is the listed epoch + 1, ``kv_cache_bytes`` the plan's KV tokens times the
+source profile's ``kv_bytes_per_token``.
 
 Moves not yet visible in the heartbeats: a request moved within ``move_memory_s =
 max(round period, 3 heartbeat intervals)`` is neither listed nor moved again, and a
@@ -49,19 +52,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
-from switchyard.contracts.messages import Migration, QueuedEntry, ServiceTimePrediction
-from switchyard.contracts.topics import MIGRATIONS
+from switchyard.cluster import ClusterReader
+from switchyard.contracts.messages import Migration, PredictorModel, QueuedEntry
+from switchyard.contracts.topics import WORKER_INBOX
+from switchyard.lifecycle import RECENT_WINDOW
 from switchyard.policies.base import DecisionContext, MigrationPlan, RebalancePolicy
 from switchyard.policies.registry import make_llm_policy
 from switchyard.policies.snapshot import RebalanceSnapshot
+from switchyard.prediction.snapshot import FittedPredictor
 from switchyard.runtime.service import Service, ServiceContext
+from switchyard.state import keys
 
-from services.cluster_state import (
-    CLUSTER_STATS_KEY,
-    RECENT_WINDOW,
-    prediction_key,
-    read_cluster,
-)
 from services.rebalancer.snapshot import (
     ListedEntry,
     LoadAdjustment,
@@ -70,7 +71,6 @@ from services.rebalancer.snapshot import (
     select_listed,
 )
 
-LEASE_KEY = "lease:rebalancer"
 MIN_SPIKE_SAMPLES = RECENT_WINDOW // 2
 
 
@@ -117,9 +117,12 @@ class RebalancerService(Service):
     ) -> None:
         super().__init__(ctx)
         settings = ctx.settings
-        self.policy = (
-            policy if policy is not None else make_llm_policy(settings.llm_policy).rebalancer
-        )
+        bundle = make_llm_policy(settings.llm_policy)
+        self.policy = policy if policy is not None else bundle.rebalancer
+        self.prediction_use = bundle.prediction
+        self._cluster = ClusterReader(ctx.state)
+        self._predictor: FittedPredictor | None = None
+        self._model_text: str | None = None
         self.clock = clock
         self.worker_timeout_s = settings.worker_timeout_s
         self.round_period_s: float | None = None
@@ -191,33 +194,28 @@ class RebalancerService(Service):
             return []
         if self.periodic:
             return await self.run_round(trigger="period")
-        stats = await self.ctx.state.hgetall(CLUSTER_STATS_KEY)
-        try:
-            rate = float(stats.get("recent_violation_rate", "0"))
-            samples = int(stats.get("recent_window", "0"))
-        except ValueError:
-            return []
-        if samples >= MIN_SPIKE_SAMPLES and policy.spike(rate):
+        view = await self._cluster.read(self.clock())
+        if view.recent_window >= MIN_SPIKE_SAMPLES and policy.spike(view.recent_violation_rate):
             return await self.run_round(trigger="spike")
         return []
 
     async def _hold_lease(self) -> bool:
         state = self.ctx.state
         ttl_s = 3 * (self.round_period_s or 1.0)
-        if await state.compare_and_set(LEASE_KEY, self.token, self.token, ttl_s=ttl_s):
+        if await state.compare_and_set(keys.REBALANCER_LEASE, self.token, self.token, ttl_s=ttl_s):
             return True
-        return await state.set_if_absent(LEASE_KEY, self.token, ttl_s=ttl_s)
+        return await state.set_if_absent(keys.REBALANCER_LEASE, self.token, ttl_s=ttl_s)
 
     async def run_round(self, *, trigger: str = "manual") -> list[Migration]:
         """Read, plan and publish once; returns the migrations published."""
         policy = self.policy
         if policy is None or not await self._hold_lease():
             return []
-        state = self.ctx.state
         now_s = self.clock()
         now_mono_s = time.monotonic()
         self._forget(now_mono_s)
-        view = await read_cluster(state, now_s)
+        view = await self._cluster.read(now_s)
+        await self._refresh_model()
         listings = {
             record.worker_id: {e.request_id: e for e in record.heartbeat.outstanding}
             for record in view.workers
@@ -241,11 +239,11 @@ class RebalancerService(Service):
             listed = select_listed(
                 group, worker_timeout_s=self.worker_timeout_s, scope=policy.queue_scope, skip=skip
             )
-            predictions = await self._predictions([item.entry.request_id for item in listed])
             snapshot = build_rebalance_snapshot(
                 group,
                 listed,
-                predictions,
+                self._predictor,
+                use=self.prediction_use,
                 worker_timeout_s=self.worker_timeout_s,
                 adjustments=self._pending(listings, now_mono_s),
             )
@@ -305,18 +303,16 @@ class RebalancerService(Service):
                 )
         return changes
 
-    async def _predictions(self, request_ids: list[str]) -> dict[str, ServiceTimePrediction]:
-        state = self.ctx.state
-        raws = await asyncio.gather(*(state.get(prediction_key(rid)) for rid in request_ids))
-        found: dict[str, ServiceTimePrediction] = {}
-        for rid, raw in zip(request_ids, raws, strict=True):
-            if raw is None:
-                continue
-            try:
-                found[rid] = ServiceTimePrediction.model_validate_json(raw)
-            except ValidationError as exc:
-                self.ctx.logger.warning("unreadable prediction for %s: %s", rid, exc)
-        return found
+    async def _refresh_model(self) -> None:
+        """Take the predictor's latest published model when it changed."""
+        text = await self.ctx.state.get(keys.PREDICTOR_MODEL)
+        if text is None or text == self._model_text:
+            return
+        self._model_text = text
+        try:
+            self._predictor = FittedPredictor.from_model(PredictorModel.model_validate_json(text))
+        except (ValidationError, ValueError) as exc:
+            self.ctx.logger.warning("unreadable predictor model, keeping the last: %s", exc)
 
     async def _publish(
         self,
@@ -328,6 +324,7 @@ class RebalancerService(Service):
     ) -> list[Migration]:
         assert self.policy is not None
         alive = {w.worker_id: w for w in snapshot.cluster.workers if w.alive}
+        partitions = self._cluster.inbox_partitions()
         where = {(item.worker_id, item.entry.request_id): item for item in listed}
         views = {q.request.request_id: q.request for q in snapshot.queued}
         moved: set[str] = set()
@@ -339,6 +336,8 @@ class RebalancerService(Service):
                 item is None
                 or source is None
                 or plan.to_worker_id not in alive
+                or partitions.get(plan.from_worker_id) is None
+                or partitions.get(plan.to_worker_id) is None
                 or plan.to_worker_id == plan.from_worker_id
                 or plan.request_id in moved
                 or not math.isfinite(plan.cost_s)
@@ -351,6 +350,7 @@ class RebalancerService(Service):
                 request_id=plan.request_id,
                 from_worker_id=plan.from_worker_id,
                 to_worker_id=plan.to_worker_id,
+                to_inbox_partition=partitions[plan.to_worker_id],
                 epoch=item.entry.epoch + 1,
                 reason=f"{self.policy.name}: {plan.reason}"[:500],
                 expected_gain_s=plan.expected_gain_s,
@@ -358,7 +358,9 @@ class RebalancerService(Service):
                 kv_cache_bytes=max(0, plan.kv_tokens) * source.kv_bytes_per_token,
                 decided_at_s=now_s,
             )
-            await self.ctx.bus.publish(MIGRATIONS, migration)
+            await self.ctx.bus.publish(
+                WORKER_INBOX, migration, partition=partitions[plan.from_worker_id]
+            )
             moved.add(plan.request_id)
             entry = item.entry
             target = alive[plan.to_worker_id]

@@ -10,13 +10,11 @@ Where the live stack knows less than the simulator:
 
 * ``remaining_s`` (and the work-ahead sums) are the worker's own
   ``QueuedEntry.remaining_s``;
-* ``RequestView.calibrated_s`` is the prediction's ``by_worker_type_s`` (plus its
-  ``calibrated_s`` for the worker's own type when that type is missing); without a
-  prediction it holds only the worker's own type, at ``remaining_s``;
-  ``predicted_s`` is the calibrated figure scaled by the prediction's raw/calibrated
-  ratio; ``deadline_s`` is the prediction's (absolute) adaptive deadline;
-* ``arrival_s`` is the time the worker queued it, ``workload`` is OTHER, and ``model``
-  is the model part of the worker's profile.
+* the request's view is built as the scheduler builds it
+  (:mod:`switchyard.prediction.views`), predicted with the predictor's published model
+  from what the heartbeat lists (prompt length, workload, hint, arrival, deadline); the
+  worker's own type, when the prediction lacks it, is at ``remaining_s``;
+* ``model`` is the model part of the worker's profile.
 """
 
 from __future__ import annotations
@@ -24,12 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from switchyard.contracts.messages import (
-    Heartbeat,
-    QueuedEntry,
-    ServiceTimePrediction,
-    WorkloadType,
-)
+from switchyard.cluster import ClusterView, WorkerRecord, cluster_snapshot, worker_profile
+from switchyard.contracts.messages import Heartbeat, QueuedEntry
+from switchyard.policies.registry import PredictionUse
 from switchyard.policies.snapshot import (
     QueuedRequestView,
     QueueScope,
@@ -38,13 +33,9 @@ from switchyard.policies.snapshot import (
     RequestView,
     WorkerView,
 )
-
-from services.cluster_state import (
-    ClusterView,
-    WorkerRecord,
-    cluster_snapshot,
-    worker_profile,
-)
+from switchyard.prediction.snapshot import FittedPredictor
+from switchyard.prediction.views import LlmRequestFacts, predict
+from switchyard.prediction.views import request_view as shared_request_view
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,33 +83,31 @@ def listed_entries(
 
 
 def request_view(
-    listed: ListedEntry, prediction: ServiceTimePrediction | None, model: str
+    listed: ListedEntry,
+    predictor: FittedPredictor | None,
+    use: PredictionUse,
+    model: str,
 ) -> RequestView:
-    """The policy's view of a listed request (see the module docstring for the sources)."""
+    """The policy's view of a listed request, predicted with the published model as the
+    scheduler predicts (:mod:`switchyard.prediction.views`); the worker's own type, when
+    the prediction does not cover it, at the ``remaining_s`` the worker reports."""
     entry = listed.entry
-    calibrated: dict[str, float]
-    predicted: dict[str, float]
-    deadline_s: float | None = None
-    if prediction is None:
-        calibrated = {listed.worker_type: entry.remaining_s}
-        predicted = dict(calibrated)
-    else:
-        calibrated = dict(prediction.by_worker_type_s)
-        calibrated.setdefault(listed.worker_type, prediction.calibrated_s)
-        ratio = (
-            prediction.predicted_s / prediction.calibrated_s if prediction.calibrated_s > 0 else 1.0
-        )
-        predicted = {kind: seconds * ratio for kind, seconds in calibrated.items()}
-        deadline_s = prediction.deadline_s
-    return RequestView(
+    facts = LlmRequestFacts(
         request_id=entry.request_id,
-        arrival_s=entry.queued_at_s,
+        arrival_s=entry.arrival_s if entry.arrival_s is not None else entry.queued_at_s,
         prompt_tokens=entry.prompt_tokens,
-        workload=WorkloadType.OTHER,
+        workload=entry.workload,
         model=model,
-        predicted_s=predicted,
-        calibrated_s=calibrated,
-        deadline_s=deadline_s,
+        output_tokens_hint=entry.output_tokens_hint,
+        deadline_s=entry.deadline_s,
+    )
+    view = shared_request_view(facts, predict(facts, predictor, use))
+    if listed.worker_type in view.calibrated_s:
+        return view
+    return replace(
+        view,
+        predicted_s={**view.predicted_s, listed.worker_type: entry.remaining_s},
+        calibrated_s={**view.calibrated_s, listed.worker_type: entry.remaining_s},
     )
 
 
@@ -200,13 +189,14 @@ def adjusted(worker: WorkerView, change: LoadAdjustment | None) -> WorkerView:
 def build_rebalance_snapshot(
     view: ClusterView,
     listed: list[ListedEntry],
-    predictions: Mapping[str, ServiceTimePrediction],
+    predictor: FittedPredictor | None,
     *,
+    use: PredictionUse = PredictionUse.CALIBRATED,
     worker_timeout_s: float,
     adjustments: Mapping[str, LoadAdjustment] | None = None,
 ) -> RebalanceSnapshot:
     """The snapshot a rebalancer plans over: every worker with a heartbeat (``alive``
-    per :meth:`~services.cluster_state.WorkerRecord.takes_work`: not draining, load changed by ``adjustments`` by
+    per :meth:`~switchyard.cluster.WorkerRecord.takes_work`: not draining, load changed by ``adjustments`` by
     worker id), the ``listed`` requests, and the recent violation rate from
     ``cluster:stats``."""
     models: dict[str, str] = {}
@@ -215,9 +205,7 @@ def build_rebalance_snapshot(
             models[record.worker_id] = model_of(record.heartbeat)
     queued = tuple(
         QueuedRequestView(
-            request=request_view(
-                item, predictions.get(item.entry.request_id), models.get(item.worker_id, "")
-            ),
+            request=request_view(item, predictor, use, models.get(item.worker_id, "")),
             worker_id=item.worker_id,
             phase=RequestPhase.RUNNING if item.entry.running else RequestPhase.WAITING,
             queued_at_s=item.entry.queued_at_s,

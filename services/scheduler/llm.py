@@ -1,10 +1,12 @@
 """Placing LLM requests: the live scheduler's shell around an LLM assignment policy.
 
 Pure and synchronous: from worker heartbeats (as the monitor stored them) and the
-request with its prediction, build the same frozen views the simulator builds
-(:mod:`switchyard.policies.snapshot`), ask the policy, and account for the decision
-locally until the worker's next heartbeat reflects it. Without this accounting, a burst
-decided between two heartbeats would all go to the worker that looked idlest.
+request, predicted in-process with the predictor's latest published model
+(:class:`~switchyard.prediction.snapshot.FittedPredictor`: no round trip per request),
+build the same frozen views the simulator builds (:mod:`switchyard.policies.snapshot`),
+ask the policy, and account for the decision locally until the worker's next heartbeat
+reflects it. Without this accounting, a burst decided between two heartbeats would all
+go to the worker that looked idlest.
 
 Worker types are ``GPU/model`` names (the performance profile of an emulated worker,
 ``cpu/tiny-lm`` for the torch language model), the keys of the predictions.
@@ -12,20 +14,16 @@ Worker types are ``GPU/model`` names (the performance profile of an emulated wor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from switchyard.contracts.messages import (
-    Heartbeat,
-    InferenceRequest,
-    LLMPayload,
-    ServiceTimePrediction,
-)
+from switchyard.cluster import worker_view
+from switchyard.contracts.messages import Heartbeat, InferenceRequest, LLMPayload
 from switchyard.policies.base import DecisionContext, NoWorkerError, Placement
-from switchyard.policies.registry import LlmPolicy, PredictionUse
+from switchyard.policies.registry import LlmPolicy
 from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
-
-from services.cluster_state import worker_view
+from switchyard.prediction.snapshot import FittedPredictor
+from switchyard.prediction.views import LlmRequestFacts, predict, request_view
 
 
 def llm_worker_type(heartbeat: Heartbeat, model: str) -> str:
@@ -40,36 +38,33 @@ def llm_worker_view(heartbeat: Heartbeat, model: str, *, alive: bool) -> WorkerV
     return replace(view, worker_type=llm_worker_type(heartbeat, model))
 
 
-def request_view(
-    request: InferenceRequest, prediction: ServiceTimePrediction | None, use: PredictionUse
-) -> RequestView:
-    """The policy's view of an LLM request, with its prediction when the policy reads one.
-
-    A policy that needs predictions but got none in time sees empty prediction maps,
-    which every predictive policy treats as "decide without".
-    """
+def request_facts(request: InferenceRequest) -> LlmRequestFacts:
+    """What the prediction and the policy know of an LLM request."""
     payload = request.payload
     if not isinstance(payload, LLMPayload):
         raise TypeError(f"request {request.request_id} is not an LLM request")
-    raw: Mapping[str, float] = {}
-    calibrated: Mapping[str, float] = {}
-    deadline_s = request.deadline_s
-    if prediction is not None and use is not PredictionUse.NONE:
-        raw = prediction.raw_by_worker_type_s or prediction.by_worker_type_s
-        calibrated = prediction.by_worker_type_s
-        if prediction.deadline_s is not None:
-            deadline_s = prediction.deadline_s
-    return RequestView(
+    return LlmRequestFacts(
         request_id=request.request_id,
         arrival_s=request.arrival_s,
         prompt_tokens=payload.prompt_tokens,
         workload=payload.workload,
         model=payload.model,
         output_tokens_hint=payload.output_tokens_hint,
-        predicted_s=raw,
-        calibrated_s=calibrated,
-        deadline_s=deadline_s,
+        deadline_s=request.deadline_s,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where a request goes and what was predicted of it there."""
+
+    placement: Placement
+    view: RequestView
+    worker_type: str
+    predicted_s: float | None
+    """The calibrated prediction on the chosen worker's type (None: none)."""
+    predicted_raw_s: float | None
+    """The raw prediction there: the worker reports it back for calibration."""
 
 
 @dataclass(slots=True)
@@ -94,6 +89,8 @@ class LlmPlacer:
         import random
 
         self.policy = policy
+        self.predictor: FittedPredictor | None = None
+        """The predictor's latest published model (None until one is read)."""
         self._rng = random.Random(ctx_seed)
         self._sequence = 0
         self._heartbeats: dict[str, Heartbeat] = {}
@@ -133,7 +130,9 @@ class LlmPlacer:
             heartbeat = self._heartbeats[worker_id]
             if model not in heartbeat.servable_models or worker_id in exclude:
                 continue
-            view = llm_worker_view(heartbeat, model, alive=self._alive.get(worker_id, False))
+            # A worker that names no inbox partition cannot be sent anything.
+            alive = self._alive.get(worker_id, False) and heartbeat.inbox_partition is not None
+            view = llm_worker_view(heartbeat, model, alive=alive)
             pending = self._pending.get(worker_id)
             if pending is not None:
                 view = replace(
@@ -148,19 +147,22 @@ class LlmPlacer:
             views.append(view)
         return ClusterSnapshot(now_s=now_s, workers=tuple(views))
 
+    def inbox_partition(self, worker_id: str) -> int | None:
+        """Where ``worker_id`` reads its assignments (from its last heartbeat)."""
+        heartbeat = self._heartbeats.get(worker_id)
+        return None if heartbeat is None else heartbeat.inbox_partition
+
     def place(
-        self,
-        request: InferenceRequest,
-        prediction: ServiceTimePrediction | None,
-        now_s: float,
-        exclude: frozenset[str] = frozenset(),
-    ) -> tuple[Placement, RequestView]:
+        self, request: InferenceRequest, now_s: float, exclude: frozenset[str] = frozenset()
+    ) -> Placed:
         """The worker for ``request``; accounts for it until that worker's next heartbeat.
 
         Raises:
             NoWorkerError: no live worker serves the request's model.
         """
-        view = request_view(request, prediction, self.policy.prediction)
+        facts = request_facts(request)
+        prediction = predict(facts, self.predictor, self.policy.prediction)
+        view = request_view(facts, prediction)
         cluster = self.cluster(view.model, now_s, exclude)
         if not cluster.eligible():
             raise NoWorkerError(f"no live worker serves model {view.model!r}")
@@ -168,7 +170,14 @@ class LlmPlacer:
         self._sequence += 1
         placement = self.policy.assignment.assign(view, cluster, ctx)
         self._account(placement.worker_id, view)
-        return placement, view
+        worker_type = self.worker_type(placement.worker_id, view.model)
+        return Placed(
+            placement,
+            view,
+            worker_type,
+            view.calibrated_s.get(worker_type),
+            view.predicted_s.get(worker_type),
+        )
 
     def _account(self, worker_id: str, view: RequestView) -> None:
         heartbeat = self._heartbeats[worker_id]

@@ -4,9 +4,10 @@ Off the critical path: the scheduler waits for an estimate at most
 ``SWITCHYARD_PREDICTION_WAIT_S`` and schedules on profiled accuracy without one. At start
 it builds one :class:`~switchyard.sneakpeek.SneakPeekEstimator` per classification
 application of the catalogue (a neighbour index over the application's training data);
-then it consumes ``switchyard.requests`` in batches (group ``sneakpeek``), estimates each
-application's requests together, and publishes an :class:`AccuracyEstimate` per request
-to ``switchyard.estimates`` and to the state store (``estimate:{request id}``).
+then it consumes ``switchyard.requests`` in batches (group ``sneakpeek``), passing over
+LLM requests undecoded (their ``sy-kind`` header says so), estimates each application's
+requests together, and publishes an :class:`AccuracyEstimate` per request to
+``switchyard.estimates`` and to the state store (``estimate:{request id}``).
 
 A request whose features do not fit its application (wrong length, not finite) gets no
 estimate; the ingress rejects such requests before they reach the bus, so this only
@@ -22,20 +23,24 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 import numpy as np
+from switchyard.bus import Envelope
 from switchyard.contracts.messages import AccuracyEstimate, ClassificationPayload, InferenceRequest
-from switchyard.contracts.topics import ESTIMATES, REQUESTS
+from switchyard.contracts.topics import ESTIMATES, KIND_HEADER, REQUESTS
 from switchyard.runtime import Service, ServiceContext
 from switchyard.serving.catalogue import ServingCatalogue
 from switchyard.sneakpeek.estimator import SneakPeekEstimator
+from switchyard.state import keys
 
 ESTIMATE_TTL_S = 600.0
 _BATCH = 256
 _BATCH_WAIT_S = 0.2
 
 
-def estimate_key(request_id: str) -> str:
-    """The state key of a request's accuracy estimate."""
-    return f"estimate:{request_id}"
+def classification_only(envelope: Envelope) -> bool:
+    """Whether a request record is a classification request (by its header; a record
+    without the header is decoded and judged by its payload)."""
+    kind = envelope.header(KIND_HEADER)
+    return kind is None or kind == b"classification"
 
 
 def build_estimators(catalogue: ServingCatalogue) -> dict[str, SneakPeekEstimator]:
@@ -110,7 +115,9 @@ class SneakPeekService(Service):
 
     async def _estimate_routine(self) -> None:
         ctx = self.ctx
-        async with ctx.bus.subscribe(REQUESTS, group="sneakpeek", stopping=ctx.stopping) as sub:
+        async with ctx.bus.subscribe(
+            REQUESTS, group="sneakpeek", stopping=ctx.stopping, record_filter=classification_only
+        ) as sub:
             while not ctx.stopping.is_set():
                 batch = await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
                 if not batch:
@@ -125,7 +132,7 @@ class SneakPeekService(Service):
                         sends.append(await ctx.bus.send(ESTIMATES, estimate))
                 writes = [
                     ctx.state.set(
-                        estimate_key(e.request_id), e.model_dump_json(), ttl_s=ESTIMATE_TTL_S
+                        keys.estimate(e.request_id), e.model_dump_json(), ttl_s=ESTIMATE_TTL_S
                     )
                     for e in estimates
                 ]

@@ -6,17 +6,20 @@ first-served. A request whose ``not_before_s`` lies in the future (its KV cache 
 in transfer after a migration) stays in place but is not *ready*: nothing may start it
 before then.
 
-Pure data structure: no clock (callers pass ``now_s``), no I/O.
+A pure data structure: no clock (callers pass ``now_s``), no I/O.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
 from switchyard.contracts.messages import Assignment, InferenceRequest, LLMPayload
@@ -119,6 +122,22 @@ class WorkItem:
 
     def sort_key(self) -> tuple[float, float, int]:
         return (self.assignment.order, self.assignment.assigned_at_s, self.seq)
+
+    @contextlib.contextmanager
+    def in_trace(self) -> Iterator[None]:
+        """Make its execution span (or, before it started, the context its assignment was
+        taken in) current: what is published inside continues the request's trace."""
+        context = self.trace_context
+        if self.span is not None:
+            context = trace.set_span_in_context(self.span, context)
+        if context is None:
+            yield
+            return
+        token = otel_context.attach(context)
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
 
 
 class LocalQueue:

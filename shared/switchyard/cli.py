@@ -8,7 +8,6 @@ non-zero exit status, never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import uuid
@@ -17,6 +16,7 @@ from collections.abc import Callable, Sequence
 from switchyard import __version__
 from switchyard.config import Settings, load_settings
 from switchyard.errors import ConfigError, SwitchyardError
+from switchyard.runtime import loop as event_loop
 
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 1
@@ -71,7 +71,7 @@ async def _check(settings: Settings) -> int:
 
 
 def _cmd_check(settings: Settings, args: argparse.Namespace) -> int:
-    return asyncio.run(_check(settings))
+    return event_loop.run(_check(settings))
 
 
 async def _topics(settings: Settings) -> int:
@@ -85,7 +85,7 @@ async def _topics(settings: Settings) -> int:
             name = bus.topic_name(topic)
             partitions = await bus.transport.partitions_for(name)
             print(
-                f"{name:45} {partitions:4d} partitions  {topic.message_type.__name__:22} {topic.description}"
+                f"{name:45} {partitions:4d} partitions  {topic.type_names:22} {topic.description}"
             )
     finally:
         await bus.stop()
@@ -93,7 +93,7 @@ async def _topics(settings: Settings) -> int:
 
 
 def _cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
-    return asyncio.run(_topics(settings))
+    return event_loop.run(_topics(settings))
 
 
 async def _dead_letters(settings: Settings, limit: int, idle_s: float) -> int:
@@ -131,20 +131,20 @@ async def _dead_letters(settings: Settings, limit: int, idle_s: float) -> int:
 
 
 def _cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
-    return asyncio.run(_dead_letters(settings, args.limit, args.idle_s))
+    return event_loop.run(_dead_letters(settings, args.limit, args.idle_s))
 
 
 def _cmd_demo_bus(settings: Settings, args: argparse.Namespace) -> int:
     from switchyard.demo import run_demo
 
-    return asyncio.run(run_demo(settings, requests=args.requests))
+    return event_loop.run(run_demo(settings, requests=args.requests))
 
 
 def _cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from services.demo import run
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    return run(settings, policies, args.limit, args.speedup)
+    return run(settings, policies, args.limit, args.speedup, log_file=args.log_file)
 
 
 def _cmd_simulate(settings: Settings, args: argparse.Namespace) -> int:
@@ -278,6 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--limit", type=int, default=1200, help="requests to replay (default 1200)")
     demo.add_argument(
         "--speedup", type=float, default=10.0, help="arrivals and emulated time x this (default 10)"
+    )
+    demo.add_argument(
+        "--log-file",
+        metavar="PATH",
+        default=None,
+        help="write the services' logs here (default "
+        "$SWITCHYARD_CACHE_DIR/demo/demo-<UTC time>.log); the terminal shows the progress "
+        "and the reports",
     )
     demo_bus = add(
         "demo-bus",

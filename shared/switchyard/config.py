@@ -58,6 +58,16 @@ class Settings(BaseModel):
     kafka_linger_ms: int = Field(
         default=0, ge=0, le=1000, description="Producer linger: batch wait before sending."
     )
+    addressed_partitions: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description=(
+            "Partitions of the addressed topics (worker inboxes, ingress answers) Switchyard "
+            "creates: the most workers, and ingress replicas, that each read a partition of "
+            "their own; beyond it they share partitions and skip each other's records."
+        ),
+    )
     kafka_fetch_max_wait_ms: int = Field(
         default=20,
         ge=1,
@@ -181,8 +191,17 @@ class Settings(BaseModel):
         ge=0,
         le=10,
         description=(
-            "Longest the scheduler waits for a request's prediction or estimate before "
-            "deciding without it."
+            "Longest the scheduler waits for a classification request's SneakPeek estimate "
+            "before deciding without it."
+        ),
+    )
+    predictor_publish_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description=(
+            "How often the predictor publishes its fitted model (when it learnt something), "
+            "and how often the scheduler and rebalancer look for a new one."
         ),
     )
     heartbeat_interval_s: float = Field(

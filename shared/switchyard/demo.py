@@ -40,13 +40,16 @@ from switchyard.contracts.messages import (
     InferenceRequest,
     LLMPayload,
     LLMResult,
+    OutputChunk,
     RequestTimeline,
 )
-from switchyard.contracts.topics import ALL_TOPICS, COMPLETIONS, DEAD_LETTERS, REQUESTS
+from switchyard.contracts.topics import ALL_TOPICS, ANSWERS, DEAD_LETTERS, REQUESTS
 from switchyard.state import StateStore, state_from_settings
 from switchyard.telemetry import TracingMiddleware
 
 _CLAIM_TTL_S = 3600.0
+_REPORT_PARTITION = 0
+"""The partition of the answers topic the demo's reporter reads (its answers address it)."""
 
 
 @dataclass
@@ -83,7 +86,7 @@ class _Replica:
         output_tokens = payload.output_tokens_hint if isinstance(payload, LLMPayload) else None
         now_s = time.time()
         await self.bus.publish(
-            COMPLETIONS,
+            ANSWERS,
             Completion(
                 request_id=request.request_id,
                 app=request.app,
@@ -100,6 +103,7 @@ class _Replica:
                 ),
                 emulated=True,
             ),
+            partition=_REPORT_PARTITION,
         )
 
     async def run(self) -> None:
@@ -147,22 +151,31 @@ async def run_demo(settings: Settings, *, requests: int = 2000, speedup: float =
     replica_b = _Replica("replica-b", bus_b, state, tally)
     report_stop = asyncio.Event()
 
-    async def report_completions(delivery: Delivery[Completion]) -> None:
+    async def report_completions(delivery: Delivery[Completion | OutputChunk]) -> None:
         completion = delivery.message
+        if not isinstance(completion, Completion):
+            return
         tally.answers[completion.request_id] += 1
         tally.completed.add(completion.request_id)
         tally.hops_ms.append((time.time() - completion.timeline.arrival_s) * 1000)
         if len(tally.completed) >= len(trace):
             report_stop.set()
 
+    # Opened before anything is sent: a partition reader starts at the partition's end.
+    report = report_bus.subscribe(
+        ANSWERS, group="demo-report", stopping=report_stop, partitions=[_REPORT_PARTITION]
+    )
+    await report.open()
+
+    async def report_routine() -> None:
+        async with report:
+            async for delivery in report:
+                await report.handle(delivery, report_completions)
+
     tasks = [
         asyncio.create_task(replica_a.run()),
         asyncio.create_task(replica_b.run()),
-        asyncio.create_task(
-            report_bus.consume(
-                COMPLETIONS, group="demo-report", handler=report_completions, stopping=report_stop
-            )
-        ),
+        asyncio.create_task(report_routine()),
     ]
     started_s = time.time()
     crashed = False
@@ -214,7 +227,7 @@ async def run_demo(settings: Settings, *, requests: int = 2000, speedup: float =
         if span.context is not None:
             trace_ids.setdefault(format(span.context.trace_id, "032x"), set()).add(span.name)
     full_traces = sum(
-        1 for names in trace_ids.values() if any(n.endswith("completions process") for n in names)
+        1 for names in trace_ids.values() if any(n.endswith("answers process") for n in names)
     )
 
     for bus in (ingress_bus, report_bus, bus_a, bus_b):

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from switchyard.bus import Delivery, Subscription
+from switchyard.bus import Delivery, Envelope, Subscription
 from switchyard.bus.partitioner import partition_for_key
 from switchyard.contracts.messages import DeadLetter, InferenceRequest
 from switchyard.contracts.topics import DEAD_LETTERS, HEARTBEATS, REQUESTS
@@ -255,10 +255,10 @@ async def test_a_key_filter_skips_other_keys_without_holding_them_back(
         key = "mine" if i % 2 == 0 else "theirs"
         await first.publish(REQUESTS, make_request(f"r{i}", seq=i), key=key)
 
-    def wanted(key: bytes | None) -> bool:
-        return key == b"mine"
+    def wanted(envelope: Envelope) -> bool:
+        return envelope.key == b"mine"
 
-    async with first.subscribe(REQUESTS, group="filtered", key_filter=wanted) as sub:
+    async with first.subscribe(REQUESTS, group="filtered", record_filter=wanted) as sub:
         got = await collect(sub, 3)
     assert [d.message.request_id for d in got] == ["r0", "r2", "r4"]
     # Skipped records read before the last delivery count as handled: the group's

@@ -133,9 +133,14 @@ async def test_a_reassignment_moves_the_request_and_fences_the_old_worker(
     assert moved.result == "assigned"
     assert await assigned_to(store, "w1") == []
     assert await assigned_to(store, "w2") == ["r1"]
-    # The old worker wakes up: it can neither start the request again nor answer it.
+    # The old worker wakes up: it can neither start the request again nor answer it,
+    # and the run it finished anyway is counted.
     assert await ledger.start_many([Fence("r1", 0, "w1")], now_s=103.0) == ["superseded"]
     assert await ledger.finish_many([completion("w1", epoch=0)]) == ["superseded"]
+    stale = await ledger.read("r1")
+    assert stale is not None
+    assert stale.superseded_runs == 1
+    assert (await store.hgetall(keys.CLUSTER_STATS))["superseded"] == "1"
     assert await ledger.start_many([Fence("r1", 1, "w2")], now_s=103.0) == ["started"]
     answer = completion("w2", epoch=1)
     assert await ledger.finish_many([answer]) == ["finished"]

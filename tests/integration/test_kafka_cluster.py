@@ -19,6 +19,7 @@ async def test_bus_reads_the_real_brokers_cluster_metadata(
         kafka_bootstrap=kafka_bootstrap,
         topic_prefix=unique_prefix,
         topic_partitions=3,
+        addressed_partitions=5,
     )
     bus = bus_from_settings(settings)
     await bus.start()
@@ -31,8 +32,11 @@ async def test_bus_reads_the_real_brokers_cluster_metadata(
         assert info.controller_id in info.broker_ids
         names = {bus.topic_name(t) for t in ALL_TOPICS}
         assert names <= info.topics
+        # Keyed topics get the configured count; addressed ones a partition per
+        # destination (worker inboxes, ingress answers).
         for topic in ALL_TOPICS:
-            assert await bus.transport.partitions_for(bus.topic_name(topic)) == 3
+            expected = 5 if topic.addressed else 3
+            assert await bus.transport.partitions_for(bus.topic_name(topic)) == expected
     finally:
         await bus.transport.delete_topics(bus.topic_name(t) for t in ALL_TOPICS)
         await bus.stop()

@@ -24,13 +24,20 @@ from typing import Any
 
 import httpx
 import pytest
-from switchyard.contracts.messages import Assignment, Heartbeat
-from switchyard.contracts.topics import ASSIGNMENTS, HEARTBEATS, REQUESTS, WORKER_EVENTS
+from switchyard.contracts.messages import Assignment, Heartbeat, Migration
+from switchyard.contracts.topics import HEARTBEATS, REQUESTS, WORKER_EVENTS, WORKER_INBOX
+from switchyard.lifecycle import RequestLedger
 
 from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.replay import ReplayResult, replay
 from loadgen.traces import resolve_trace
-from tests.support.process_stack import ProcessStack, StackFactory, free_port, read_topic
+from tests.support.process_stack import (
+    ProcessStack,
+    Record,
+    StackFactory,
+    free_port,
+    read_topic,
+)
 from tests.support.recovery import analyse, third_of_the_way_s
 
 pytestmark = pytest.mark.integration
@@ -131,10 +138,17 @@ async def test_replicas_of_every_service_share_the_load(process_stack: StackFact
     decided = {name: await _decisions(port) for name, port in schedulers.items()}
     assert all(count > 0 for count in decided.values()), decided
     assert sum(decided.values()) >= len(plan), decided
-    assignments = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, ASSIGNMENTS)
+    inbox = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, WORKER_INBOX)
+    assignments = _assignments(inbox)
     assert {(a.message.request.request_id, a.message.epoch) for a in assignments} == {
         (i, 0) for i in ok_ids
     }
+    # Each worker's assignments went to the partition it named, read by it alone.
+    partitions = {a.message.worker_id: {a.partition} for a in assignments}
+    heartbeats = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, HEARTBEATS)
+    named = {h.message.worker_id: {h.message.inbox_partition} for h in heartbeats}
+    assert partitions == {w: named[w] for w in partitions}, (partitions, named)
+    assert len({p for ps in partitions.values() for p in ps}) == len(partitions)
 
     # All four workers served requests.
     served = Counter(r.worker_id for result in results for r in result.records)
@@ -163,10 +177,11 @@ async def test_a_worker_added_mid_replay_takes_load_within_a_heartbeat(
     assert bad == [], (bad[:5], why)
     assert len(ok) == len(set(ok)) == len(plan), why
 
-    heartbeats, assignments = await asyncio.gather(
+    heartbeats, inbox = await asyncio.gather(
         read_topic(stack.kafka_bootstrap, stack.topic_prefix, HEARTBEATS),
-        read_topic(stack.kafka_bootstrap, stack.topic_prefix, ASSIGNMENTS),
+        read_topic(stack.kafka_bootstrap, stack.topic_prefix, WORKER_INBOX),
     )
+    assignments = _assignments(inbox)
     first_heartbeat_ms = min(
         h.timestamp_ms for h in heartbeats if h.message.worker_id == "worker-b"
     )
@@ -276,10 +291,11 @@ async def test_a_terminated_worker_drains(process_stack: StackFactory) -> None:
     # answered from there.
     handed_over = sorted({o for d in downs for o in d.held_request_ids or []})
     assert handed_over, why
-    recorded = await stack.state.get_many([f"assignment:{o}" for o in handed_over])
-    for orphan, raw in zip(handed_over, recorded, strict=True):
-        assert raw is not None, (orphan, why)
-        assignment = Assignment.model_validate_json(raw)
+    ledger = RequestLedger(stack.state)
+    for orphan in handed_over:
+        record = await ledger.read(orphan)
+        assignment = None if record is None else record.assignment
+        assert assignment is not None, (orphan, why)
         assert (assignment.worker_id, assignment.epoch >= 1) == (survivor, True), (orphan, why)
         assert answered_by[orphan] == survivor, (orphan, why)
     first_handover_s = next(
@@ -310,7 +326,10 @@ async def test_an_answer_outlives_the_ingress_replica_that_took_the_call(
         )
         status_url = f"{stack.url_of('ingress-b')}/v1/requests/{request_id}"
         deadline = time.monotonic() + 20.0
-        while (status := (await client.get(status_url)).json().get("status")) != "assigned":
+        while (status := (await client.get(status_url)).json().get("status")) not in (
+            "assigned",
+            "running",
+        ):
             assert time.monotonic() < deadline, (status, stack.logs())
             await asyncio.sleep(0.05)
         # The replica that took the call, and would have recorded its answer, is gone
@@ -318,7 +337,7 @@ async def test_an_answer_outlives_the_ingress_replica_that_took_the_call(
         stack.kill("ingress-a")
         with pytest.raises(httpx.TransportError):
             await call
-        # The record still gets the answer (the monitor writes it), so both a status
+        # The record still gets the answer (the worker records it), so both a status
         # poll and a retry with the same request_id on the other replica find it.
         while (record := (await client.get(status_url)).json())["status"] != "ok":
             assert time.monotonic() < deadline + 20.0, (record, stack.logs())
@@ -330,3 +349,12 @@ async def test_an_answer_outlives_the_ingress_replica_that_took_the_call(
     # Run once: the retry found the answer rather than running the request again.
     requests = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, REQUESTS)
     assert [r.message.request_id for r in requests] == [request_id]
+
+
+def _assignments(inbox: list[Record[Assignment | Migration]]) -> list[Record[Assignment]]:
+    """The assignments among the worker inbox's records (migrations left out)."""
+    return [
+        Record(r.message, r.partition, r.offset, r.timestamp_ms)
+        for r in inbox
+        if isinstance(r.message, Assignment)
+    ]

@@ -17,7 +17,7 @@ from switchyard.contracts.messages import (
     InferenceRequest,
     RequestTimeline,
 )
-from switchyard.contracts.topics import COMPLETIONS, REQUESTS
+from switchyard.contracts.topics import ANSWERS, REQUESTS
 from switchyard.telemetry import TracingMiddleware
 
 from tests.support.bus import bus_factory, collect, make_request
@@ -44,11 +44,14 @@ async def test_consumer_spans_are_children_of_the_producer_spans_across_two_hops
         assert not trace.get_current_span().get_span_context().is_valid
 
         stopping = asyncio.Event()
+        # The answer's partition is read from its end: open the reader before it comes.
+        answers = reporter.subscribe(ANSWERS, group="ingress", partitions=[1])
+        await answers.open()
 
         async def work(delivery: Delivery[InferenceRequest]) -> None:
             request = delivery.message
             await worker.publish(
-                COMPLETIONS,
+                ANSWERS,
                 Completion(
                     request_id=request.request_id,
                     app=request.app,
@@ -58,18 +61,19 @@ async def test_consumer_spans_are_children_of_the_producer_spans_across_two_hops
                     status=CompletionStatus.OK,
                     timeline=RequestTimeline(arrival_s=request.arrival_s),
                 ),
+                partition=1,
             )
             stopping.set()
 
         await asyncio.wait_for(
             worker.consume(REQUESTS, group="worker", handler=work, stopping=stopping), 60
         )
-        async with reporter.subscribe(COMPLETIONS, group="ingress") as sub:
+        async with answers as sub:
             await collect(sub, 1)
 
     spans = {span.name: span for span in exporter.get_finished_spans()}
     requests_topic = f"{unique_prefix}switchyard.requests"
-    completions_topic = f"{unique_prefix}switchyard.completions"
+    completions_topic = f"{unique_prefix}switchyard.answers"
     publish_request = spans[f"{requests_topic} publish"]
     process_request = spans[f"{requests_topic} process"]
     publish_completion = spans[f"{completions_topic} publish"]

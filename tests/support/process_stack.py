@@ -45,9 +45,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import httpx
+from switchyard.bus import Envelope, codec
 from switchyard.config import Settings, load_settings
 from switchyard.contracts.base import Message
 from switchyard.contracts.topics import ALL_TOPICS, Topic
@@ -420,7 +421,16 @@ async def read_topic(
                 for row in rows:
                     if row.offset >= ends[tp] or row.value is None:
                         continue
-                    message = topic.message_type.model_validate_json(row.value)
+                    envelope = Envelope(
+                        topic=name,
+                        partition=tp.partition,
+                        offset=row.offset,
+                        key=row.key,
+                        value=row.value,
+                        headers=tuple(row.headers or ()),
+                        timestamp_ms=row.timestamp,
+                    )
+                    message = cast(M, codec.decode(envelope, topic.message_types))
                     records.append(Record(message, tp.partition, row.offset, row.timestamp))
         return records
     finally:

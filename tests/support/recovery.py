@@ -10,13 +10,15 @@ Definitions (wall seconds, one machine's clock):
 - *lost*: a planned request without a 200 answer at the client;
 - *answers doubled*: a request id the client got more than one answer for (the replay
   sends each once, so this counts ids that appear twice among the answers);
-- *runs doubled*: a request with ``ok`` completions from more than one
-  ``(worker, epoch)``: it ran to completion twice (the ingress still answers once);
+- *runs doubled*: a request with ``ok`` answers from more than one ``(worker, epoch)``
+  on the answers topic, or whose record counts a superseded run (a worker ran it after
+  it had been given to another, and its answer was refused): it ran twice (the client
+  still gets one answer);
 - *detection*: from the kill to the broker's timestamp of the ``WorkerDown``;
 - *re-assignment*: from the kill to the ``assigned_at_s`` of the last orphan's
-  re-assignment (``assignment:{id}`` with ``epoch >= 1``);
+  re-assignment (its record's assignment with ``epoch >= 1``);
 - *assignment conflicts*: a ``(request, epoch)`` with more than one distinct decision on
-  the assignments topic (re-sends of one recorded decision share its ``message_id``;
+  the worker inbox topic (re-sends of one recorded decision share its ``message_id``;
   a migration's moved assignment is a new decision of a new epoch).
 """
 
@@ -29,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from switchyard.contracts.messages import Assignment, Completion, CompletionStatus, WorkerDown
-from switchyard.contracts.topics import ASSIGNMENTS, COMPLETIONS, WORKER_EVENTS
+from switchyard.contracts.topics import ANSWERS, WORKER_EVENTS, WORKER_INBOX
+from switchyard.lifecycle import RequestLedger
 
 from loadgen.mixes import PlannedRequest
 from loadgen.replay import ReplayResult, replay
@@ -174,13 +177,29 @@ async def analyse(
     ]
     lost = sorted(set(ids) - set(ok_ids))
 
-    completions, assignments, events = await asyncio.gather(
-        read_topic(stack.kafka_bootstrap, stack.topic_prefix, COMPLETIONS),
-        read_topic(stack.kafka_bootstrap, stack.topic_prefix, ASSIGNMENTS),
+    answers, inbox, events = await asyncio.gather(
+        read_topic(stack.kafka_bootstrap, stack.topic_prefix, ANSWERS),
+        read_topic(stack.kafka_bootstrap, stack.topic_prefix, WORKER_INBOX),
         read_topic(stack.kafka_bootstrap, stack.topic_prefix, WORKER_EVENTS),
     )
+    completions = [
+        Record(r.message, r.partition, r.offset, r.timestamp_ms)
+        for r in answers
+        if isinstance(r.message, Completion)
+    ]
+    assignments = [
+        Record(r.message, r.partition, r.offset, r.timestamp_ms)
+        for r in inbox
+        if isinstance(r.message, Assignment)
+    ]
     wanted = set(ids)
+    ledger = RequestLedger(stack.state)
+    request_records = dict(
+        zip(ids, await asyncio.gather(*(ledger.read(rid) for rid in ids)), strict=True)
+    )
     runs_doubled, redeliveries = _doubled_runs(completions, wanted)
+    superseded = {rid for rid, rec in request_records.items() if rec and rec.superseded_runs}
+    runs_doubled = sorted(set(runs_doubled) | superseded)
     conflicts = _assignment_conflicts(assignments, wanted)
     records_per_decision = Counter(
         a.message.message_id for a in assignments if a.message.request.request_id in wanted
@@ -237,14 +256,14 @@ async def analyse(
         }
     )
     by_worker = {r.request_id: r.worker_id for r in records if r.status_code == 200}
-    recorded = await stack.state.get_many([f"assignment:{o}" for o in orphans])
+    recorded = await asyncio.gather(*(ledger.read(o) for o in orphans))
     latest: list[float] = []
-    for orphan, raw in zip(orphans, recorded, strict=True):
+    for orphan, record in zip(orphans, recorded, strict=True):
         report.orphans_answered_by[orphan] = by_worker.get(orphan)
-        if raw is None:
+        assignment = None if record is None else record.assignment
+        if assignment is None:
             report.orphans_not_reassigned.append(orphan)
             continue
-        assignment = Assignment.model_validate_json(raw)
         if assignment.epoch >= 1 and assignment.worker_id != killed:
             report.reassigned[orphan] = (
                 assignment.worker_id,

@@ -50,8 +50,8 @@ def test_every_message_carries_version_id_and_creation_time() -> None:
 def test_topics_have_unique_names_and_types() -> None:
     names = [t.name for t in ALL_TOPICS]
     assert len(set(names)) == len(names)
-    types = [t.message_type.MESSAGE_TYPE for t in ALL_TOPICS]
-    assert len(set(types)) == len(types)
+    types = [m.MESSAGE_TYPE for t in ALL_TOPICS for m in t.message_types]
+    assert len(set(types)) == len(types), "each message type travels on one topic"
 
 
 def test_encode_then_decode_is_identity_with_describing_headers() -> None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+from switchyard.cluster import read_cluster
 from switchyard.config import load_settings
 
 from loadgen.mixes import build_plan
 from loadgen.replay import OK, REJECTED, replay
 from loadgen.traces import resolve_trace
-from services.cluster_state import read_cluster
 from services.embedded import EmbeddedPlan, EmbeddedStack
 from tests.support.services import eventually
 

@@ -1,7 +1,8 @@
 """Admission control in the ingress API, over the in-memory bus with the fake worker of
 :mod:`tests.unit.test_ingress_api`: a request no worker can finish before its deadline
 gets 429 with ``Retry-After`` and is neither recorded nor published; one for a model no
-live worker serves gets 503; nothing is refused before the first cluster read."""
+live worker serves gets 503; nothing is refused before the first cluster read; a retry of
+a request accepted before is answered from its record, never judged again."""
 
 from __future__ import annotations
 
@@ -13,24 +14,24 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 from switchyard.bus import Bus, MemoryTransport
+from switchyard.cluster import read_cluster
 from switchyard.config import load_settings
 from switchyard.contracts.messages import InferenceRequest
-from switchyard.contracts.topics import REQUESTS
+from switchyard.contracts.topics import REQUESTS, request_headers
 from switchyard.state.memory import MemoryStateStore
 from switchyard.telemetry import Telemetry, configure_telemetry
 
-from services.cluster_state import read_cluster
 from services.ingress.admission_policy import NO_WORKER_RETRY_AFTER_S, AdmissionGate
-from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
-from services.ingress.routing import route_completions
 from tests.support.services import heartbeat, store_worker
 from tests.unit.test_ingress_api import (
     FakeWorker,
+    answer_text,
     assert_error,
     completion_body,
     features,
     make_catalogue,
+    routed_answers,
 )
 
 
@@ -57,14 +58,14 @@ async def _gated(grace_s: float = 10.0) -> AsyncIterator[Gated]:
     bus = Bus(MemoryTransport(), commit_interval_s=0.05)
     await bus.start()
     state = MemoryStateStore()
-    worker = FakeWorker(bus)
+    worker = FakeWorker(bus, state)
     stopping = asyncio.Event()
-    answers = AnswerRegistry("ingress-a")
+    answers, routing = await routed_answers(bus, state, "ingress-a", stopping)
     gate = AdmissionGate(slack=1.0, grace_s=grace_s, worker_timeout_s=2.0)
     telemetry = configure_telemetry("ingress", load_settings({}), install_global=False)
 
     async def publish(request: InferenceRequest) -> None:
-        await bus.publish(REQUESTS, request)
+        await bus.publish(REQUESTS, request, headers=request_headers(request))
 
     app = build_app(
         make_catalogue(),
@@ -75,10 +76,7 @@ async def _gated(grace_s: float = 10.0) -> AsyncIterator[Gated]:
         gate=gate,
         telemetry=telemetry,
     )
-    tasks = [
-        asyncio.create_task(worker.run(stopping)),
-        asyncio.create_task(route_completions(bus, state, answers, stopping=stopping)),
-    ]
+    tasks = [asyncio.create_task(worker.run(stopping)), routing]
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://ingress", timeout=10.0
     )
@@ -135,7 +133,7 @@ async def test_a_saturated_worker_gets_429_and_nothing_is_recorded_or_published(
     status = await gated.client.get("/v1/requests/busy-1")
     assert status.status_code == 404  # never recorded
 
-    # The backlog drained: the same id is accepted on retry (its claim was released).
+    # The backlog drained: the same id is accepted on retry (nothing held it).
     await store_worker(gated.state, heartbeat("w1", running=1, queued_work_s=0.5))
     await gated.refresh()
     accepted = await gated.client.post("/v1/completions", json=body)
@@ -211,3 +209,26 @@ async def test_nothing_is_refused_before_the_first_cluster_read(gated_no_grace: 
     assert not gated.gate.ready
     answer = await gated.client.post("/v1/completions", json=completion_body())
     assert answer.status_code == 200, answer.text
+
+
+async def test_a_retry_of_an_accepted_request_is_answered_not_judged_again(
+    gated: Gated,
+) -> None:
+    await store_worker(gated.state, heartbeat("w1", running=1, queued_work_s=0.5))
+    await gated.refresh()
+    body = completion_body(switchyard={"request_id": "kept-1"})
+    first = await gated.client.post("/v1/completions", json=body)
+    assert first.status_code == 200, first.text
+
+    # Now the worker is saturated: a new request is refused ...
+    await store_worker(gated.state, heartbeat("w1", waiting=60, running=8, queued_work_s=600.0))
+    await gated.refresh()
+    fresh = await gated.client.post("/v1/completions", json=completion_body())
+    assert fresh.status_code == 429, fresh.text
+    # ... but a retry of the accepted one gets its answer from the record, not run again.
+    retry = await gated.client.post("/v1/completions", json=body)
+    assert retry.status_code == 200, retry.text
+    assert retry.json() == first.json()
+    assert retry.json()["choices"][0]["text"] == answer_text("kept-1")
+    assert [r.request_id for r in await gated.published()] == ["kept-1"]
+    assert len(gated.worker.runs_of("kept-1")) == 1

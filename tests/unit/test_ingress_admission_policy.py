@@ -6,10 +6,10 @@ before the first read of the cluster."""
 from __future__ import annotations
 
 import pytest
+from switchyard.cluster import ClusterView, WorkerRecord, WorkerStatus
 from switchyard.contracts.messages import Heartbeat
 from switchyard.perf.profiles import performance_model
 
-from services.cluster_state import ClusterView, WorkerRecord, WorkerStatus
 from services.ingress.admission_policy import (
     NO_WORKER_RETRY_AFTER_S,
     AdmissionGate,

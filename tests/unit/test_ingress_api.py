@@ -1,11 +1,19 @@
-"""The ingress HTTP API, driven in process (httpx over ASGI) on the in-memory bus, with a
-fake worker that answers from ``switchyard.requests``.
+"""The ingress HTTP API, driven in process (httpx over ASGI) on the in-memory bus and
+state store, with a fake worker that answers from ``switchyard.requests``.
 
-The fake worker reads markers from the prompt (LLM) or the client's request id
-(classification): ``SLOW`` never answers, ``DELAY`` answers after 0.3 s, ``FAIL`` fails,
-``EXPIRE`` expires, ``EMULATED`` answers as an emulated backend, ``DUP`` publishes every
-chunk and the completion twice (a redelivery), ``LATE`` publishes the completion before
-the chunks, ``NOTEXT`` leaves the text out of the completion (only the chunks carry it).
+Each replica leases a partition of ``switchyard.answers`` of its own and reads it with
+the service's routine (:func:`services.ingress.routing.route_answers`), as the ingress
+service does. The fake worker stands in for the scheduler and a worker: it decides each
+request in the request ledger (so a request published twice runs once, as with the real
+scheduler), runs it, records its answer there, then sends the answer (a streamed
+request's chunks first) to the asking replica's partition.
+
+It reads markers from the prompt (LLM) or the client's request id (classification):
+``SLOW`` is never decided (it stays queued, unanswered), ``DELAY`` answers 0.3 s after it
+started, ``FAIL`` fails, ``EXPIRE`` expires, ``EMULATED`` answers as an emulated backend,
+``DUP`` publishes every chunk and the completion twice (a redelivery), ``LATE`` publishes
+the completion before the chunks, ``NOTEXT`` leaves the text out of the completion (only
+the chunks carry it).
 """
 
 from __future__ import annotations
@@ -13,17 +21,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import pytest
 from switchyard.apps.registry import Registry
 from switchyard.bus import Bus, MemoryTransport
+from switchyard.config import load_settings
 from switchyard.contracts.messages import (
+    Assignment,
     ClassificationPayload,
     ClassificationResult,
     Completion,
@@ -35,15 +46,22 @@ from switchyard.contracts.messages import (
     RequestTimeline,
     WorkloadType,
 )
-from switchyard.contracts.topics import COMPLETIONS, OUTPUT_CHUNKS, REQUESTS
+from switchyard.contracts.topics import ANSWERS, REQUESTS, request_headers
+from switchyard.lifecycle import Assign, Fence, RequestLedger
+from switchyard.runtime.inbox import Inbox
+from switchyard.runtime.service import ServiceContext
 from switchyard.serving import ServingCatalogue
+from switchyard.state.base import StateStore
 from switchyard.state.memory import MemoryStateStore
 
 from services.ingress.admission import Admission
 from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
-from services.ingress.routing import route_chunks, route_completions
+from services.ingress.routing import answer_subscription, route_answers
 from services.ingress.tokens import chat_prompt
+
+if TYPE_CHECKING:
+    from switchyard.telemetry import Telemetry
 
 # -- the catalogue -----------------------------------------------------------------------
 
@@ -97,6 +115,7 @@ def make_catalogue() -> ServingCatalogue:
 # -- the fake worker ---------------------------------------------------------------------
 
 TOKENS = ("Hello", " from", " switchyard")
+WORKER_ID = "worker-1"
 
 
 def answer_text(request_id: str) -> str:
@@ -105,6 +124,10 @@ def answer_text(request_id: str) -> str:
 
 def _pieces(request_id: str) -> list[str]:
     return [*TOKENS[:-1], TOKENS[-1] + f" [{request_id}]"]
+
+
+def _variant(request: InferenceRequest) -> str:
+    return "mlp-small" if request.payload.kind == "classification" else "llama-2-7b"
 
 
 def make_completion(
@@ -126,9 +149,9 @@ def make_completion(
     return Completion(
         request_id=request.request_id,
         app=request.app,
-        worker_id="worker-1",
+        worker_id=WORKER_ID,
         worker_type="cpu",
-        variant="mlp-small" if request.payload.kind == "classification" else "llama-2-7b",
+        variant=_variant(request),
         status=status,
         result=result if status is CompletionStatus.OK else None,
         error=error,
@@ -146,11 +169,19 @@ def make_completion(
 
 
 class FakeWorker:
-    """Answers every request on ``switchyard.requests`` as its markers say."""
+    """Decides, runs and answers every request on ``switchyard.requests`` as its markers
+    say (see the module docstring).
 
-    def __init__(self, bus: Bus) -> None:
+    Attributes:
+        seen: every request published, copies included.
+        ran: the requests it ran: each once, however often it was published.
+    """
+
+    def __init__(self, bus: Bus, state: StateStore) -> None:
         self.bus = bus
+        self.ledger = RequestLedger(state)
         self.seen: list[InferenceRequest] = []
+        self.ran: list[InferenceRequest] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -162,31 +193,37 @@ class FakeWorker:
                 task.add_done_callback(self._tasks.discard)
 
     def requests_with_id(self, request_id: str) -> list[InferenceRequest]:
+        """The copies of the request published to ``switchyard.requests``."""
         return [r for r in self.seen if r.request_id == request_id]
+
+    def runs_of(self, request_id: str) -> list[InferenceRequest]:
+        """The times the request ran."""
+        return [r for r in self.ran if r.request_id == request_id]
 
     async def serve(self, request: InferenceRequest) -> None:
         payload = request.payload
         marker = payload.prompt or "" if isinstance(payload, LLMPayload) else request.request_id
         if "SLOW" in marker:
-            return
+            return  # never decided: it stays queued
+        if not await self._take(request):
+            return  # decided before (a copy published again): it runs once
         if "DELAY" in marker:
             await asyncio.sleep(0.3)
         if "FAIL" in marker:
-            completion = make_completion(
+            failed = make_completion(
                 request, status=CompletionStatus.FAILED, error="CUDA out of memory"
             )
-            await self.bus.publish(COMPLETIONS, completion)
+            await self._answer(request, failed)
             return
         if "EXPIRE" in marker:
-            completion = make_completion(request, status=CompletionStatus.EXPIRED)
-            await self.bus.publish(COMPLETIONS, completion)
+            await self._answer(request, make_completion(request, status=CompletionStatus.EXPIRED))
             return
         emulated = "EMULATED" in marker
         completion = make_completion(request, emulated=emulated)
         copies = 2 if "DUP" in marker else 1
         streaming = isinstance(payload, LLMPayload) and payload.stream
         if "LATE" in marker:
-            await self.bus.publish(COMPLETIONS, completion)
+            await self._answer(request, completion)
             await asyncio.sleep(0.05)
         if streaming:
             for index, text in enumerate(_pieces(request.request_id)):
@@ -200,11 +237,41 @@ class FakeWorker:
                     sent_at_s=time.time(),
                 )
                 for _ in range(copies):
-                    await self.bus.publish(OUTPUT_CHUNKS, chunk)
+                    await self._send(request, chunk)
                 await asyncio.sleep(0.005)
         if "LATE" not in marker:
-            for _ in range(copies):
-                await self.bus.publish(COMPLETIONS, completion)
+            await self._answer(request, completion, copies=copies)
+
+    async def _take(self, request: InferenceRequest) -> bool:
+        """Decide the request for this worker and start it, as the scheduler and a worker
+        do in the ledger; False when it was decided before."""
+        now = time.time()
+        assignment = Assignment(
+            request=request,
+            worker_id=WORKER_ID,
+            variant=_variant(request),
+            order=request.arrival_s,
+            policy="fake",
+            deadline_s=request.deadline_s,
+            assigned_at_s=now,
+        )
+        if (await self.ledger.assign(Assign(assignment))).result != "assigned":
+            return False
+        await self.ledger.start_many([Fence(request.request_id, 0, WORKER_ID)], now)
+        self.ran.append(request)
+        return True
+
+    async def _answer(
+        self, request: InferenceRequest, completion: Completion, copies: int = 1
+    ) -> None:
+        """Record the answer in the ledger, then send it: a worker's order."""
+        await self.ledger.finish_many([completion])
+        for _ in range(copies):
+            await self._send(request, completion)
+
+    async def _send(self, request: InferenceRequest, answer: Completion | OutputChunk) -> None:
+        if request.reply_partition is not None:
+            await self.bus.publish(ANSWERS, answer, partition=request.reply_partition)
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -215,9 +282,34 @@ class FakeWorker:
 # -- the stack ---------------------------------------------------------------------------
 
 
+async def routed_answers(
+    bus: Bus, state: StateStore, instance_id: str, stopping: asyncio.Event
+) -> tuple[AnswerRegistry, asyncio.Task[None]]:
+    """An ingress replica's answer registry and the routine delivering it what comes to
+    the partition of ``switchyard.answers`` it leased, set up as the ingress service does:
+    reading the partition before any request names it."""
+    ctx = ServiceContext(
+        name="ingress",
+        settings=load_settings({}, instance_id=instance_id),
+        bus=bus,
+        state=state,
+        telemetry=cast("Telemetry", object()),  # the inbox never touches it
+        logger=logging.getLogger("tests.ingress"),
+        stopping=stopping,
+    )
+    inbox: Inbox[Completion | OutputChunk] = Inbox(ctx, ANSWERS, instance_id)
+    await inbox.open()
+    answers = AnswerRegistry(instance_id)
+    subscription = answer_subscription(inbox, answers, stopping)
+    await subscription.open()
+    answers.reply_partition = inbox.partition
+    task = asyncio.create_task(route_answers(subscription, inbox, answers, stopping=stopping))
+    return answers, task
+
+
 @dataclass
 class Replica:
-    """One ingress replica: its app, its answer loops and a client for it."""
+    """One ingress replica: its app, its answer routine and a client for it."""
 
     instance_id: str
     answers: AnswerRegistry
@@ -235,6 +327,10 @@ class Stack:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     clients: list[httpx.AsyncClient] = field(default_factory=list)
 
+    async def publish(self, request: InferenceRequest) -> None:
+        """What the ingress service publishes a request with."""
+        await self.bus.publish(REQUESTS, request, headers=request_headers(request))
+
     async def replica(
         self,
         instance_id: str = "ingress-a",
@@ -242,27 +338,16 @@ class Stack:
         options: ApiOptions | None = None,
         publish: Callable[[InferenceRequest], Awaitable[object]] | None = None,
     ) -> Replica:
-        answers = AnswerRegistry(instance_id)
+        answers, routing = await routed_answers(self.bus, self.state, instance_id, self.stopping)
+        self.tasks.append(routing)
         admission = Admission()
-
-        async def publish_to_bus(request: InferenceRequest) -> None:
-            await self.bus.publish(REQUESTS, request)
-
         app = build_app(
             self.catalogue,
-            publish or publish_to_bus,
+            publish or self.publish,
             answers,
             self.state,
             options=options or ApiOptions(answer_timeout_s=5.0),
             admission=admission,
-        )
-        self.tasks.append(
-            asyncio.create_task(
-                route_completions(self.bus, self.state, answers, stopping=self.stopping)
-            )
-        )
-        self.tasks.append(
-            asyncio.create_task(route_chunks(self.bus, answers, stopping=self.stopping))
         )
         client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://ingress", timeout=10.0
@@ -275,7 +360,8 @@ class Stack:
 async def stack() -> AsyncIterator[Stack]:
     bus = Bus(MemoryTransport(), commit_interval_s=0.05)
     await bus.start()
-    made = Stack(bus, MemoryStateStore(), make_catalogue(), FakeWorker(bus))
+    state = MemoryStateStore()
+    made = Stack(bus, state, make_catalogue(), FakeWorker(bus, state))
     made.tasks.append(asyncio.create_task(made.worker.run(made.stopping)))
     try:
         yield made
@@ -371,10 +457,11 @@ async def test_completion_answers_in_openai_shape(stack: Stack, ingress: Replica
         "first_token_s",
         "finished_s",
     }
-    # The request the worker got.
+    # The request the worker got, addressed back to this replica's answer partition.
     [request] = stack.worker.requests_with_id(request_id)
     assert request.app == "chat"
     assert request.reply_to == "ingress-a"
+    assert request.reply_partition == ingress.answers.reply_partition
     assert request.priority == 0
     assert before <= request.arrival_s <= time.time()
     assert request.deadline_s == pytest.approx(request.arrival_s + CHAT_SLO_S)
@@ -687,9 +774,11 @@ async def test_no_answer_in_time_is_a_504_naming_the_request_id(stack: Stack) ->
     assert response.json()["switchyard"]["request_id"] == "slow-1"
     assert len(replica.answers) == 0  # the waiter was released
 
+    # Accepted and kept: nothing decided it yet.
     status = await replica.client.get("/v1/requests/slow-1")
     assert status.status_code == 200
     assert status.json()["status"] == "queued"
+    assert status.json()["worker_id"] is None
 
 
 async def test_stream_without_an_answer_in_time_is_a_504(stack: Stack) -> None:
@@ -702,18 +791,26 @@ async def test_stream_without_an_answer_in_time_is_a_504(stack: Stack) -> None:
 async def test_status_before_and_after_the_answer(stack: Stack, ingress: Replica) -> None:
     body = completion_body(prompt="DELAY", switchyard={"request_id": "status-1"})
     call = asyncio.create_task(ingress.client.post("/v1/completions", json=body))
+    # The record follows the request through its life: accepted (queued), decided
+    # (assigned), then running on its worker for the 0.3 s it takes.
+    seen: list[str] = []
     for _ in range(100):
         before = await ingress.client.get("/v1/requests/status-1")
         if before.status_code == 200:
-            break
+            seen.append(before.json()["status"])
+            if seen[-1] == "running":
+                break
         await asyncio.sleep(0.01)
     assert before.status_code == 200, before.text
-    queued = before.json()
-    assert queued["request_id"] == "status-1"
-    assert queued["app"] == "chat"
-    assert queued["status"] == "queued"
-    assert queued["timeline"]["arrival_s"] is not None
-    assert queued.get("result") is None
+    assert set(seen) <= {"queued", "assigned", "running"}, seen
+    running = before.json()
+    assert running["request_id"] == "status-1"
+    assert running["app"] == "chat"
+    assert running["kind"] == "llm"
+    assert running["status"] == "running"
+    assert running["worker_id"] == "worker-1"
+    assert running["timeline"]["arrival_s"] is not None
+    assert running.get("result") is None
 
     response = await call
     assert response.status_code == 200, response.text
@@ -759,7 +856,9 @@ async def test_retry_with_the_same_request_id_returns_the_stored_answer(
     second = await ingress.client.post("/v1/completions", json=body)
     assert first.status_code == second.status_code == 200
     assert first.json() == second.json()
+    # Answered from the record: not published, let alone run, again.
     assert len(stack.worker.requests_with_id("retry-1")) == 1
+    assert len(stack.worker.runs_of("retry-1")) == 1
 
     # Streamed, the retry gets the stored answer as one chunk.
     streamed = await _stream(ingress.client, "/v1/completions", body)
@@ -777,7 +876,9 @@ async def test_concurrent_retries_share_one_run(stack: Stack, ingress: Replica) 
     )
     assert first.status_code == second.status_code == 200, (first.text, second.text)
     assert first.json()["choices"] == second.json()["choices"]
+    # The second call waits with the first on this replica: one publish, one run.
     assert len(stack.worker.requests_with_id("retry-2")) == 1
+    assert len(stack.worker.runs_of("retry-2")) == 1
     assert len(ingress.answers) == 0
 
 
@@ -789,17 +890,30 @@ async def test_retry_on_another_replica_waits_for_the_first(stack: Stack, ingres
     second = await other.client.post("/v1/completions", json=body)
     assert second.status_code == 200, second.text
     assert (await first).json()["choices"] == second.json()["choices"]
-    assert len(stack.worker.requests_with_id("retry-3")) == 1
+    assert len(stack.worker.runs_of("retry-3")) == 1
+    # The answer went to the first call's replica; the retry found it in the record.
+    [request] = stack.worker.runs_of("retry-3")
+    assert request.reply_to == "ingress-a"
+    assert len(other.answers) == 0
 
 
-async def test_an_orphaned_claim_is_taken_over(stack: Stack) -> None:
-    # A claim whose request was never recorded: its claimant failed mid-way.
-    await stack.state.set("claim:orphan-1:ingress", "dead-replica/0")
-    replica = await stack.replica(options=ApiOptions(orphaned_claim_s=0.1))
-    body = completion_body(switchyard={"request_id": "orphan-1"})
-    response = await replica.client.post("/v1/completions", json=body)
-    assert response.status_code == 200, response.text
-    assert len(stack.worker.requests_with_id("orphan-1")) == 1
+async def test_one_id_sent_to_two_replicas_at_once_is_accepted_and_run_once(
+    stack: Stack, ingress: Replica
+) -> None:
+    # The ledger's accept is one atomic create-or-return: whichever replica records the
+    # id first publishes it; the other serves the same request (maybe publishing it once
+    # more: the ledger decides it once).
+    other = await stack.replica("ingress-b")
+    body = completion_body(prompt="DELAY", switchyard={"request_id": "both-1"})
+    first, second = await asyncio.gather(
+        ingress.client.post("/v1/completions", json=body),
+        other.client.post("/v1/completions", json=body),
+    )
+    assert first.status_code == second.status_code == 200, (first.text, second.text)
+    assert first.json()["choices"] == second.json()["choices"]
+    assert first.json()["choices"][0]["text"] == answer_text("both-1")
+    assert len(stack.worker.runs_of("both-1")) == 1
+    assert len(ingress.answers) == len(other.answers) == 0
 
 
 async def test_classification_retry_is_idempotent(stack: Stack, ingress: Replica) -> None:
@@ -809,30 +923,122 @@ async def test_classification_retry_is_idempotent(stack: Stack, ingress: Replica
     assert first.status_code == second.status_code == 200
     assert first.json() == second.json()
     assert len(stack.worker.requests_with_id("wine-retry")) == 1
+    assert len(stack.worker.runs_of("wine-retry")) == 1
 
 
 # -- publishing failures and the drain -----------------------------------------------------
 
 
-async def test_publish_failure_is_a_503_with_retry_after(stack: Stack) -> None:
-    attempts: list[str] = []
+class FlakyPublish:
+    """A publisher that fails (``ConnectionError``) or hangs (``hang``) while ``broken``;
+    ``lost_after_send``: it hangs only after the request reached the bus (the broker
+    stored it, its acknowledgement never came)."""
 
-    async def broken(request: InferenceRequest) -> None:
-        attempts.append(request.request_id)
+    def __init__(self, stack: Stack, *, hang: bool = False, lost_after_send: bool = False) -> None:
+        self.stack = stack
+        self.hang = hang
+        self.lost_after_send = lost_after_send
+        self.broken = True
+        self.attempts: list[str] = []
+
+    async def __call__(self, request: InferenceRequest) -> None:
+        self.attempts.append(request.request_id)
+        if not self.broken:
+            await self.stack.publish(request)
+            return
+        if self.lost_after_send:
+            await self.stack.publish(request)
+        if self.hang or self.lost_after_send:
+            await asyncio.Event().wait()
         raise ConnectionError("broker unreachable")
 
-    replica = await stack.replica(publish=broken)
+
+def assert_outcome_unknown(response: httpx.Response, request_id: str, *, names: str) -> None:
+    """503 ``outcome_unknown`` with ``Retry-After``, naming the request id to retry with."""
+    error = assert_error(response, 503, param=None, names=names)
+    assert error["code"] == "outcome_unknown"
+    assert request_id in error["message"]
+    assert "retry with the same request_id" in error["message"]
+    assert response.headers["Retry-After"] == "1"
+    assert response.json()["switchyard"] == {"request_id": request_id, "status": "unknown"}
+
+
+async def test_a_failed_publish_is_outcome_unknown_and_the_retry_gets_the_one_answer(
+    stack: Stack,
+) -> None:
+    publish = FlakyPublish(stack)
+    replica = await stack.replica(publish=publish)
     body = completion_body(switchyard={"request_id": "unpublished"})
     response = await replica.client.post("/v1/completions", json=body)
-    error = assert_error(response, 503, param=None, names="broker unreachable")
-    assert response.headers["Retry-After"] == "1"
-    assert "unpublished" in error["message"]
-    assert len(replica.answers) == 0
-    # Nothing was accepted: no record, and the id is free for the retry.
-    assert (await replica.client.get("/v1/requests/unpublished")).status_code == 404
+    assert_outcome_unknown(response, "unpublished", names="broker unreachable")
+    assert len(replica.answers) == 0  # the call stopped waiting
+    # The record is kept (the request may yet go out): the id is taken, still queued.
+    status = await replica.client.get("/v1/requests/unpublished")
+    assert status.status_code == 200, status.text
+    assert status.json()["status"] == "queued"
+    assert stack.worker.requests_with_id("unpublished") == []
+
+    # The retry, on another replica, publishes the still-queued request and gets its answer.
     working = await stack.replica("ingress-b")
     retry = await working.client.post("/v1/completions", json=body)
     assert retry.status_code == 200, retry.text
+    assert retry.json()["choices"][0]["text"] == answer_text("unpublished")
+    assert len(stack.worker.runs_of("unpublished")) == 1
+    # ... and a retry after that gets the same answer from the record.
+    again = await replica.client.post("/v1/completions", json=body)
+    assert again.status_code == 200, again.text
+    assert again.json() == retry.json()
+    assert len(stack.worker.runs_of("unpublished")) == 1
+    assert publish.attempts == ["unpublished"]  # an answered request is not published again
+
+
+async def test_a_timed_out_publish_is_outcome_unknown_and_the_same_replica_serves_the_retry(
+    stack: Stack,
+) -> None:
+    publish = FlakyPublish(stack, hang=True)
+    options = ApiOptions(answer_timeout_s=5.0, publish_timeout_s=0.1)
+    replica = await stack.replica(options=options, publish=publish)
+    body = completion_body(switchyard={"request_id": "hung-1"})
+    response = await replica.client.post("/v1/completions", json=body)
+    assert_outcome_unknown(response, "hung-1", names="hung-1")
+    assert len(replica.answers) == 0
+    assert (await replica.client.get("/v1/requests/hung-1")).json()["status"] == "queued"
+
+    publish.broken = False  # the broker is back
+    retry = await replica.client.post("/v1/completions", json=body)
+    assert retry.status_code == 200, retry.text
+    assert retry.json()["choices"][0]["text"] == answer_text("hung-1")
+    assert publish.attempts == ["hung-1", "hung-1"]
+    assert len(stack.worker.runs_of("hung-1")) == 1
+    assert len(replica.answers) == 0
+
+
+async def test_a_publish_whose_ack_was_lost_runs_once_whatever_the_retries(
+    stack: Stack,
+) -> None:
+    # The broker stored the request but the call timed out waiting for its ack: the
+    # request goes on, and retries (re-publishing it while it is still queued) neither
+    # run it twice nor get another answer.
+    publish = FlakyPublish(stack, lost_after_send=True)
+    options = ApiOptions(answer_timeout_s=5.0, publish_timeout_s=0.1)
+    replica = await stack.replica(options=options, publish=publish)
+    body = completion_body(prompt="DELAY", switchyard={"request_id": "acked-late"})
+    response = await replica.client.post("/v1/completions", json=body)
+    assert_outcome_unknown(response, "acked-late", names="acked-late")
+
+    publish.broken = False
+    other = await stack.replica("ingress-b")
+    retries = await asyncio.gather(
+        replica.client.post("/v1/completions", json=body),
+        other.client.post("/v1/completions", json=body),
+    )
+    for retry in retries:
+        assert retry.status_code == 200, retry.text
+        assert retry.json()["choices"][0]["text"] == answer_text("acked-late")
+    assert retries[0].json() == retries[1].json()
+    assert len(stack.worker.runs_of("acked-late")) == 1
+    final = await replica.client.get("/v1/requests/acked-late")
+    assert final.json()["status"] == "ok"
 
 
 async def test_draining_refuses_new_calls(ingress: Replica) -> None:
@@ -863,6 +1069,10 @@ async def test_two_replicas_on_one_bus_each_get_their_own_answers(stack: Stack) 
         assert response.json()["choices"][0]["text"] == answer_text(request_id)
         [request] = stack.worker.requests_with_id(request_id)
         assert request.reply_to == request_id.rsplit("-", 1)[0]
+        replica = a if request.reply_to == a.instance_id else b
+        assert request.reply_partition == replica.answers.reply_partition
+    # Each replica reads a partition of its own: answers go to the replica that asked.
+    assert a.answers.reply_partition != b.answers.reply_partition
 
     streams = await asyncio.gather(
         _stream(a.client, "/v1/completions", completion_body()),
@@ -1214,9 +1424,16 @@ async def test_the_state_store_being_down_is_a_503(stack: Stack) -> None:
     with contextlib.ExitStack() as patches:
         monkeypatch = pytest.MonkeyPatch()
         patches.callback(monkeypatch.undo)
-        monkeypatch.setattr(stack.state, "set_if_absent", refuse)
-        monkeypatch.setattr(stack.state, "hset", refuse)
+        # Reading a record (a retry's look-up, a status) and every ledger transition.
+        monkeypatch.setattr(stack.state, "hgetall", refuse)
+        monkeypatch.setattr(stack.state, "run_script", refuse)
+        monkeypatch.setattr(stack.state, "run_script_many", refuse)
         for body in (completion_body(), completion_body(switchyard={"request_id": "x-1"})):
             response = await replica.client.post("/v1/completions", json=body)
             assert_error(response, 503, param=None, names="unreachable")
             assert response.headers["Retry-After"] == "1"
+        status = await replica.client.get("/v1/requests/x-1")
+        assert_error(status, 503, param=None, names="unreachable")
+    # Nothing was published: nothing was recorded.
+    assert stack.worker.seen == []
+    assert len(replica.answers) == 0

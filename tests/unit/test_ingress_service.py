@@ -1,5 +1,6 @@
-"""The ingress service shell: uvicorn on a free port, the answer routines, the drain, the
-catalogue loaded by ``create``, and no heavy imports."""
+"""The ingress service shell: uvicorn on a free port, its partition of the answers topic
+and the answer routines, the drain, the catalogue loaded by ``create``, and no heavy
+imports."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import httpx
 import pytest
 from switchyard.bus import Bus, MemoryTransport
 from switchyard.config import load_settings
+from switchyard.contracts.topics import ANSWERS
 from switchyard.runtime.service import ServiceContext
+from switchyard.state import keys
 from switchyard.state.memory import MemoryStateStore
 
 from services.ingress import create
@@ -70,7 +73,7 @@ async def running() -> AsyncIterator[Running]:
     ctx = make_context(bus)
     service = await create(ctx, make_catalogue())
     assert isinstance(service, IngressService)
-    worker = FakeWorker(bus)
+    worker = FakeWorker(bus, ctx.state)
     worker_stop = asyncio.Event()
     worker_task = asyncio.create_task(worker.run(worker_stop))
     await service.start()
@@ -98,6 +101,12 @@ async def test_serves_over_http_on_the_bound_port(running: Running) -> None:
     assert response.json()["choices"][0]["text"] == answer_text(request_id)
     [request] = running.worker.requests_with_id(request_id)
     assert request.reply_to == "ingress-test"
+    # The answer came back on the partition of switchyard.answers the replica leased.
+    partition = running.service.answers.reply_partition
+    assert partition is not None
+    assert request.reply_partition == partition
+    lease = keys.lease(running.service.ctx.bus.topic_name(ANSWERS), partition)
+    assert await running.service.ctx.state.get(lease) == "ingress-test"
 
     streamed = await running.client.post(
         "/v1/completions", json=completion_body(stream=True, prompt="EMULATED")
@@ -134,6 +143,11 @@ async def test_drain_finishes_calls_in_flight_and_refuses_new_ones(running: Runn
     assert answered.status_code == 200, answered.text
     await asyncio.wait_for(drain, 5)
     assert service.running_routines() == []
+    # Its answers partition is given back at once, for the next replica.
+    partition = service.answers.reply_partition
+    assert partition is not None
+    lease = keys.lease(service.ctx.bus.topic_name(ANSWERS), partition)
+    assert await service.ctx.state.get(lease) is None
     with pytest.raises(httpx.ConnectError):
         await running.client.get("/healthz")
 
@@ -207,7 +221,7 @@ async def test_runs_under_the_service_runtime_and_exits_cleanly() -> None:
         if made and made[0].http_port and made[0]._server and made[0]._server.started:
             break
         await asyncio.sleep(0.01)
-    worker = FakeWorker(bus)
+    worker = FakeWorker(bus, ctx.state)
     worker_stop = asyncio.Event()
     worker_task = asyncio.create_task(worker.run(worker_stop))
     try:

@@ -1,5 +1,10 @@
-"""The monitor over the in-memory bus and state store: worker state from heartbeats,
-dead-worker detection with orphans, completion counters, drains, two replicas."""
+"""The monitor over the in-memory bus and state store: worker records from heartbeats,
+dead-worker detection with orphans (the request ledger's assigned sets), drains, two
+replicas, the stranded sweep.
+
+Answers are not counted here: the request ledger's finish transition counts them
+(tests/contract/test_lifecycle_contract.py, and tests/unit/test_cluster_records.py for
+the counters as the policies read them)."""
 
 from __future__ import annotations
 
@@ -14,32 +19,27 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from switchyard.bus import Bus, MemoryBroker, MemoryTransport
+from switchyard.cluster import WorkerStatus, read_assigned, read_cluster
 from switchyard.config import Settings, load_settings
 from switchyard.contracts.messages import (
+    Assignment,
     Completion,
     CompletionStatus,
     Heartbeat,
-    LLMResult,
+    InferenceRequest,
+    LLMPayload,
     QueuedEntry,
     RequestTimeline,
     WorkerDown,
 )
-from switchyard.contracts.topics import COMPLETIONS, HEARTBEATS, WORKER_EVENTS
+from switchyard.contracts.topics import HEARTBEATS, WORKER_EVENTS
+from switchyard.lifecycle import Assign, RequestLedger
 from switchyard.runtime.service import ServiceContext
-from switchyard.state import MemoryStateStore
+from switchyard.state import MemoryStateStore, keys
 from switchyard.telemetry import Telemetry
 
 import services.monitor
-from services.cluster_state import (
-    CLUSTER_STATS_KEY,
-    WORKERS_KEY,
-    WorkerStatus,
-    assigned_key,
-    read_cluster,
-    request_key,
-    worker_key,
-)
-from services.monitor import MonitorService, completion_violated
+from services.monitor import MonitorService
 from services.monitor.service import STRANDED_GRACE_S
 
 pytestmark = pytest.mark.unit
@@ -70,6 +70,7 @@ def heartbeat(worker_id: str = "w1", sequence: int = 1, **overrides: object) -> 
         "queued_work_s": 0.0,
         "running": 0,
         "utilization": 0.0,
+        "inbox_partition": 0,
         "sent_at_s": time.time(),
     }
     values.update(overrides)
@@ -80,15 +81,29 @@ def entry(request_id: str, *, running: bool = False) -> QueuedEntry:
     return QueuedEntry(request_id=request_id, app="chat", running=running, queued_at_s=1.0)
 
 
-def completion(
-    request_id: str,
-    *,
-    worker_id: str = "w1",
-    finished_s: float = 10.0,
-    deadline_s: float | None = 12.0,
-    epoch: int = 0,
-    status: CompletionStatus = CompletionStatus.OK,
-) -> Completion:
+def request(request_id: str) -> InferenceRequest:
+    return InferenceRequest(
+        request_id=request_id,
+        app="chat",
+        payload=LLMPayload(model="llama-2-7b", prompt_tokens=12, max_output_tokens=8),
+        arrival_s=1.0,
+        reply_to="ingress-a",
+    )
+
+
+def assignment(request_id: str, worker_id: str, *, at_s: float, epoch: int = 0) -> Assignment:
+    return Assignment(
+        request=request(request_id),
+        worker_id=worker_id,
+        variant="llama-2-7b",
+        order=1.0,
+        policy="jsq",
+        epoch=epoch,
+        assigned_at_s=at_s,
+    )
+
+
+def answer(request_id: str, worker_id: str, *, epoch: int = 0) -> Completion:
     return Completion(
         request_id=request_id,
         app="chat",
@@ -96,10 +111,8 @@ def completion(
         worker_type="emulated-llm",
         variant="llama-2-7b",
         epoch=epoch,
-        status=status,
-        result=LLMResult(output_tokens=5),
-        timeline=RequestTimeline(arrival_s=1.0, started_s=2.0, finished_s=finished_s),
-        deadline_s=deadline_s,
+        status=CompletionStatus.OK,
+        timeline=RequestTimeline(arrival_s=1.0, started_s=2.0, finished_s=3.0),
     )
 
 
@@ -114,6 +127,16 @@ async def eventually(
         await asyncio.sleep(0.01)
 
 
+class ManualClock:
+    """Wall seconds that move only when a test sets them."""
+
+    def __init__(self, now_s: float) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 class Stack:
     """One in-memory broker and state store; monitors, a worker-side bus, a collector."""
 
@@ -123,6 +146,7 @@ class Stack:
         self.state = MemoryStateStore(f"t{uuid.uuid4().hex[:6]}:")
         self.settings = settings()
         self.bus = self._bus()
+        self.ledger = RequestLedger(self.state)
         self.events: list[WorkerDown] = []
 
     def _bus(self) -> Bus:
@@ -132,8 +156,11 @@ class Stack:
         await self.bus.start()
         self.exits.push_async_callback(self.bus.stop)
 
-    async def monitor(self, *, run: bool = True) -> MonitorService:
-        """A monitor on this stack's broker and state; its routines run when ``run``."""
+    async def monitor(
+        self, *, run: bool = True, clock: ManualClock | None = None
+    ) -> MonitorService:
+        """A monitor on this stack's broker and state; its routines run when ``run``; it
+        reads the time from ``clock`` when given (else the wall clock)."""
         bus = self._bus()
         telemetry = Telemetry(TracerProvider(), MeterProvider())
         ctx = ServiceContext(
@@ -146,8 +173,12 @@ class Stack:
             stopping=asyncio.Event(),
         )
         await bus.start()
-        service = await services.monitor.create(ctx)
-        assert isinstance(service, MonitorService)
+        if clock is None:
+            made = await services.monitor.create(ctx)
+            assert isinstance(made, MonitorService)
+            service = made
+        else:
+            service = MonitorService(ctx, clock=clock)
 
         async def stop() -> None:
             ctx.stopping.set()
@@ -180,7 +211,18 @@ class Stack:
         self.exits.push_async_callback(stop)
 
     async def worker_hash(self, worker_id: str) -> dict[str, str]:
-        return await self.state.hgetall(worker_key(worker_id))
+        return await self.state.hgetall(keys.worker(worker_id))
+
+    async def send(self, worker_id: str, sent: dict[str, float]) -> None:
+        """Record requests (id -> when) as the scheduler does: accepted, then assigned to
+        ``worker_id`` (which puts each in the worker's assigned set)."""
+        for request_id, at_s in sent.items():
+            assert (await self.ledger.accept(request(request_id))).accepted
+            outcome = await self.ledger.assign(Assign(assignment(request_id, worker_id, at_s=at_s)))
+            assert outcome.result == "assigned"
+
+    async def assigned(self, worker_id: str) -> list[str]:
+        return await read_assigned(self.state, worker_id)
 
 
 @pytest.fixture
@@ -193,7 +235,9 @@ async def stack() -> AsyncIterator[Stack]:
 
 async def test_heartbeats_become_worker_state(stack: Stack) -> None:
     await stack.monitor()
-    beat = heartbeat("w1", 1, queue_length=2, outstanding=[entry("r1"), entry("r2")])
+    beat = heartbeat(
+        "w1", 1, queue_length=2, outstanding=[entry("r1"), entry("r2")], inbox_partition=5
+    )
     before_s = time.time()
     await stack.bus.publish(HEARTBEATS, beat)
 
@@ -207,12 +251,13 @@ async def test_heartbeats_become_worker_state(stack: Stack) -> None:
     assert fields["sequence"] == "1"
     assert fields["profile"] == "a100-80gb/llama-2-7b"
     assert before_s <= float(fields["last_seen_s"]) <= time.time()
-    assert await stack.state.zscore(WORKERS_KEY, "w1") == float(fields["last_seen_s"])
+    assert await stack.state.zscore(keys.WORKERS, "w1") == float(fields["last_seen_s"])
     view = await read_cluster(stack.state, time.time())
     record = view.get("w1")
     assert record is not None
     assert record.status is WorkerStatus.ALIVE
     assert record.heartbeat == beat
+    assert record.heartbeat.inbox_partition == 5  # where the scheduler sends its work
 
 
 async def test_a_heartbeat_older_than_the_stored_one_is_ignored(stack: Stack) -> None:
@@ -230,7 +275,7 @@ async def test_a_heartbeat_older_than_the_stored_one_is_ignored(stack: Stack) ->
 async def test_a_silent_worker_is_declared_down_with_its_orphans(stack: Stack) -> None:
     await stack.collect_worker_events()
     await stack.monitor()
-    await stack.state.zadd(assigned_key("w1"), {"r-sent": 1.0, "r-wait": 2.0})
+    await stack.send("w1", {"r-sent": 1.0, "r-wait": 2.0})
     beat = heartbeat(
         "w1",
         1,
@@ -255,7 +300,7 @@ async def test_a_silent_worker_is_declared_down_with_its_orphans(stack: Stack) -
     assert sorted(event.orphaned_request_ids) == ["r-run", "r-sent", "r-wait"]
     assert fields["status"] == "down"
     assert fields["down_reason"] == "heartbeat-timeout"
-    assert await stack.state.zcard(assigned_key("w1")) == 0  # handed over in the event
+    assert await stack.assigned("w1") == []  # handed over in the event
 
     # It comes back: alive again, and no second WorkerDown for the old death.
     await stack.bus.publish(HEARTBEATS, heartbeat("w1", 2))
@@ -295,11 +340,11 @@ def _more_checks(a: MonitorService, b: MonitorService, total: int) -> Callable[[
 
 
 async def test_concurrent_checks_on_one_store_declare_a_death_once(stack: Stack) -> None:
-    first = await stack.monitor(run=False)
-    second = await stack.monitor(run=False)
-    first.clock = second.clock = lambda: 1000.0
+    clock = ManualClock(1000.0)
+    first = await stack.monitor(run=False, clock=clock)
+    second = await stack.monitor(run=False, clock=clock)
     await first.handle_heartbeat(heartbeat("w1", 1))
-    first.clock = second.clock = lambda: 1000.0 + WORKER_TIMEOUT_S + 0.01
+    clock.now_s = 1000.0 + WORKER_TIMEOUT_S + 0.01
     results = await asyncio.gather(first.check_liveness(), second.check_liveness())
     assert sorted(results) == [[], ["w1"]]
     # Nothing more to declare on later checks.
@@ -315,21 +360,25 @@ async def test_a_request_assigned_to_a_dead_worker_after_its_death_is_orphaned_a
     re-assigned since (r-moved) or finished (r-done) left only a stale entry and is not
     listed; an entry younger than the grace is left for the first re-assignment."""
     await stack.collect_worker_events()
-    monitor = await stack.monitor(run=False)
-    monitor.clock = lambda: 1000.0
+    clock = ManualClock(1000.0)
+    monitor = await stack.monitor(run=False, clock=clock)
     await monitor.handle_heartbeat(heartbeat("w1", 1))
-    monitor.clock = lambda: 1000.0 + WORKER_TIMEOUT_S + 0.01
+    clock.now_s = 1000.0 + WORKER_TIMEOUT_S + 0.01
     assert await monitor.check_liveness() == ["w1"]
-    state = stack.state
-    await state.zadd(assigned_key("w1"), {"r-late": 1000.5, "r-moved": 1000.5, "r-done": 1000.5})
-    await state.hset(request_key("r-late"), {"status": "assigned", "worker_id": "w1"})
-    await state.hset(request_key("r-moved"), {"status": "assigned", "worker_id": "w2"})
-    await state.hset(request_key("r-done"), {"status": "ok", "worker_id": "w1"})
+    await stack.send("w1", {"r-late": 1000.5, "r-moved": 1000.5, "r-done": 1000.5})
+    # r-moved went to w2 since (a re-assignment naming no worker to replace leaves the
+    # entry behind); r-done was answered without a worker's fence (the scheduler's own).
+    moved = Assign(assignment("r-moved", "w2", at_s=1000.6, epoch=1), replaces_epoch=0)
+    assert (await stack.ledger.assign(moved)).result == "assigned"
+    assert await stack.ledger.finish_many([answer("r-done", "w1")], worker_fenced=False) == [
+        "finished"
+    ]
+    assert await stack.assigned("w1") == ["r-done", "r-late", "r-moved"]
     # Within the grace: nothing yet.
-    monitor.clock = lambda: 1000.5 + STRANDED_GRACE_S / 2
+    clock.now_s = 1000.5 + STRANDED_GRACE_S / 2
     await monitor.check_liveness()
     # Past it: one WorkerDown listing only the stranded request, and a clean set.
-    monitor.clock = lambda: 1000.5 + STRANDED_GRACE_S + 0.01
+    clock.now_s = 1000.5 + STRANDED_GRACE_S + 0.01
     await monitor.check_liveness()
     await monitor.check_liveness()
 
@@ -340,96 +389,55 @@ async def test_a_request_assigned_to_a_dead_worker_after_its_death_is_orphaned_a
     await asyncio.sleep(0.1)  # a third would have arrived by now
     assert [e.orphaned_request_ids for e in stack.events] == [[], ["r-late"]]
     assert stack.events[1].worker_id == "w1"
-    assert await state.zcard(assigned_key("w1")) == 0
+    assert await stack.assigned("w1") == []
+    assert await stack.assigned("w2") == ["r-moved"]  # untouched: w2 runs it
     assert monitor.stranded_orphaned == 1
     assert (await stack.worker_hash("w1"))["status"] == "down"
 
 
 async def test_a_worker_heard_within_the_timeout_stays_alive(stack: Stack) -> None:
-    monitor = await stack.monitor(run=False)
-    monitor.clock = lambda: 1000.0
+    clock = ManualClock(1000.0)
+    monitor = await stack.monitor(run=False, clock=clock)
     await monitor.handle_heartbeat(heartbeat("w1", 1))
-    monitor.clock = lambda: 1000.0 + WORKER_TIMEOUT_S
+    clock.now_s = 1000.0 + WORKER_TIMEOUT_S
     assert await monitor.check_liveness() == []
     assert (await stack.worker_hash("w1"))["status"] == "alive"
 
 
-async def test_completions_count_once_with_violations(stack: Stack) -> None:
-    monitor = await stack.monitor()
-    await stack.state.zadd(assigned_key("w1"), {"r1": 1.0, "r2": 1.0, "r3": 1.0})
-    done = [
-        completion("r1", finished_s=10.0, deadline_s=12.0),  # met
-        completion("r2", finished_s=13.0, deadline_s=12.0),  # violated
-        completion("r2", finished_s=13.0, deadline_s=12.0),  # redelivered
-        completion("r3", finished_s=20.0, deadline_s=None),  # no SLO
-    ]
-    for message in done:
-        await stack.bus.publish(COMPLETIONS, message)
-
-    async def handled() -> bool:
-        return monitor.completions_counted + monitor.completions_duplicate == len(done)
-
-    await eventually(handled, what="every completion handled")
-    assert (monitor.completions_counted, monitor.completions_duplicate) == (3, 1)
-    stats = await stack.state.hgetall(CLUSTER_STATS_KEY)
-    assert (stats["completed"], stats["violated"]) == ("3", "1")
-    assert float(stats["recent_violation_rate"]) == pytest.approx(1 / 3)
-    assert stats["recent_window"] == "3"
-    fields = await stack.worker_hash("w1")
-    assert (fields["completed"], fields["violated"]) == ("3", "1")
-    assert await stack.state.zcard(assigned_key("w1")) == 0
-    view = await read_cluster(stack.state, time.time())
-    assert view.recent_violation_rate == pytest.approx(1 / 3)
-
-
-async def test_the_answer_reaches_the_request_record_when_its_ingress_is_gone(
-    stack: Stack,
-) -> None:
-    monitor = await stack.monitor(run=False)
-    # Accepted by an ingress replica that has since been scaled away: nobody else
-    # would write the answer, and retries on other replicas poll this record.
-    await stack.state.hset(
-        "request:r1", {"status": "assigned", "reply_to": "ingress-gone", "worker_id": "w1"}
-    )
-    done = completion("r1", epoch=1)
-    assert await monitor.handle_completion(done)
-    record = await stack.state.hgetall("request:r1")
-    assert (record["status"], record["reply_to"]) == ("ok", "ingress-gone")
-    assert Completion.model_validate_json(record["completion"]) == done
-    # A stale copy from an earlier epoch does not replace it.
-    await monitor.handle_completion(completion("r1", epoch=0, worker_id="w2"))
-    assert (await stack.state.hgetall("request:r1"))["worker_id"] == "w1"
-
-
-async def test_a_migrated_request_leaves_every_assigned_set(stack: Stack) -> None:
-    monitor = await stack.monitor(run=False)
+async def test_orphans_follow_the_request_ledger_s_moves_and_answers(stack: Stack) -> None:
+    """What a dead worker's WorkerDown lists is what the ledger says it still holds: a
+    request moved away (even one whose old run answered late) is listed only by the
+    worker it moved to, and a request it answered is listed by neither."""
+    await stack.collect_worker_events()
+    clock = ManualClock(1000.0)
+    monitor = await stack.monitor(run=False, clock=clock)
     for wid in ("w1", "w2"):
         await monitor.handle_heartbeat(heartbeat(wid, 1))
-    await stack.state.zadd(assigned_key("w1"), {"r1": 1.0, "keep": 1.0})
-    await stack.state.zadd(assigned_key("w2"), {"r1": 2.0})
-    assert await monitor.handle_completion(completion("r1", worker_id="w2", epoch=1))
-    assert await stack.state.zscore(assigned_key("w1"), "r1") is None
-    assert await stack.state.zscore(assigned_key("w2"), "r1") is None
-    assert await stack.state.zscore(assigned_key("w1"), "keep") == 1.0
-    # Epoch 0, but the scheduler recorded another worker for it: that set is cleaned too.
-    await stack.state.zadd(assigned_key("w2"), {"r2": 3.0})
-    await stack.state.hset("request:r2", {"worker_id": "w2", "status": "assigned"})
-    assert await monitor.handle_completion(completion("r2", worker_id="w1"))
-    assert await stack.state.zcard(assigned_key("w2")) == 0
+    await stack.send("w1", {"r-moved": 1.0, "r-answered": 1.0, "r-kept": 1.0})
+    move = Assign(assignment("r-moved", "w2", at_s=2.0, epoch=1), 0, "w1")
+    assert (await stack.ledger.assign(move)).result == "assigned"
+    # w1's run of the moved request answers late: refused, and w2 keeps it.
+    assert await stack.ledger.finish_many(
+        [answer("r-moved", "w1"), answer("r-answered", "w1")]
+    ) == ["superseded", "finished"]
+    assert await stack.assigned("w1") == ["r-kept"]
+    assert await stack.assigned("w2") == ["r-moved"]
 
+    clock.now_s = 1000.0 + WORKER_TIMEOUT_S + 0.01
+    assert sorted(await monitor.check_liveness()) == ["w1", "w2"]
 
-def test_violation_rule() -> None:
-    assert not completion_violated(completion("a", finished_s=12.0, deadline_s=12.0))
-    assert completion_violated(completion("a", finished_s=12.5, deadline_s=12.0))
-    assert not completion_violated(completion("a", deadline_s=None))
-    expired = completion("a", finished_s=1.0, deadline_s=12.0, status=CompletionStatus.EXPIRED)
-    assert completion_violated(expired)
+    async def both() -> bool:
+        return len(stack.events) == 2
+
+    await eventually(both, what="both WorkerDowns")
+    orphans = {e.worker_id: e.orphaned_request_ids for e in stack.events}
+    assert orphans == {"w1": ["r-kept"], "w2": ["r-moved"]}
 
 
 async def test_a_drained_worker_is_announced_once_and_never_timed_out(stack: Stack) -> None:
     await stack.collect_worker_events()
     monitor = await stack.monitor()
-    await stack.state.zadd(assigned_key("w1"), {"r-in-flight": 1.0})
+    await stack.send("w1", {"r-in-flight": 1.0})
     # Still finishing what runs: not drained yet.
     await stack.bus.publish(
         HEARTBEATS, heartbeat("w1", 1, draining=True, running=2, outstanding_total=2)
@@ -460,7 +468,7 @@ async def test_a_drained_worker_s_waiting_requests_are_orphaned_at_once(stack: S
     # The worker's last heartbeat: nothing runs, two requests still wait there.
     await stack.collect_worker_events()
     monitor = await stack.monitor(run=False)
-    await stack.state.zadd(assigned_key("w1"), {"r-sent-late": 1.0})
+    await stack.send("w1", {"r-sent-late": 1.0})
     last = heartbeat(
         "w1",
         7,
@@ -486,9 +494,9 @@ async def test_a_draining_worker_s_waiting_requests_move_while_its_running_ones_
     stack: Stack,
 ) -> None:
     await stack.collect_worker_events()
-    monitor = await stack.monitor(run=False)
-    monitor.clock = lambda: 1000.0
-    await stack.state.zadd(assigned_key("w1"), {"r-run": 1.0, "r-wait": 2.0})
+    clock = ManualClock(1000.0)
+    monitor = await stack.monitor(run=False, clock=clock)
+    await stack.send("w1", {"r-run": 1.0, "r-wait": 2.0})
     running_and_waiting = [entry("r-run", running=True), entry("r-wait")]
     for sequence in (1, 2, 3):  # told to stop at 1; still running at 2 and 3
         beat = heartbeat(
@@ -512,9 +520,9 @@ async def test_a_draining_worker_s_waiting_requests_move_while_its_running_ones_
     assert (event.reason, event.orphaned_request_ids) == ("draining", ["r-wait"])
     assert event.held_request_ids == ["r-wait"]
     assert (await stack.worker_hash("w1"))["status"] == "alive"
-    assert await stack.state.zcard(assigned_key("w1")) == 2
+    assert await stack.assigned("w1") == ["r-run", "r-wait"]
     # Long after the timeout, still heartbeating: never declared down.
-    monitor.clock = lambda: 1000.0 + 10 * WORKER_TIMEOUT_S
+    clock.now_s = 1000.0 + 10 * WORKER_TIMEOUT_S
     assert await monitor.handle_heartbeat(
         heartbeat("w1", 4, draining=True, running=1, outstanding_total=1, sent_at_s=1010.0)
     )
@@ -538,10 +546,10 @@ async def test_a_draining_worker_s_waiting_requests_move_while_its_running_ones_
 
 
 async def test_a_restarted_worker_with_a_fresh_sequence_is_alive_again(stack: Stack) -> None:
-    monitor = await stack.monitor(run=False)
-    monitor.clock = lambda: 1000.0
+    clock = ManualClock(1000.0)
+    monitor = await stack.monitor(run=False, clock=clock)
     await monitor.handle_heartbeat(heartbeat("w1", 40, sent_at_s=1000.0))
-    monitor.clock = lambda: 1001.0
+    clock.now_s = 1001.0
     assert await monitor.check_liveness() == ["w1"]
     assert await monitor.handle_heartbeat(heartbeat("w1", 0, sent_at_s=1001.0))
     fields = await stack.worker_hash("w1")

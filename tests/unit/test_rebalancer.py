@@ -1,9 +1,11 @@
 """The rebalancer over the in-memory bus and state store: the monitor writes the cluster
-from heartbeats, the rebalancer plans over it and publishes migrations."""
+from heartbeats, the predictor's published model predicts the listed requests, and the
+rebalancer plans over both and sends migrations to the source worker's inbox partition."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -15,28 +17,38 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from switchyard.bus import Bus, MemoryBroker, MemoryTransport
 from switchyard.config import Settings, load_settings
-from switchyard.contracts.messages import Heartbeat, Migration, QueuedEntry, ServiceTimePrediction
-from switchyard.contracts.topics import MIGRATIONS
+from switchyard.contracts.messages import (
+    Heartbeat,
+    Migration,
+    PredictorModel,
+    QueuedEntry,
+    WorkloadType,
+)
+from switchyard.contracts.topics import WORKER_INBOX
+from switchyard.lifecycle import RECENT_WINDOW
 from switchyard.perf.profiles import performance_model
 from switchyard.policies.base import RebalancePolicy
 from switchyard.policies.gaps import GapsRebalanceConfig, GapsRebalancer
 from switchyard.policies.snapshot import QueueScope, RequestPhase
+from switchyard.prediction.snapshot import FittedPredictor, Prediction
 from switchyard.runtime.service import ServiceContext
-from switchyard.state import MemoryStateStore
+from switchyard.state import MemoryStateStore, keys
 from switchyard.telemetry import Telemetry
 
-import services.monitor
 import services.rebalancer
-from services.cluster_state import CLUSTER_STATS_KEY, prediction_key
 from services.monitor import MonitorService
+from services.predictor.model import LivePredictor
 from services.rebalancer import RebalancerService, listed_entries
 
 pytestmark = pytest.mark.unit
 
 A100 = "a100-80gb/llama-2-7b"
 H100 = "h100-80gb/llama-2-7b"
+L40S = "l40s-48gb/llama-2-7b"
 HEARTBEAT_INTERVAL_S = 0.05
 WORKER_TIMEOUT_S = 2.0
+INBOX = {"w-busy": 1, "w-idle": 2, "w-13b": 3, "w-torch": 4, "w-full": 5, "w-empty": 6}
+"""The inbox partition each worker of these tests names in its heartbeats."""
 
 
 def settings(policy: str = "gaps") -> Settings:
@@ -80,6 +92,7 @@ def heartbeat(
         "utilization": 1.0 if len(outstanding) > len(running) else 0.0,
         "outstanding": outstanding,
         "outstanding_total": len(outstanding),
+        "inbox_partition": INBOX.get(worker_id, 0),
         "sent_at_s": time.time(),
     }
     values.update(overrides)
@@ -92,14 +105,60 @@ def overloaded() -> Heartbeat:
     return heartbeat("w-busy", [entry("r0", running=True, remaining_s=1.5), *waiting])
 
 
+@functools.cache
+def predictor_model() -> PredictorModel:
+    """What the predictor publishes before it learnt anything online (pre-trained)."""
+    return LivePredictor.pretrained(1.0).snapshot(1, time.time())
+
+
+def predicted(entry: QueuedEntry, predictor: FittedPredictor) -> Prediction:
+    """The published model's prediction for a listed llama-2-7b request (as the scheduler
+    predicts it when it places one)."""
+    return predictor.predict(
+        prompt_tokens=entry.prompt_tokens,
+        workload=entry.workload,
+        model="llama-2-7b",
+        output_tokens_hint=entry.output_tokens_hint,
+        arrival_s=entry.arrival_s if entry.arrival_s is not None else entry.queued_at_s,
+    )
+
+
+class InboxReader:
+    """Reads one worker's partition of the worker inbox, from when it was opened."""
+
+    def __init__(self, bus: Bus, worker_id: str) -> None:
+        self.partition = INBOX[worker_id]
+        self.subscription = bus.subscribe(
+            WORKER_INBOX, group=f"reader-{uuid.uuid4().hex[:6]}", partitions=[self.partition]
+        )
+
+    async def migrations(self, count: int, *, timeout_s: float = 5.0) -> list[Migration]:
+        """The next ``count`` migrations (fails if fewer arrive in time, or anything else)."""
+        found: list[Migration] = []
+        deadline = time.monotonic() + timeout_s
+        while len(found) < count and time.monotonic() < deadline:
+            delivery = await self.subscription.next_within(deadline - time.monotonic())
+            if delivery is None:
+                continue
+            assert delivery.envelope.partition == self.partition
+            message = delivery.message
+            assert isinstance(message, Migration), f"not a migration: {message!r}"
+            found.append(message)
+        assert len(found) >= count, f"expected {count} migrations, got {found}"
+        return found
+
+
 class Stack:
-    """A broker, a state store, a monitor (to write the cluster) and a migrations reader."""
+    """A broker, a state store, a monitor (to write the cluster), the predictor's model
+    and readers of workers' inboxes."""
 
     def __init__(self, exits: AsyncExitStack) -> None:
         self.exits = exits
         self.broker = MemoryBroker()
         self.state = MemoryStateStore(f"t{uuid.uuid4().hex[:6]}:")
         self.monitor: MonitorService | None = None
+        self.monitor_ahead_s = 0.0
+        """How far the monitor's clock runs ahead of the wall clock."""
 
     def _context(self, name: str, settings: Settings) -> ServiceContext:
         bus = Bus(MemoryTransport(self.broker), commit_interval_s=0.05, retry_initial_s=0.01)
@@ -126,9 +185,7 @@ class Stack:
         if self.monitor is None:
             ctx = self._context("monitor", settings())
             await ctx.bus.start()
-            made = await services.monitor.create(ctx)
-            assert isinstance(made, MonitorService)
-            self.monitor = made
+            self.monitor = MonitorService(ctx, clock=lambda: time.time() + self.monitor_ahead_s)
         for beat in beats:
             assert await self.monitor.handle_heartbeat(beat)
 
@@ -152,22 +209,20 @@ class Stack:
             await made.start()
         return made
 
-    async def migrations(self, count: int, *, timeout_s: float = 5.0) -> list[Migration]:
-        """The first ``count`` migrations on the topic (fails if fewer arrive in time)."""
-        found: list[Migration] = []
+    async def publish_model(self) -> FittedPredictor:
+        """Store the predictor's model where it publishes it; returns it as applied."""
+        model = predictor_model()
+        await self.state.set(keys.PREDICTOR_MODEL, model.model_dump_json())
+        return FittedPredictor.from_model(model)
+
+    async def inbox(self, worker_id: str) -> InboxReader:
+        """A reader of ``worker_id``'s inbox partition, open before anything is sent."""
         bus = Bus(MemoryTransport(self.broker), commit_interval_s=0.05)
         await bus.start()
-        try:
-            async with bus.subscribe(MIGRATIONS, group=f"reader-{uuid.uuid4().hex[:6]}") as sub:
-                deadline = time.monotonic() + timeout_s
-                while len(found) < count and time.monotonic() < deadline:
-                    delivery = await sub.next_within(deadline - time.monotonic())
-                    if delivery is not None:
-                        found.append(delivery.message)
-        finally:
-            await bus.stop()
-        assert len(found) >= count, f"expected {count} migrations, got {found}"
-        return found
+        self.exits.push_async_callback(bus.stop)
+        reader = InboxReader(bus, worker_id)
+        await reader.subscription.open()
+        return reader
 
 
 @pytest.fixture
@@ -188,6 +243,8 @@ async def test_gaps_moves_waiting_requests_from_the_loaded_worker_to_the_idle_on
     stack: Stack,
 ) -> None:
     await stack.report(overloaded(), heartbeat("w-idle", []))
+    predictor = await stack.publish_model()
+    busy_inbox = await stack.inbox("w-busy")
     rebalancer = await stack.rebalancer("gaps")
 
     published = await rebalancer.run_round()
@@ -196,6 +253,8 @@ async def test_gaps_moves_waiting_requests_from_the_loaded_worker_to_the_idle_on
     assert rebalancer.migrations_published == len(published)
     for migration in published:
         assert (migration.from_worker_id, migration.to_worker_id) == ("w-busy", "w-idle")
+        # Sent to the source (it hands the request on) naming where the target reads.
+        assert migration.to_inbox_partition == INBOX["w-idle"]
         assert migration.reason.startswith("gaps-rebalance: ")
         assert migration.expected_gain_s > migration.cost_s >= 0
         assert migration.kv_cache_bytes == 0  # waiting requests hold no KV cache
@@ -206,18 +265,21 @@ async def test_gaps_moves_waiting_requests_from_the_loaded_worker_to_the_idle_on
     assert "r6" in moved  # the tail of the queue waits longest
     assert moved["r6"].epoch == 3  # listed epoch 2, plus one
     assert all(m.epoch == 1 for rid, m in moved.items() if rid != "r6")
-    on_topic = await stack.migrations(len(published))
+    on_topic = await busy_inbox.migrations(len(published))
     assert {m.request_id for m in on_topic} == set(moved)
 
     # The next round sees the same heartbeats (the worker has not caught up yet):
     # nothing is moved twice.
     assert await rebalancer.run_round() == []
     assert rebalancer.migrations_published == len(published)
-    # ... because that round saw the moves as done, like the simulator.
+    # ... because that round saw the moves as done, like the simulator: the target holds
+    # them at their predicted time there, the source lost what it reported for them.
     assert rebalancer.last_snapshot is not None
     views = {w.worker_id: w for w in rebalancer.last_snapshot.cluster.workers}
+    there_s = predicted(entry("r1"), predictor).calibrated_by_worker_type_s[A100]
+    assert there_s != pytest.approx(1.5)
     assert views["w-idle"].waiting == len(published)
-    assert views["w-idle"].queued_work_s == pytest.approx(1.5 * len(published))
+    assert views["w-idle"].queued_work_s == pytest.approx(there_s * len(published))
     assert views["w-busy"].waiting == 6 - len(published)
     assert views["w-busy"].queued_work_s == pytest.approx(10.5 - 1.5 * len(published))
 
@@ -239,20 +301,23 @@ async def test_work_moves_only_to_workers_serving_its_model(stack: Stack) -> Non
 
 
 async def test_the_snapshot_mirrors_the_simulator(stack: Stack) -> None:
-    await stack.report(overloaded(), heartbeat("w-idle", []))
-    prediction = ServiceTimePrediction(
-        request_id="r5",
-        predicted_s=1.0,
-        calibrated_s=2.0,
+    waiting = [entry(f"r{i}") for i in range(1, 7)]
+    # r5 as the ingress described it: a long code prompt with a hint and a deadline.
+    waiting[4] = entry(
+        "r5",
+        prompt_tokens=3000,
+        workload=WorkloadType.CODE,
+        output_tokens_hint=400,
+        arrival_s=2.0,
         deadline_s=50.0,
-        by_worker_type_s={A100: 2.0, H100: 1.0},
-        predictor="linear",
-        predicted_at_s=1.0,
     )
-    await stack.state.set(prediction_key("r5"), prediction.model_dump_json())
+    busy = heartbeat("w-busy", [entry("r0", running=True), *waiting])
+    await stack.report(busy, heartbeat("w-idle", []))
     rebalancer = await stack.rebalancer(
         policy=GapsRebalancer(GapsRebalanceConfig(max_migrations=0, queue_tail=3))
     )
+
+    # Before the predictor published a model: the worker's own figures.
     assert await rebalancer.run_round() == []
     snapshot = rebalancer.last_snapshot
     assert snapshot is not None
@@ -262,14 +327,41 @@ async def test_the_snapshot_mirrors_the_simulator(stack: Stack) -> None:
     # Work ahead accumulates in queue order: r0 (running) + r1..r3 before r4.
     assert [listed[r].work_ahead_s for r in ("r4", "r5", "r6")] == [6.0, 7.5, 9.0]
     assert all(q.phase is RequestPhase.WAITING and q.remaining_s == 1.5 for q in listed.values())
-    with_prediction = listed["r5"].request
-    assert dict(with_prediction.calibrated_s) == {A100: 2.0, H100: 1.0}
-    assert dict(with_prediction.predicted_s) == {A100: 1.0, H100: 0.5}
-    assert with_prediction.deadline_s == 50.0
-    without = listed["r4"].request
-    assert dict(without.calibrated_s) == {A100: 1.5}  # the worker's own remaining_s
-    assert without.deadline_s is None
-    assert without.model == "llama-2-7b"
+    unpredicted = listed["r5"].request
+    assert dict(unpredicted.calibrated_s) == {A100: 1.5}  # the worker's own remaining_s
+    assert dict(unpredicted.predicted_s) == {A100: 1.5}
+    assert unpredicted.deadline_s == 50.0  # its own deadline
+    assert listed["r4"].request.deadline_s is None
+    assert (unpredicted.model, unpredicted.prompt_tokens, unpredicted.arrival_s) == (
+        "llama-2-7b",
+        3000,
+        2.0,
+    )
+
+    # Once it published one: every listed request predicted with it, on every worker
+    # type of its model, as the scheduler predicts the requests it places.
+    predictor = await stack.publish_model()
+    assert await rebalancer.run_round() == []
+    snapshot = rebalancer.last_snapshot
+    assert snapshot is not None
+    listed = {q.request.request_id: q for q in snapshot.queued}
+    assert set(listed) == {"r4", "r5", "r6"}
+    for request_id, item in listed.items():
+        expected = predicted(waiting[int(request_id[1:]) - 1], predictor)
+        view = item.request
+        assert set(view.calibrated_s) == {A100, H100, L40S}
+        assert dict(view.calibrated_s) == pytest.approx(expected.calibrated_by_worker_type_s)
+        assert dict(view.predicted_s) == pytest.approx(expected.raw_by_worker_type_s)
+        assert view.deadline_s == pytest.approx(expected.deadline_s)
+        assert view.model == "llama-2-7b"
+        assert item.remaining_s == 1.5  # what the worker says it still needs
+    # What the heartbeat lists of a request (prompt, workload, hint) is what is predicted,
+    # and the adaptive deadline counts from its arrival, replacing its own deadline.
+    code, chat = listed["r5"].request, listed["r4"].request
+    assert code.calibrated_s != chat.calibrated_s
+    assert code.deadline_s is not None
+    assert code.deadline_s != 50.0
+    assert code.deadline_s > 2.0 + code.calibrated_s[L40S]
 
 
 def test_listed_entries_respects_the_queue_scope() -> None:
@@ -312,13 +404,14 @@ async def test_llumnix_moves_running_requests_with_their_kv_cache(stack: Stack) 
         "w-empty",
     )  # shortest KV first
     assert first.epoch == 1
+    assert first.to_inbox_partition == INBOX["w-empty"]
     assert first.kv_cache_bytes == 500 * performance_model(A100).kv_bytes_per_token
 
 
 async def test_a_dead_worker_takes_no_part(stack: Stack) -> None:
     await stack.report(overloaded(), heartbeat("w-idle", []))
     assert stack.monitor is not None
-    stack.monitor.clock = lambda: time.time() + WORKER_TIMEOUT_S + 1
+    stack.monitor_ahead_s = WORKER_TIMEOUT_S + 1
     assert await stack.monitor.check_liveness() == ["w-busy", "w-idle"]
     await stack.report(overloaded().model_copy(update={"sequence": 2}))  # only w-busy is back
     rebalancer = await stack.rebalancer("gaps")
@@ -341,6 +434,8 @@ async def test_jsq_has_no_rebalancer_and_publishes_nothing(stack: Stack) -> None
 
 async def test_the_routine_rebalances_every_period(stack: Stack) -> None:
     await stack.report(overloaded(), heartbeat("w-idle", []))
+    await stack.publish_model()
+    busy_inbox = await stack.inbox("w-busy")
     policy = GapsRebalancer(GapsRebalanceConfig(period_s=0.05))
     rebalancer = await stack.rebalancer(policy=policy, run=True)
     assert rebalancer.round_period_s == pytest.approx(0.05)
@@ -350,9 +445,10 @@ async def test_the_routine_rebalances_every_period(stack: Stack) -> None:
 
     await eventually(moved)
     published = rebalancer.migrations_published
-    on_topic = await stack.migrations(published)
+    on_topic = await busy_inbox.migrations(published)
     assert len({m.request_id for m in on_topic}) == published  # never the same one twice
     assert all(m.to_worker_id == "w-idle" for m in on_topic)
+    assert all(m.to_inbox_partition == INBOX["w-idle"] for m in on_topic)
 
 
 async def test_spike_only_policies_run_when_violations_spike(stack: Stack) -> None:
@@ -361,12 +457,17 @@ async def test_spike_only_policies_run_when_violations_spike(stack: Stack) -> No
     rebalancer = await stack.rebalancer(policy=policy)
     assert not rebalancer.periodic
     assert await rebalancer.tick() == []  # no completions yet: no spike
-    await stack.state.hset(
-        CLUSTER_STATS_KEY, {"recent_violation_rate": "0.1", "recent_window": "100"}
-    )
+
+    async def latest_outcomes(recent: str) -> None:
+        """The outcomes of the latest completions as the request ledger keeps them."""
+        await stack.state.hset(keys.CLUSTER_STATS, {"recent": recent})
+
+    await latest_outcomes("1" * (RECENT_WINDOW // 2 - 1))  # all late, but too few yet
+    assert await rebalancer.tick() == []
+    await latest_outcomes("0000000001" * (RECENT_WINDOW // 10))  # 10 % late
     assert await rebalancer.tick() == []
     assert rebalancer.rounds == 0
-    await stack.state.hset(CLUSTER_STATS_KEY, {"recent_violation_rate": "0.5"})
+    await latest_outcomes("01" * (RECENT_WINDOW // 2))  # 50 % late
     assert await rebalancer.tick()
     assert rebalancer.rounds == 1
 
@@ -378,3 +479,18 @@ async def test_only_one_of_two_replicas_rebalances(stack: Stack) -> None:
     assert await first.run_round()
     assert await second.run_round() == []
     assert second.rounds == 0
+
+
+async def test_no_work_moves_to_a_worker_whose_heartbeat_names_no_inbox(stack: Stack) -> None:
+    """A worker that names no inbox partition (not reading one yet) is not sent work: the
+    plans for it are dropped, until its heartbeat names one."""
+    await stack.report(overloaded(), heartbeat("w-idle", [], inbox_partition=None))
+    rebalancer = await stack.rebalancer("gaps")
+    assert await rebalancer.run_round() == []
+    assert rebalancer.plans_dropped > 0
+    assert rebalancer.migrations_published == 0
+
+    await stack.report(heartbeat("w-idle", [], sequence=2))
+    published = await rebalancer.run_round()
+    assert published
+    assert {m.to_inbox_partition for m in published} == {INBOX["w-idle"]}

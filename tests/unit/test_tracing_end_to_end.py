@@ -82,6 +82,10 @@ def _topic(span: ReadableSpan) -> str:
     return str((span.attributes or {}).get("messaging.destination.name", ""))
 
 
+def _message_type(span: ReadableSpan) -> str:
+    return str((span.attributes or {}).get("switchyard.message_type", ""))
+
+
 async def _eventually_spans(
     spans: InMemorySpanExporter,
     trace_id: int,
@@ -146,7 +150,7 @@ def _check_the_request_path(found: Sequence[ReadableSpan], route: str) -> Readab
         "assignment PRODUCER",
         lambda s: (
             s.kind is SpanKind.PRODUCER
-            and _topic(s).endswith("assignments")
+            and _topic(s).endswith("worker-inbox")
             and child_of(scheduled)(s)
         ),
     )
@@ -165,7 +169,8 @@ def _check_the_request_path(found: Sequence[ReadableSpan], route: str) -> Readab
         "completion PRODUCER",
         lambda s: (
             s.kind is SpanKind.PRODUCER
-            and _topic(s).endswith("completions")
+            and _topic(s).endswith("answers")
+            and _message_type(s) == "completion"
             and child_of(executed)(s)
         ),
     )
@@ -227,7 +232,7 @@ async def test_a_call_that_waited_unplaced_keeps_its_trace(
     assigned = _one(
         found,
         "assignment PRODUCER",
-        lambda s: s.kind is SpanKind.PRODUCER and _topic(s).endswith("assignments"),
+        lambda s: s.kind is SpanKind.PRODUCER and _topic(s).endswith("worker-inbox"),
     )
     assert assigned.parent is not None
     assert assigned.parent.span_id == request_sent.context.span_id
@@ -246,9 +251,10 @@ async def test_one_http_call_is_one_trace_through_scheduler_and_worker_and_back(
     trace_id = _trace_of_request(traced.spans, answer.json()["switchyard"]["request_id"])
     found = await _eventually_spans(traced.spans, trace_id, _path_complete)
     _check_the_request_path(found, "/v1/completions")
-    # The predictor and the monitor joined the same trace too.
-    groups = {_group(s) for s in found}
-    assert {"predictor", "monitor"} <= groups
+    # Three hops read the request and nothing else does: the predictor learns from
+    # batched observations and the monitor from heartbeats, outside the request's path.
+    consumers = {_group(s) for s in found if s.kind is SpanKind.CONSUMER}
+    assert consumers == {"scheduler", "worker-llm-0", "ingress-ingress-0"}
 
 
 async def test_an_incoming_traceparent_is_the_parent_of_the_call(
@@ -290,11 +296,11 @@ async def test_a_streamed_answer_continues_the_trace_through_its_chunks(
         traced.spans,
         trace_id,
         lambda spans: (
-            any(_topic(s).endswith("output-chunks") for s in spans) and _path_complete(spans)
+            any(_message_type(s) == "output-chunk" for s in spans) and _path_complete(spans)
         ),
     )
     chunk_spans = [
-        s for s in found if s.kind is SpanKind.PRODUCER and _topic(s).endswith("output-chunks")
+        s for s in found if s.kind is SpanKind.PRODUCER and _message_type(s) == "output-chunk"
     ]
     assert chunk_spans, "no output chunk was published in the request's trace"
 
@@ -339,11 +345,9 @@ async def test_the_api_port_serves_the_metrics_of_the_whole_process(
         "switchyard_worker_execution_duration_seconds_count",
         "switchyard_worker_completions_total",
         "switchyard_worker_model_swaps_total",
-        "switchyard_predictor_predictions_total",
-        "switchyard_predictor_error_seconds_count",
-        "switchyard_predictor_mape_ratio",
+        "switchyard_predictor_model_version_ratio",
         "switchyard_monitor_heartbeats_total",
-        "switchyard_monitor_completions_total",
+        "switchyard_bus_records_total",
         "switchyard_bus_published_total",
         "switchyard_bus_handler_duration_seconds_count",
     ):

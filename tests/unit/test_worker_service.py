@@ -1,20 +1,26 @@
-"""The worker service over the in-memory bus and state store: what other services see."""
+"""The worker service over the in-memory bus and state store: what other services see.
+
+Work reaches a worker on its own partition of ``switchyard.worker-inbox`` (named in its
+heartbeats), fenced through the request ledger: each test records a request and its
+assignment the way the scheduler does before sending it. Answers, and a streamed
+request's chunks before them, come back on the ``reply_partition`` of
+``switchyard.answers`` the request names.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
 from opentelemetry.sdk.trace import TracerProvider
-from switchyard.bus import Bus, MemoryTransport, Subscription
+from switchyard.bus import Bus, Envelope, MemoryTransport, Subscription
 from switchyard.config import load_settings
-from switchyard.contracts.base import Message
 from switchyard.contracts.messages import (
     Assignment,
     ClassificationPayload,
@@ -26,30 +32,31 @@ from switchyard.contracts.messages import (
     LLMResult,
     Migration,
     OutputChunk,
+    RequestTimeline,
 )
-from switchyard.contracts.topics import (
-    ASSIGNMENTS,
-    COMPLETIONS,
-    HEARTBEATS,
-    MIGRATIONS,
-    OUTPUT_CHUNKS,
-    Topic,
-)
+from switchyard.contracts.topics import ANSWERS, HEARTBEATS, WORKER_INBOX
+from switchyard.lifecycle import Assign, Fence, RequestLedger, RequestRecord, scripts
 from switchyard.perf import performance_model
 from switchyard.runtime.service import ServiceContext
 from switchyard.serving import TINY_LM_MODEL, ServingCatalogue
-from switchyard.state import MemoryStateStore
+from switchyard.state import MemoryStateStore, keys
+from switchyard.state.base import Script
 from switchyard.telemetry import Telemetry
 
-from services.cluster_state import assigned_key, assignment_key, request_key
 from services.worker import create
 from services.worker.backends.emulated_llm import EmulatedLlmBackend
-from services.worker.service import CHUNK_TOKENS, WorkerService
+from services.worker.reporting import CHUNK_TOKENS
+from services.worker.service import WorkerService
+from tests.support.bus import drain_for
 
 PROFILE = "a100-80gb/llama-2-7b"
 MODEL = "llama-2-7b"
-M = TypeVar("M", bound=Message)
+REPLY_PARTITION = 0
+"""The partition of ``switchyard.answers`` every request here names for its answer."""
 WAIT_S = 20.0  # generous: these waits end on an event, the timeout only bounds a failure
+
+Answers = Subscription[Completion | OutputChunk]
+Inboxes = Subscription[Assignment | Migration]
 
 
 @dataclass
@@ -57,12 +64,29 @@ class Stack:
     ctx: ServiceContext
     worker: WorkerService
     state: MemoryStateStore
+    metrics: InMemoryMetricReader
 
-    async def publish(self, topic: Topic[M], message: M) -> None:
-        await self.ctx.bus.publish(topic, message)
+    @property
+    def bus(self) -> Bus:
+        return self.ctx.bus
+
+    def answers(self, group: str) -> Answers:
+        return _answers(self.bus, group)
+
+    async def send(self, assignment: Assignment, *, record: bool = True) -> None:
+        """Record ``assignment`` (unless ``record`` is False) and send it to the worker."""
+        if record:
+            await _record(self.state, assignment)
+        await _send(self.worker, assignment)
 
 
-def _context(bus: Bus, state: MemoryStateStore, **settings: object) -> ServiceContext:
+def _context(
+    bus: Bus,
+    state: MemoryStateStore,
+    *,
+    metrics: InMemoryMetricReader | None = None,
+    **settings: object,
+) -> ServiceContext:
     values: dict[str, object] = {
         "worker_id": "w1",
         "heartbeat_interval_s": 0.05,
@@ -70,15 +94,29 @@ def _context(bus: Bus, state: MemoryStateStore, **settings: object) -> ServiceCo
         "worker_time_scale": 1000.0,
     }
     values.update(settings)
+    meters = MeterProvider(metric_readers=[metrics]) if metrics is not None else MeterProvider()
     return ServiceContext(
         name="worker",
         settings=load_settings({}, **values),
         bus=bus,
         state=state,
-        telemetry=Telemetry(TracerProvider(), MeterProvider()),
+        telemetry=Telemetry(TracerProvider(), meters),
         logger=logging.getLogger("tests.worker"),
         stopping=asyncio.Event(),
     )
+
+
+async def _start(worker: WorkerService) -> None:
+    """Start ``worker`` and wait for a heartbeat naming its inbox partition: the scheduler
+    sends a worker work only once one did (it reads its inbox from then on)."""
+    bus = worker.ctx.bus
+    async with bus.subscribe(HEARTBEATS, group=f"t-ready-{worker.worker_id}") as beats:
+        await worker.start()
+        partition = worker.inbox.partition
+        await _heartbeat_where(
+            beats,
+            lambda h: h.worker_id == worker.worker_id and h.inbox_partition == partition,
+        )
 
 
 @pytest.fixture
@@ -86,11 +124,12 @@ async def stack() -> AsyncIterator[Stack]:
     bus = Bus(MemoryTransport())
     await bus.start()
     state = MemoryStateStore("test:")
-    ctx = _context(bus, state)
+    metrics = InMemoryMetricReader()
+    ctx = _context(bus, state, metrics=metrics)
     worker = await create(ctx)
     assert isinstance(worker, WorkerService)
-    await worker.start()
-    yield Stack(ctx, worker, state)
+    await _start(worker)
+    yield Stack(ctx, worker, state, metrics)
     ctx.stopping.set()
     await worker.drain()
     await worker.cancel_routines()
@@ -119,6 +158,7 @@ def _llm(
         ),
         arrival_s=now - 0.01,
         reply_to="ingress-1",
+        reply_partition=REPLY_PARTITION,
     )
     return Assignment(
         request=request,
@@ -132,22 +172,93 @@ def _llm(
     )
 
 
-async def _next(subscription: Subscription[M]) -> M:
+async def _record(state: MemoryStateStore, assignment: Assignment) -> None:
+    """Record the request and its first assignment as the scheduler does."""
+    ledger = RequestLedger(state)
+    await ledger.accept(assignment.request)
+    outcome = await ledger.assign(Assign(assignment))
+    assert outcome.result == "assigned", outcome
+
+
+async def _send(worker: WorkerService, message: Assignment | Migration) -> None:
+    """Send ``message`` to ``worker``'s inbox partition (as the scheduler and the
+    rebalancer do)."""
+    await worker.ctx.bus.publish(WORKER_INBOX, message, partition=worker.inbox.partition)
+
+
+def _answers(bus: Bus, group: str) -> Answers:
+    """A reader of the answers partition the requests here name (open it before the
+    worker can answer: it starts at the partition's end)."""
+    return bus.subscribe(ANSWERS, group=group, partitions=[REPLY_PARTITION])
+
+
+async def _elsewhere(worker: WorkerService) -> int:
+    """A partition of the worker inbox topic other than ``worker``'s: a target's."""
+    partitions = await worker.ctx.bus.partitions_of(WORKER_INBOX)
+    return (worker.inbox.partition + 1) % partitions
+
+
+def _inbox_of(bus: Bus, worker_id: str, partition: int, group: str) -> Inboxes:
+    """What ``worker_id`` would read on ``partition`` (its key only, as its inbox does)."""
+    key = worker_id.encode()
+
+    def addressed(envelope: Envelope) -> bool:
+        return envelope.key == key
+
+    return bus.subscribe(WORKER_INBOX, group=group, partitions=[partition], record_filter=addressed)
+
+
+async def _next(subscription: Subscription[Completion | OutputChunk]) -> Completion | OutputChunk:
     delivery = await subscription.next_within(WAIT_S)
     assert delivery is not None, f"nothing on {subscription.topic.name} within {WAIT_S} s"
     return delivery.message
 
 
-async def _completion(subscription: Subscription[Completion]) -> Completion:
+async def _next_in_inbox(subscription: Inboxes) -> Assignment | Migration:
     delivery = await subscription.next_within(WAIT_S)
-    assert delivery is not None, "no completion arrived"
+    assert delivery is not None, f"nothing on {subscription.topic.name} within {WAIT_S} s"
     return delivery.message
 
 
+async def _chunk(subscription: Answers) -> OutputChunk:
+    message = await _next(subscription)
+    assert isinstance(message, OutputChunk), f"an answer before any chunk: {message}"
+    return message
+
+
+async def _completion(subscription: Answers) -> Completion:
+    """The next answer, passing over output chunks."""
+    while True:
+        message = await _next(subscription)
+        if isinstance(message, Completion):
+            return message
+
+
+async def _read(state: MemoryStateStore, request_id: str) -> RequestRecord:
+    record = await RequestLedger(state).read(request_id)
+    assert record is not None, f"no record of {request_id}"
+    return record
+
+
+def _counted(reader: InMemoryMetricReader, name: str, worker_id: str) -> int:
+    """The value of counter ``name`` for ``worker_id`` (0 when it never counted)."""
+    data = reader.get_metrics_data()
+    total = 0
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name != name or not isinstance(metric.data, Sum):
+                    continue
+                for point in metric.data.data_points:
+                    if (point.attributes or {}).get("worker_id") == worker_id:
+                        total += int(point.value)
+    return total
+
+
 async def test_completions_carry_an_ordered_emulated_timeline(stack: Stack) -> None:
-    async with stack.ctx.bus.subscribe(COMPLETIONS, group="t-completions") as completions:
-        await stack.publish(ASSIGNMENTS, _llm("r1", output=6))
-        done = await _completion(completions)
+    async with stack.answers("t-completions") as answers:
+        await stack.send(_llm("r1", output=6))
+        done = await _completion(answers)
     assert done.request_id == "r1"
     assert done.status is CompletionStatus.OK
     assert done.result == LLMResult(output_tokens=6, text="")
@@ -162,20 +273,23 @@ async def test_completions_carry_an_ordered_emulated_timeline(stack: Stack) -> N
     assert t.first_token_s is not None
     assert t.finished_s is not None
     assert t.arrival_s <= t.assigned_s <= t.started_s <= t.first_token_s <= t.finished_s
+    # The worker recorded the answer before sending it: the record has it already, and
+    # the request left the worker's books.
+    record = await _read(stack.state, "r1")
+    assert record.status == "ok"
+    assert record.completion == done
+    assert await stack.state.zcard(keys.assigned("w1")) == 0
+    assert await stack.state.hget(keys.worker("w1"), "completed") == "1"
 
 
 async def test_streamed_chunks_arrive_in_order_and_add_up(stack: Stack) -> None:
-    async with (
-        stack.ctx.bus.subscribe(COMPLETIONS, group="t-c") as completions,
-        stack.ctx.bus.subscribe(OUTPUT_CHUNKS, group="t-chunks") as chunks,
-    ):
-        await stack.publish(ASSIGNMENTS, _llm("s1", output=10, stream=True))
-        done = await _completion(completions)
+    async with stack.answers("t-stream") as answers:
+        await stack.send(_llm("s1", output=10, stream=True))
         got: list[OutputChunk] = []
-        while sum(c.tokens for c in got) < 10:
-            chunk = await _next(chunks)
-            assert isinstance(chunk, OutputChunk)
-            got.append(chunk)
+        while not isinstance(message := await _next(answers), Completion):
+            got.append(message)
+        done = message
+    # Every chunk came before the answer, on the same partition.
     assert done.status is CompletionStatus.OK
     assert [c.index for c in got] == list(range(len(got)))
     # At this time scale the emulation decodes several steps per wake-up, so a chunk
@@ -187,32 +301,44 @@ async def test_streamed_chunks_arrive_in_order_and_add_up(stack: Stack) -> None:
 
 async def test_a_duplicate_or_stale_assignment_runs_once(stack: Stack) -> None:
     first = _llm("dup", output=3, epoch=1, order=1)
-    async with stack.ctx.bus.subscribe(COMPLETIONS, group="t-dup") as completions:
-        await stack.publish(ASSIGNMENTS, first)
-        await stack.publish(ASSIGNMENTS, first)  # redelivered
-        await stack.publish(ASSIGNMENTS, _llm("dup", output=3, epoch=0, order=1))  # stale
-        # Same key (worker id), so the worker reads it after the three above.
-        await stack.publish(ASSIGNMENTS, _llm("marker", output=3, order=2))
+    stale = _llm("dup", output=3, epoch=0, order=1)
+    # Recorded as the scheduler would: decided (epoch 0), then re-assigned (epoch 1).
+    await _record(stack.state, stale)
+    outcome = await RequestLedger(stack.state).assign(Assign(first, replaces_epoch=0))
+    assert outcome.result == "assigned"
+    async with stack.answers("t-dup") as answers:
+        await stack.send(first, record=False)
+        await stack.send(first, record=False)  # redelivered
+        await stack.send(stale, record=False)  # stale
+        # The same partition, so the worker reads it after the three above.
+        await stack.send(_llm("marker", output=3, order=2))
         seen: list[tuple[str, int]] = []
         while {"dup", "marker"} - {request_id for request_id, _ in seen}:
-            done = await _completion(completions)
+            done = await _completion(answers)
             seen.append((done.request_id, done.epoch))
         # Every assignment was read before the marker's: a second copy of "dup" would be
-        # waiting, running or already completed by now.
+        # waiting, running or already answered by now.
         assert len(stack.worker.queue) == 0
         assert not stack.worker.backend.has_running()
-        assert await completions.next_within(0.05) is None
+        assert await answers.next_within(0.05) is None
     assert sorted(seen) == [("dup", 1), ("marker", 0)]
-    # After a restart the in-memory memory is gone, but the claim in the state store
-    # stops the redelivered assignment.
+    # After a restart the in-memory memory is gone, but the record in the ledger (answered
+    # under epoch 1) stops the redelivered assignment.
+    recorded = await _read(stack.state, "dup")
+    assert (recorded.status, recorded.epoch, recorded.worker_id) == ("ok", 1, "w1")
     restarted = WorkerService(stack.ctx, stack.worker.backend)
-    assert not await restarted.take(first)
-    assert await stack.state.exists("claim:dup:1:run")
+    assert await restarted.intake.take([(first, None)]) == 0
+    assert "dup" not in restarted.queue
 
 
 async def test_only_our_assignments_are_taken(stack: Stack) -> None:
-    assert not await stack.worker.take(_llm("other", worker_id="w2"))
+    other = _llm("other", worker_id="w2")
+    await _record(stack.state, other)
+    assert await stack.worker.intake.take([(other, None)]) == 0
     assert "other" not in stack.worker.queue
+    # Nor does it touch the record: it stays w2's to start.
+    record = await _read(stack.state, "other")
+    assert (record.status, record.worker_id) == ("assigned", "w2")
 
 
 async def test_a_bad_assignment_fails_and_the_worker_goes_on(stack: Stack) -> None:
@@ -221,6 +347,7 @@ async def test_a_bad_assignment_fails_and_the_worker_goes_on(stack: Stack) -> No
         app="digits",
         payload=ClassificationPayload(features=[1.0, 2.0]),
         arrival_s=time.time(),
+        reply_partition=REPLY_PARTITION,
     )
     bad = Assignment(
         request=request,
@@ -230,11 +357,11 @@ async def test_a_bad_assignment_fails_and_the_worker_goes_on(stack: Stack) -> No
         policy="test",
         assigned_at_s=time.time(),
     )
-    async with stack.ctx.bus.subscribe(COMPLETIONS, group="t-bad") as completions:
-        await stack.publish(ASSIGNMENTS, bad)
-        await stack.publish(ASSIGNMENTS, _llm("wrong-model", model="llama-2-13b"))
-        await stack.publish(ASSIGNMENTS, _llm("good", output=2))
-        results = {c.request_id: c for c in [await _completion(completions) for _ in range(3)]}
+    async with stack.answers("t-bad") as answers:
+        await stack.send(bad)
+        await stack.send(_llm("wrong-model", model="llama-2-13b"))
+        await stack.send(_llm("good", output=2))
+        results = {c.request_id: c for c in [await _completion(answers) for _ in range(3)]}
     assert results["cls"].status is CompletionStatus.FAILED
     assert results["cls"].error is not None
     assert "classification request" in results["cls"].error
@@ -243,6 +370,9 @@ async def test_a_bad_assignment_fails_and_the_worker_goes_on(stack: Stack) -> No
     assert "not 'llama-2-13b'" in (results["wrong-model"].error or "")
     assert results["good"].status is CompletionStatus.OK
     assert stack.worker.alive
+    # The failures are answers like any other: recorded, so a retry or a poll sees them.
+    assert (await _read(stack.state, "cls")).status == "failed"
+    assert (await _read(stack.state, "wrong-model")).status == "failed"
 
 
 def _migration(
@@ -251,6 +381,7 @@ def _migration(
     from_worker_id: str,
     epoch: int,
     cost_s: float,
+    to_inbox_partition: int | None,
     to_worker_id: str = "w2",
     decided_at_s: float | None = None,
 ) -> Migration:
@@ -258,6 +389,7 @@ def _migration(
         request_id=request_id,
         from_worker_id=from_worker_id,
         to_worker_id=to_worker_id,
+        to_inbox_partition=to_inbox_partition,
         epoch=epoch,
         reason="test",
         expected_gain_s=1.0,
@@ -274,12 +406,14 @@ async def _until_queued(worker: WorkerService, request_id: str) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _heartbeat_where(subscription: Subscription[Heartbeat], test: object) -> Heartbeat:
+async def _heartbeat_where(
+    subscription: Subscription[Heartbeat], test: Callable[[Heartbeat], bool]
+) -> Heartbeat:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         delivery = await subscription.next_within(WAIT_S)
         assert delivery is not None
-        if test(delivery.message):  # type: ignore[operator]
+        if test(delivery.message):
             return delivery.message
     raise AssertionError("no matching heartbeat")
 
@@ -287,8 +421,8 @@ async def _heartbeat_where(subscription: Subscription[Heartbeat], test: object) 
 async def test_heartbeats_report_queue_load_and_resources(stack: Stack) -> None:
     perf = performance_model(PROFILE)
     held = _llm("held", prompt=300, output=20, not_before_s=time.time() + 3600)
-    async with stack.ctx.bus.subscribe(HEARTBEATS, group="t-hb") as heartbeats:
-        await stack.publish(ASSIGNMENTS, held)
+    async with stack.bus.subscribe(HEARTBEATS, group="t-hb") as heartbeats:
+        await stack.send(held)
         beat = await _heartbeat_where(heartbeats, lambda h: h.queue_length == 1)
     assert beat.worker_id == "w1"
     assert beat.worker_type == "a100-80gb"
@@ -296,6 +430,7 @@ async def test_heartbeats_report_queue_load_and_resources(stack: Stack) -> None:
     assert beat.emulated
     assert beat.profile == PROFILE
     assert beat.interval_s == 0.05
+    assert beat.inbox_partition == stack.worker.inbox.partition  # where to send it work
     assert beat.running == 0
     assert beat.utilization == 1.0  # a request waits
     assert beat.servable_models == [MODEL] == beat.resident_models
@@ -320,8 +455,8 @@ async def test_heartbeats_report_held_work_as_the_scheduler_predicted_it(stack: 
     perf = performance_model(PROFILE)
     held = _llm("held", prompt=300, output=20, not_before_s=time.time() + 3600)
     held = held.model_copy(update={"predicted_s": 0.7})
-    async with stack.ctx.bus.subscribe(HEARTBEATS, group="t-hb") as heartbeats:
-        await stack.publish(ASSIGNMENTS, held)
+    async with stack.bus.subscribe(HEARTBEATS, group="t-hb") as heartbeats:
+        await stack.send(held)
         beat = await _heartbeat_where(heartbeats, lambda h: h.queue_length == 1)
     assert beat.predicted_work_s == pytest.approx(0.7)
     assert [e.remaining_s for e in beat.outstanding] == [pytest.approx(0.7)]
@@ -329,37 +464,123 @@ async def test_heartbeats_report_held_work_as_the_scheduler_predicted_it(stack: 
 
 
 async def test_an_assignment_its_record_shows_superseded_or_answered_does_not_run(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker restarted under its id resumes its inbox's unread assignments: this one was
+    # re-assigned elsewhere (epoch 1 recorded) meanwhile, that one already answered, and
+    # the last one this worker's earlier incarnation took already.
+    state = stack.state
+    ledger = RequestLedger(state)
+    worker = stack.worker
+    moved_on = _llm("moved-on")
+    await _record(state, moved_on)
+    elsewhere = moved_on.model_copy(update={"worker_id": "w2", "epoch": 1})
+    assert (await ledger.assign(Assign(elsewhere, replaces_epoch=0))).result == "assigned"
+    answered = _llm("answered")
+    await _record(state, answered)
+    done = Completion(
+        request_id="answered",
+        app=MODEL,
+        worker_id="w1",
+        worker_type="a100-80gb",
+        variant=MODEL,
+        epoch=0,
+        status=CompletionStatus.OK,
+        result=LLMResult(output_tokens=8, text=""),
+        timeline=RequestTimeline(arrival_s=answered.request.arrival_s, finished_s=time.time()),
+    )
+    assert await ledger.finish_many([done]) == ["finished"]
+    taken = _llm("taken-before")
+    await _record(state, taken)
+    assert await ledger.start_many([Fence("taken-before", 0, "w1")], time.time()) == ["started"]
+
+    for assignment in (moved_on, answered, taken):
+        request_id = assignment.request.request_id
+        assert await worker.intake.take([(assignment, None)]) == 0, request_id
+        assert request_id not in worker.queue
+    # The records are as they were: the refused assignments changed nothing.
+    record = await _read(state, "moved-on")
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "w2", 1)
+    assert (await _read(state, "taken-before")).status == "running"
+    assert (await _read(state, "answered")).completion == done
+    # Dropping a superseded assignment counts; the others were only repeats.
+    assert _counted(stack.metrics, "switchyard.worker.superseded", "w1") == 1
+
+    # The request's current assignment, and one nobody recorded (with a warning), run.
+    current = _llm("current", not_before_s=time.time() + 3600)
+    await _record(state, current)
+    assert await worker.intake.take([(current, None)]) == 1
+    with caplog.at_level(logging.WARNING, logger="switchyard.worker"):
+        unrecorded = _llm("unrecorded", not_before_s=time.time() + 3600)
+        assert await worker.intake.take([(unrecorded, None)]) == 1
+    assert "assignment of unrecorded has no request record" in caplog.text
+    assert {"current", "unrecorded"} <= set(worker.holdings.held)
+    record = await _read(state, "current")
+    assert (record.status, record.worker_id, record.epoch) == ("running", "w1", 0)
+
+
+async def test_an_answer_of_a_request_given_to_another_worker_meanwhile_is_discarded(
     stack: Stack,
 ) -> None:
-    # A worker restarted under its id resumes its group's unread assignments: this one
-    # was re-assigned elsewhere (epoch 1 recorded) meanwhile, that one already answered.
-    state = stack.ctx.state
-    await state.hset(request_key("moved-on"), {"status": "assigned", "epoch": "1"})
-    await state.hset(request_key("answered"), {"status": "ok", "epoch": "0"})
-    await state.hset(request_key("current"), {"status": "assigned", "epoch": "0"})
-    for request_id in ("moved-on", "answered"):
-        assert not await stack.worker.take(_llm(request_id))
-        assert request_id not in stack.worker.queue
-        assert await state.get(f"claim:{request_id}:0:run") is None
-    # The request's current assignment, and one nobody recorded, run.
-    assert await stack.worker.take(_llm("current", not_before_s=time.time() + 3600))
-    assert await stack.worker.take(_llm("unrecorded", not_before_s=time.time() + 3600))
+    # A slower emulation (time scale 10): the request runs for about half a second, and
+    # meanwhile this worker is declared dead and the request re-assigned to w2.
+    bus = stack.bus
+    metrics = InMemoryMetricReader()
+    ctx = _context(bus, stack.state, metrics=metrics, worker_id="cut-off")
+    worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=10.0))
+    await _start(worker)
+    ledger = RequestLedger(stack.state)
+    try:
+        async with stack.answers("t-cut-off") as answers:
+            ran = _llm("taken-away", output=400, stream=True, worker_id="cut-off")
+            await _record(stack.state, ran)
+            await _send(worker, ran)
+            await _chunk(answers)  # running now
+            again = ran.model_copy(
+                update={"worker_id": "w2", "epoch": 1, "assigned_at_s": time.time()}
+            )
+            reassigned = await ledger.assign(
+                Assign(again, replaces_epoch=0, replaces_worker="cut-off")
+            )
+            assert reassigned.result == "assigned"
+            ctx.stopping.set()
+            await worker.drain()  # what ran has finished, its answer recorded or discarded
+            after = [d.message for d in await drain_for(answers, 0.1)]
+    finally:
+        ctx.stopping.set()
+        await worker.cancel_routines()
+        ctx.telemetry.shutdown()
+    # Its answer was never sent, and the record still shows w2's assignment, with the run
+    # that should not have happened counted.
+    assert not [m for m in after if isinstance(m, Completion)]
+    record = await _read(stack.state, "taken-away")
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "w2", 1)
+    assert record.completion is None
+    assert record.superseded_runs == 1
+    assert await stack.state.hget(keys.CLUSTER_STATS, "superseded") == "1"
+    assert await stack.state.hget(keys.worker("cut-off"), "completed") is None
+    assert _counted(metrics, "switchyard.worker.superseded", "cut-off") == 1
 
 
 async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack: Stack) -> None:
     held = _llm("mover", output=5, not_before_s=time.time() + 3600, epoch=2)
-    async with stack.ctx.bus.subscribe(ASSIGNMENTS, group="t-observer") as assignments:
-        await stack.publish(ASSIGNMENTS, held)
-        assert await _next(assignments) == held
+    target = await _elsewhere(stack.worker)
+    async with _inbox_of(stack.bus, "w2", target, "t-observer") as w2:
+        await stack.send(held)
         await _until_queued(stack.worker, "mover")
-        # As the scheduler recorded it when it sent the request here.
-        await stack.ctx.state.zadd(assigned_key(stack.worker.worker_id), {"mover": 1.0})
         before = time.time()
-        await stack.publish(
-            MIGRATIONS,
-            _migration("mover", from_worker_id="w1", epoch=3, cost_s=0.5, decided_at_s=before),
+        await _send(
+            stack.worker,
+            _migration(
+                "mover",
+                from_worker_id="w1",
+                epoch=3,
+                cost_s=0.5,
+                decided_at_s=before,
+                to_inbox_partition=target,
+            ),
         )
-        moved = await _next(assignments)
+        moved = await _next_in_inbox(w2)
         after = time.time()
     assert isinstance(moved, Assignment)
     assert moved.worker_id == "w2"
@@ -370,79 +591,101 @@ async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack
     assert before + 0.5 <= moved.not_before_s <= after + 0.5
     assert "mover" not in stack.worker.queue
     # Recorded where a WorkerDown of the target would look for it, and gone from here.
-    state = stack.ctx.state
-    recorded = await state.get(assignment_key("mover"))
-    assert recorded is not None
-    assert Assignment.model_validate_json(recorded) == moved
-    assert await state.hget(request_key("mover"), "worker_id") == "w2"
-    assert await state.hget(request_key("mover"), "epoch") == "3"
-    assert await state.zcard(assigned_key("w2")) == 1
-    assert await state.zcard(assigned_key(stack.worker.worker_id)) == 0
+    state = stack.state
+    recorded = await _read(state, "mover")
+    assert recorded.assignment == moved
+    assert (recorded.status, recorded.worker_id, recorded.epoch) == ("assigned", "w2", 3)
+    assert await state.zcard(keys.assigned("w2")) == 1
+    assert await state.zcard(keys.assigned(stack.worker.worker_id)) == 0
 
 
-class _NoAssignmentRecords(MemoryStateStore):
-    """A state store that cannot write assignment records (an outage, as a move sees it)."""
+class _AssignmentsFail(MemoryStateStore):
+    """A state store that records no assignment once ``down`` (an outage, as a move sees
+    it)."""
 
-    async def set(self, key: str, value: str, *, ttl_s: float | None = None) -> None:
-        if key.startswith("assignment:"):
+    down = False
+
+    async def run_script_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[str], Sequence[str]]]
+    ) -> list[list[str]]:
+        if self.down and script is scripts.ASSIGN:
             raise ConnectionError("the state store is down (test)")
-        await super().set(key, value, ttl_s=ttl_s)
+        return await super().run_script_many(script, calls)
 
 
 async def test_a_move_that_cannot_be_recorded_does_not_happen(stack: Stack) -> None:
-    bus = stack.ctx.bus
-    ctx = _context(bus, _NoAssignmentRecords("t-stuck:"), worker_id="stuck")
+    bus = stack.bus
+    state = _AssignmentsFail("t-stuck:")
+    ctx = _context(bus, state, worker_id="stuck")
     worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=1000.0))
-    await worker.start()
+    await _start(worker)
+    target = await _elsewhere(worker)
     try:
         async with (
-            bus.subscribe(ASSIGNMENTS, group="t-obs-stuck") as assignments,
-            bus.subscribe(COMPLETIONS, group="t-done-stuck") as completions,
+            _inbox_of(bus, "w2", target, "t-obs-stuck") as w2,
+            stack.answers("t-done-stuck") as answers,
         ):
-            held = _llm("stays", output=5, worker_id="stuck", not_before_s=time.time() + 0.3)
-            await bus.publish(ASSIGNMENTS, held)
-            await _next(assignments)
+            held = _llm("stays", output=5, worker_id="stuck", not_before_s=time.time() + 0.5)
+            await _record(state, held)
+            await _send(worker, held)
             await _until_queued(worker, "stays")
-            moved = await worker.migrate(
-                _migration("stays", from_worker_id="stuck", epoch=1, cost_s=0.1)
+            state.down = True
+            moved = await worker.intake.migrate(
+                _migration(
+                    "stays",
+                    from_worker_id="stuck",
+                    epoch=1,
+                    cost_s=0.1,
+                    to_inbox_partition=target,
+                )
             )
             # Unrecorded, the move would leave the request on neither worker's books:
             # it stays, nothing is sent to w2, and it runs here when its time comes.
             assert moved is False
             assert "stays" in worker.queue
-            done = await _completion(completions)
-            assert await assignments.next_within(0.2) is None
+            state.down = False
+            done = await _completion(answers)
+            assert await w2.next_within(0.2) is None
     finally:
         ctx.stopping.set()
         await worker.drain()
         await worker.cancel_routines()
     assert (done.request_id, done.worker_id, done.epoch) == ("stays", "stuck", 0)
     assert done.status is CompletionStatus.OK
+    record = await _read(state, "stays")
+    assert (record.status, record.worker_id, record.epoch) == ("ok", "stuck", 0)
+    assert await state.zcard(keys.assigned("w2")) == 0
 
 
 async def test_migrating_a_running_request_moves_its_tokens_and_kv(stack: Stack) -> None:
     perf = performance_model(PROFILE)
     # A slow emulation (time scale 1) so the request is still running when it moves.
     slow = EmulatedLlmBackend(perf, time_scale=1.0)
-    bus = stack.ctx.bus
+    bus = stack.bus
     ctx = _context(bus, stack.state, worker_id="slow")
     worker = WorkerService(ctx, slow)
-    await worker.start()
+    await _start(worker)
+    target = await _elsewhere(worker)
     try:
         async with (
-            bus.subscribe(ASSIGNMENTS, group="t-obs2") as assignments,
-            bus.subscribe(OUTPUT_CHUNKS, group="t-chunks2") as chunks,
+            _inbox_of(bus, "w2", target, "t-obs2") as w2,
+            stack.answers("t-chunks2") as answers,
         ):
-            await bus.publish(
-                ASSIGNMENTS, _llm("runner", output=2000, prompt=500, stream=True, worker_id="slow")
+            runner = _llm("runner", output=2000, prompt=500, stream=True, worker_id="slow")
+            await _record(stack.state, runner)
+            await _send(worker, runner)
+            await _chunk(answers)  # it has generated tokens
+            await _send(
+                worker,
+                _migration(
+                    "runner",
+                    from_worker_id="slow",
+                    epoch=1,
+                    cost_s=9.0,
+                    to_inbox_partition=target,
+                ),
             )
-            await _next(assignments)
-            await _next(chunks)  # it has generated tokens
-            await bus.publish(
-                MIGRATIONS,
-                _migration("runner", from_worker_id="slow", epoch=1, cost_s=9.0),
-            )
-            moved = await _next(assignments)
+            moved = await _next_in_inbox(w2)
     finally:
         ctx.stopping.set()
         await worker.drain()
@@ -454,59 +697,62 @@ async def test_migrating_a_running_request_moves_its_tokens_and_kv(stack: Stack)
     transfer_s = perf.kv_transfer_s(500 + moved.generated_tokens)
     assert moved.not_before_s - moved.assigned_at_s == pytest.approx(transfer_s, abs=1e-5)
     assert not slow.has_running()
+    record = await _read(stack.state, "runner")
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "w2", 1)
+    assert await stack.state.zcard(keys.assigned("slow")) == 0
 
 
 async def test_draining_finishes_running_work_and_says_so(stack: Stack) -> None:
-    bus = stack.ctx.bus
+    bus = stack.bus
     async with (
-        bus.subscribe(COMPLETIONS, group="t-drain") as completions,
+        stack.answers("t-drain") as answers,
         bus.subscribe(HEARTBEATS, group="t-drain-hb") as heartbeats,
-        bus.subscribe(OUTPUT_CHUNKS, group="t-drain-chunks") as chunks,
     ):
-        await stack.publish(ASSIGNMENTS, _llm("last", output=200, stream=True))
-        await _next(chunks)  # running now
+        await stack.send(_llm("last", output=200, stream=True))
+        await _chunk(answers)  # running now
         stack.ctx.stopping.set()
         await stack.worker.drain()
-        done = await _completion(completions)
+        done = await _completion(answers)
         final = await _heartbeat_where(heartbeats, lambda h: h.draining)
     assert done.request_id == "last"
     assert done.status is CompletionStatus.OK
     assert done.result == LLMResult(output_tokens=200, text="")
     assert final.running == 0
+    assert (await _read(stack.state, "last")).status == "ok"
 
 
 async def test_a_draining_worker_heartbeats_until_what_runs_is_done(stack: Stack) -> None:
     # A slower emulation (time scale 10): the long request runs for about half a second,
     # ten heartbeat intervals, so a worker silent while draining would look dead.
-    bus = stack.ctx.bus
+    bus = stack.bus
     ctx = _context(bus, stack.state, worker_id="leaving")
     worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=10.0))
-    await worker.start()
+    await _start(worker)
 
     def mine(beat: Heartbeat) -> bool:
         return beat.worker_id == "leaving"
 
     try:
         async with (
-            bus.subscribe(COMPLETIONS, group="t-leave") as completions,
+            stack.answers("t-leave") as answers,
             bus.subscribe(HEARTBEATS, group="t-leave-hb") as heartbeats,
-            bus.subscribe(OUTPUT_CHUNKS, group="t-leave-chunks") as chunks,
         ):
-            await bus.publish(
-                ASSIGNMENTS, _llm("long", output=400, stream=True, worker_id="leaving")
-            )
-            await _next(chunks)  # running now
+            long = _llm("long", output=400, stream=True, worker_id="leaving")
+            await _record(stack.state, long)
+            await _send(worker, long)
+            await _chunk(answers)  # running now
             later = _llm("later", worker_id="leaving", not_before_s=time.time() + 3600)
-            await bus.publish(ASSIGNMENTS, later)
+            await _record(stack.state, later)
+            await _send(worker, later)
             await _heartbeat_where(heartbeats, lambda h: mine(h) and h.queue_length == 1)
             ctx.stopping.set()
             draining = asyncio.create_task(worker.drain())
             beats = [await _heartbeat_where(heartbeats, lambda h: mine(h) and h.draining)]
             while beats[-1].running:
                 beats.append(await _heartbeat_where(heartbeats, mine))
-            done = await _completion(completions)
+            done = await _completion(answers)
             await draining
-            assert await completions.next_within(0.2) is None  # "later" never ran here
+            assert await answers.next_within(0.2) is None  # "later" never ran here
     finally:
         ctx.stopping.set()
         await worker.cancel_routines()
@@ -529,17 +775,17 @@ async def test_a_draining_worker_heartbeats_until_what_runs_is_done(stack: Stack
 async def test_a_torch_worker_serves_the_tiny_language_model() -> None:
     bus = Bus(MemoryTransport())
     await bus.start()
-    ctx = _context(
-        bus, MemoryStateStore("t:"), worker_backend="torch", worker_device="cpu", worker_id="t1"
-    )
+    state = MemoryStateStore("t:")
+    ctx = _context(bus, state, worker_backend="torch", worker_device="cpu", worker_id="t1")
     worker = await create(ctx, ServingCatalogue(llm={}, classification={}))
-    await worker.start()
+    assert isinstance(worker, WorkerService)
+    await _start(worker)
     try:
-        async with bus.subscribe(COMPLETIONS, group="t-torch") as completions:
-            await bus.publish(
-                ASSIGNMENTS, _llm("tiny", model=TINY_LM_MODEL, output=5, worker_id="t1")
-            )
-            done = await _completion(completions)
+        async with _answers(bus, "t-torch") as answers:
+            tiny = _llm("tiny", model=TINY_LM_MODEL, output=5, worker_id="t1")
+            await _record(state, tiny)
+            await _send(worker, tiny)
+            done = await _completion(answers)
     finally:
         ctx.stopping.set()
         await worker.drain()

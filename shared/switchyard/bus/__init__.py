@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from switchyard.bus.bus import Bus, Delivery, Subscription
+from switchyard.bus.bus import Bus, Delivery, RecordFilter, Subscription
 from switchyard.bus.memory import MemoryBroker, MemoryTransport
 from switchyard.bus.middleware import BusMiddleware
 from switchyard.bus.records import (
@@ -29,6 +29,7 @@ __all__ = [
     "MemoryBroker",
     "MemoryTransport",
     "OutgoingRecord",
+    "RecordFilter",
     "RecordMetadata",
     "Subscription",
     "TopicPartition",
@@ -68,4 +69,5 @@ def bus_from_settings(
         middlewares=middlewares,
         commit_interval_s=settings.commit_interval_s,
         client_id=f"switchyard-{settings.instance_id}",
+        addressed_partitions=settings.addressed_partitions,
     )

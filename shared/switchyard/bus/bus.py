@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from switchyard.bus import codec
 from switchyard.bus.middleware import BusMiddleware
@@ -52,8 +52,10 @@ log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 
-KeyFilter = Callable[[bytes | None], bool]
-"""Decides from a record's key alone whether a subscription wants it."""
+RecordFilter = Callable[[Envelope], bool]
+"""Decides from a record's key and headers, before decoding it, whether a subscription
+wants it (for example a reader of a shared partition keeps the records keyed with its
+own id)."""
 
 _FETCH_TIMEOUT_S = 0.2  # how long one fetch waits; bounds how fast a stop is noticed
 
@@ -86,6 +88,9 @@ class Bus:
         middlewares: wrap every publish and every handled message, outermost first.
         commit_interval_s: how often handled offsets are committed.
         client_id: names this process's producer and consumers on the broker.
+        addressed_partitions: partition count of the addressed topics the bus creates
+            (one partition per destination: the most workers, or ingress replicas, that
+            each read a partition of their own).
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class Bus:
         retry_initial_s: float = 0.1,
         retry_max_s: float = 5.0,
         max_batch: int = 500,
+        addressed_partitions: int = 64,
     ) -> None:
         self.transport = transport
         self.topic_prefix = topic_prefix
@@ -109,6 +115,7 @@ class Bus:
         self.client_id = client_id
         self.backoff = _Backoff(retry_initial_s, retry_max_s)
         self.max_batch = max_batch
+        self.addressed_partitions = addressed_partitions
         self._ensured: set[str] = set()
         self._subscriptions: set[Subscription[Any]] = set()
         self._started = False
@@ -149,10 +156,19 @@ class Bus:
         await self.stop()
 
     async def ensure_topics(self, topics: Iterable[Topic[Any]]) -> None:
-        names = [self.topic_name(t) for t in topics if self.topic_name(t) not in self._ensured]
-        if names:
-            await self.transport.ensure_topics(names, self.partitions)
-            self._ensured.update(names)
+        missing = [t for t in topics if self.topic_name(t) not in self._ensured]
+        for addressed in (False, True):
+            names = [self.topic_name(t) for t in missing if t.addressed is addressed]
+            if names:
+                count = self.addressed_partitions if addressed else self.partitions
+                await self.transport.ensure_topics(names, count)
+                self._ensured.update(names)
+
+    async def partitions_of(self, topic: Topic[Any]) -> int:
+        """How many partitions ``topic`` has on the broker (it may predate this
+        deployment's setting)."""
+        await self.ensure_topics([topic])
+        return await self.transport.partitions_for(self.topic_name(topic))
 
     async def ping(self) -> ClusterInfo:
         """What the broker says about itself; raises a retriable error when it is unreachable."""
@@ -167,16 +183,21 @@ class Bus:
         *,
         key: str | None = None,
         headers: Mapping[str, bytes] | None = None,
+        partition: int | None = None,
     ) -> Awaitable[RecordMetadata]:
         """Queue ``message``; the result resolves when the broker acknowledged it.
 
         Use this to have many messages in flight at once; use :meth:`publish` to wait
         for each. ``key`` defaults to the topic's key for the message (e.g. request id).
+        ``partition``: the destination's partition of an addressed topic (required
+        there: a message without one would reach a reader it is not for).
         """
-        if not isinstance(message, topic.message_type):
+        if not isinstance(message, topic.message_types):
             raise TypeError(
-                f"{topic.name} carries {topic.message_type.__name__}, not {type(message).__name__}"
+                f"{topic.name} carries {topic.type_names}, not {type(message).__name__}"
             )
+        if topic.addressed and partition is None:
+            raise ValueError(f"{topic.name} is addressed: name the destination's partition")
         value, header_list = codec.encode(message)
         if headers:
             header_list.extend(headers.items())
@@ -185,7 +206,7 @@ class Bus:
         with _enter_all(
             mw.publishing(name, message.MESSAGE_TYPE, header_list) for mw in self.middlewares
         ):
-            record = OutgoingRecord(name, value, record_key, tuple(header_list))
+            record = OutgoingRecord(name, value, record_key, tuple(header_list), partition)
             return await self.transport.send(record)
 
     async def publish(
@@ -195,9 +216,12 @@ class Bus:
         *,
         key: str | None = None,
         headers: Mapping[str, bytes] | None = None,
+        partition: int | None = None,
     ) -> RecordMetadata:
         """Publish ``message`` and wait until the broker stored it (acks=all on Kafka)."""
-        return await (await self.send(topic, message, key=key, headers=headers))
+        return await (
+            await self.send(topic, message, key=key, headers=headers, partition=partition)
+        )
 
     async def publish_bytes(
         self,
@@ -219,24 +243,33 @@ class Bus:
         *,
         group: str,
         stopping: asyncio.Event | None = None,
-        key_filter: KeyFilter | None = None,
+        record_filter: RecordFilter | None = None,
         since_s: float | None = None,
+        partitions: Sequence[int] | None = None,
     ) -> Subscription[M]:
         """A subscription to ``topic`` as a member of consumer group ``group``.
 
         Members of one group share the topic's partitions; each group sees every message.
         Iteration ends once ``stopping`` is set (after the message in hand is finished).
-        With ``key_filter``, records whose key it rejects are skipped before decoding
-        (and count as handled): a worker reading the assignments of every worker keeps
-        its own this way without paying to decode the others'. With ``since_s`` (wall
-        time), each partition is read from its first message appended at or after it
-        (record timestamps) when the group committed an earlier offset or none; what
-        follows is read whatever its timestamp, so a producer whose clock lags loses
-        nothing once reading began. For a reader that only wants what is new, such as a
-        fresh ingress replica that must not read the whole history of answers first.
+        With ``record_filter``, records it rejects are skipped before decoding (and count
+        as handled). With ``since_s`` (wall time), each partition is read from its first
+        message appended at or after it (record timestamps) when the group committed an
+        earlier offset or none; what follows is read whatever its timestamp, so a
+        producer whose clock lags loses nothing once reading began.
+
+        With ``partitions`` (an addressed topic's destination reading its own), the
+        subscription reads exactly those partitions and joins no group rebalance;
+        ``group`` keeps their committed offsets, and a group without any starts at the
+        partitions' ends (what came before was for an earlier owner).
         """
         return Subscription(
-            self, topic, group=group, stopping=stopping, key_filter=key_filter, since_s=since_s
+            self,
+            topic,
+            group=group,
+            stopping=stopping,
+            record_filter=record_filter,
+            since_s=since_s,
+            partitions=partitions,
         )
 
     async def consume(
@@ -246,7 +279,8 @@ class Bus:
         group: str,
         handler: Callable[[Delivery[M]], Awaitable[None]],
         stopping: asyncio.Event,
-        key_filter: KeyFilter | None = None,
+        record_filter: RecordFilter | None = None,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         """Run ``handler`` on each message until ``stopping`` is set, then drain and return.
 
@@ -256,7 +290,11 @@ class Bus:
         """
         try:
             async with self.subscribe(
-                topic, group=group, stopping=stopping, key_filter=key_filter
+                topic,
+                group=group,
+                stopping=stopping,
+                record_filter=record_filter,
+                partitions=partitions,
             ) as subscription:
                 async for delivery in subscription:
                     await subscription.handle(delivery, handler)
@@ -310,15 +348,17 @@ class Subscription(Generic[M]):
         *,
         group: str,
         stopping: asyncio.Event | None,
-        key_filter: KeyFilter | None = None,
+        record_filter: RecordFilter | None = None,
         since_s: float | None = None,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         self._bus = bus
         self.topic = topic
         self.group = group
         self._stopping = stopping
-        self._key_filter = key_filter
+        self._record_filter = record_filter
         self._since_ms = None if since_s is None else int(since_s * 1000)
+        self._partitions = None if partitions is None else tuple(partitions)
         self._consumer: TransportConsumer | None = None
         self._buffer: deque[Envelope] = deque()
         self._handled: dict[TopicPartition, int] = {}
@@ -337,16 +377,28 @@ class Subscription(Generic[M]):
     # -- lifecycle -------------------------------------------------------------------
 
     async def open(self) -> None:
+        """Join (or, for partitions, start reading); ``async with`` calls it, and does
+        nothing more when it was called already (a reader opened before what it must
+        not miss is published)."""
+        if self._consumer is not None:
+            return
         await self._bus.ensure_topics([self.topic])
-        self._consumer = await self._bus.transport.consumer(
-            [self._bus.topic_name(self.topic)],
-            # Groups are namespaced like topics: stacks sharing a cluster must not share
-            # consumer groups, or one stack's dead member stalls the other's rebalances.
-            group=self._bus.topic_prefix + self.group,
-            client_id=f"{self._bus.client_id}-{self.group}",
-            on_revoke=self._on_revoke,
-            since_ms=self._since_ms,
-        )
+        # Groups are namespaced like topics: stacks sharing a cluster must not share
+        # consumer groups, or one stack's dead member stalls the other's rebalances.
+        group = self._bus.topic_prefix + self.group
+        client_id = f"{self._bus.client_id}-{self.group}"
+        if self._partitions is not None:
+            self._consumer = await self._bus.transport.reader(
+                self._bus.topic_name(self.topic), self._partitions, group=group, client_id=client_id
+            )
+        else:
+            self._consumer = await self._bus.transport.consumer(
+                [self._bus.topic_name(self.topic)],
+                group=group,
+                client_id=client_id,
+                on_revoke=self._on_revoke,
+                since_ms=self._since_ms,
+            )
         self._bus._subscriptions.add(self)
 
     async def __aenter__(self) -> Subscription[M]:
@@ -459,7 +511,7 @@ class Subscription(Generic[M]):
             counts[envelope.topic, self.group, "skipped"] += 1
             return None
         try:
-            message = codec.decode(envelope, self.topic.message_type)
+            message = cast(M, codec.decode(envelope, self.topic.message_types))
         except DecodeError as exc:
             counts[envelope.topic, self.group, "dead_lettered"] += 1
             await self._dead_letter_and_mark(envelope, exc.kind, str(exc))
@@ -470,12 +522,12 @@ class Subscription(Generic[M]):
     def _skips(self, envelope: Envelope) -> bool:
         """Whether ``envelope`` is passed over undecoded (it counts as handled): its key
         is not wanted."""
-        return self._key_filter is not None and not self._key_filter(envelope.key)
+        return self._record_filter is not None and not self._record_filter(envelope)
 
     def handling(self, delivery: Delivery[M]) -> AbstractContextManager[None]:
         """The middleware scope (the CONSUMER trace span) of handling one delivery of a
         batch: enter it around the work done for that delivery, one delivery at a time."""
-        message_type = self.topic.message_type.MESSAGE_TYPE
+        message_type = delivery.message.MESSAGE_TYPE
         return _enter_all(
             mw.consuming(delivery.envelope, self.group, message_type)
             for mw in self._bus.middlewares
@@ -503,7 +555,7 @@ class Subscription(Generic[M]):
             if message is None:
                 continue
             managers = [
-                mw.consuming(envelope, self.group, self.topic.message_type.MESSAGE_TYPE)
+                mw.consuming(envelope, self.group, message.MESSAGE_TYPE)
                 for mw in self._bus.middlewares
             ]
             entered: list[AbstractContextManager[None]] = []

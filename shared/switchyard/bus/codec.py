@@ -7,7 +7,7 @@ record meant for another type before it tries to validate it.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from pydantic import ValidationError
 
@@ -35,21 +35,39 @@ def encode(message: Message) -> tuple[bytes, list[tuple[str, bytes]]]:
     return message.model_dump_json().encode(), headers
 
 
-def decode(envelope: Envelope, message_type: type[M]) -> M:
-    """Validate ``envelope`` as ``message_type``.
+@overload
+def decode(envelope: Envelope, message_types: type[M]) -> M: ...
+
+
+@overload
+def decode(envelope: Envelope, message_types: tuple[type[Message], ...]) -> Message: ...
+
+
+def decode(envelope: Envelope, message_types: type[Message] | tuple[type[Message], ...]) -> Message:
+    """Validate ``envelope`` as the message type given, or as the one of the types given
+    that its ``sy-type`` header names (the first when it has no such header).
 
     Raises:
-        DecodeError: ``kind`` is ``message_type`` when the ``sy-type`` header names another
-            type, ``bad_bytes`` when the value is not JSON, ``schema_version`` when the
-            version is not the one this code reads, ``validation`` for any other problem.
+        DecodeError: ``kind`` is ``message_type`` when the ``sy-type`` header names a type
+            the topic does not carry, ``bad_bytes`` when the value is not JSON,
+            ``schema_version`` when the version is not the one this code reads,
+            ``validation`` for any other problem.
     """
+    if not isinstance(message_types, tuple):
+        message_types = (message_types,)
     declared = envelope.header(TYPE_HEADER)
-    if declared is not None and declared != message_type.MESSAGE_TYPE.encode():
-        raise DecodeError(
-            "message_type",
-            f"record of type {declared.decode(errors='replace')!r} on a topic of "
-            f"{message_type.MESSAGE_TYPE!r}",
-        )
+    message_type = message_types[0]
+    if declared is not None:
+        for candidate in message_types:
+            if declared == candidate.MESSAGE_TYPE.encode():
+                message_type = candidate
+                break
+        else:
+            carried = " or ".join(repr(t.MESSAGE_TYPE) for t in message_types)
+            raise DecodeError(
+                "message_type",
+                f"record of type {declared.decode(errors='replace')!r} on a topic of {carried}",
+            )
     try:
         return message_type.model_validate_json(envelope.value)
     except ValidationError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Generator, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -266,7 +266,11 @@ class KafkaTransport:
         producer, _ = self._require_started()
         try:
             sent = await producer.send(
-                record.topic, value=record.value, key=record.key, headers=list(record.headers)
+                record.topic,
+                value=record.value,
+                key=record.key,
+                headers=list(record.headers),
+                partition=record.partition,
             )
         except KafkaError as exc:
             raise self._fail(f"publishing to {record.topic}", exc) from exc
@@ -300,6 +304,35 @@ class KafkaTransport:
         except (KafkaError, OSError) as exc:
             await consumer.stop()
             raise self._fail(f"joining group {group!r}", exc) from exc
+        return _KafkaConsumer(consumer, self.bootstrap)
+
+    async def reader(
+        self, topic: str, partitions: Sequence[int], *, group: str, client_id: str
+    ) -> _KafkaConsumer:
+        # A group id for committed offsets only: assign() never joins the group, so no
+        # rebalance ever moves these partitions or stalls this reader.
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            client_id=client_id,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="latest",
+            fetch_max_wait_ms=self._fetch_max_wait_ms,
+            request_timeout_ms=self._request_timeout_ms,
+        )
+        assigned = [KafkaTopicPartition(topic, p) for p in partitions]
+        try:
+            await consumer.start()
+            consumer.assign(assigned)
+            for tp in assigned:
+                # Settled now, not at the first fetch: a destination announces itself
+                # (a heartbeat naming its partition) only once it reads from here on.
+                if await consumer.committed(tp) is None:
+                    await consumer.seek_to_end(tp)
+                await consumer.position(tp)
+        except (KafkaError, OSError) as exc:
+            await consumer.stop()
+            raise self._fail(f"reading {topic} partitions {list(partitions)}", exc) from exc
         return _KafkaConsumer(consumer, self.bootstrap)
 
     async def partitions_for(self, topic: str) -> int:

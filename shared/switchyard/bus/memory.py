@@ -13,7 +13,7 @@ import asyncio
 import bisect
 import itertools
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from switchyard.bus.partitioner import partition_for_key
@@ -79,7 +79,15 @@ class MemoryBroker:
     def append(self, record: OutgoingRecord, default_partitions: int) -> RecordMetadata:
         self.create_topic(record.topic, default_partitions)
         partitions = self._partitions[record.topic]
-        if record.key is None:
+        if record.partition is not None:
+            if not 0 <= record.partition < len(partitions):
+                raise TransportError(
+                    f"topic {record.topic!r} has no partition {record.partition} "
+                    f"(it has {len(partitions)})",
+                    retriable=False,
+                )
+            index = record.partition
+        elif record.key is None:
             index = next(self._round_robin) % len(partitions)
         else:
             index = partition_for_key(record.key, len(partitions))
@@ -126,6 +134,22 @@ class MemoryBroker:
             if group.members.pop(member.member_id, None) is not None:
                 member.positions.clear()
                 await self._rebalance(group)
+
+    def read(self, group_id: str, topic: str, partitions: Sequence[int]) -> _Member:
+        """A reader of fixed ``partitions`` of ``topic``: outside the group's members (no
+        rebalance moves them), starting at the group's committed offsets or the end."""
+        group = self._groups.setdefault(group_id, _Group())
+        reader = _Member(f"reader-{next(self._member_ids)}", frozenset({topic}), _no_revoke)
+        logs = self._partitions.get(topic, [])
+        for partition in partitions:
+            if not 0 <= partition < len(logs):
+                raise TransportError(
+                    f"topic {topic!r} has no partition {partition} (it has {len(logs)})",
+                    retriable=False,
+                )
+            tp = TopicPartition(topic, partition)
+            reader.positions[tp] = group.committed.get(tp, len(logs[partition]))
+        return reader
 
     async def _rebalance(self, group: _Group) -> None:
         """Spread the partitions of the group's topics round-robin over its members."""
@@ -195,11 +219,18 @@ class MemoryBroker:
         return taken
 
 
+async def _no_revoke(partitions: frozenset[TopicPartition]) -> None:
+    return None
+
+
 class _MemoryConsumer:
-    def __init__(self, broker: MemoryBroker, group_id: str, member: _Member) -> None:
+    def __init__(
+        self, broker: MemoryBroker, group_id: str, member: _Member, *, joined: bool = True
+    ) -> None:
         self._broker = broker
         self._group_id = group_id
         self._member = member
+        self._joined = joined
         self._closed = False
 
     async def fetch(self, timeout_s: float, max_records: int) -> list[Envelope]:
@@ -216,7 +247,10 @@ class _MemoryConsumer:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._broker.leave(self._group_id, self._member)
+            if self._joined:
+                await self._broker.leave(self._group_id, self._member)
+            else:
+                self._member.positions.clear()
 
 
 class MemoryTransport:
@@ -256,6 +290,13 @@ class MemoryTransport:
     ) -> _MemoryConsumer:
         member = await self.broker.join(group, frozenset(topics), on_revoke, since_ms)
         return _MemoryConsumer(self.broker, group, member)
+
+    async def reader(
+        self, topic: str, partitions: Sequence[int], *, group: str, client_id: str
+    ) -> _MemoryConsumer:
+        return _MemoryConsumer(
+            self.broker, group, self.broker.read(group, topic, partitions), joined=False
+        )
 
     async def partitions_for(self, topic: str) -> int:
         return self.broker.partition_count(topic)

@@ -23,12 +23,15 @@ Headers = tuple[tuple[str, bytes], ...]
 
 @dataclass(frozen=True, slots=True)
 class OutgoingRecord:
-    """A record about to be published."""
+    """A record about to be published: to ``partition`` when given (an addressed topic,
+    where each destination reads a partition of its own), else to the partition its key
+    hashes to."""
 
     topic: str
     value: bytes
     key: bytes | None = None
     headers: Headers = ()
+    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ every transport.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from switchyard.bus.records import (
@@ -78,6 +78,16 @@ class Transport(Protocol):
         committed offsets, or at the earliest record when there are none. With
         ``since_ms`` (epoch milliseconds), never before a partition's first record
         appended at or after it: older ones are skipped, not fetched."""
+        ...
+
+    async def reader(
+        self, topic: str, partitions: Sequence[int], *, group: str, client_id: str
+    ) -> TransportConsumer:
+        """Read ``partitions`` of ``topic`` without joining a group's rebalances (the
+        reader owns them until it closes); ``group`` only keeps its committed offsets.
+        Reading starts at the group's committed offset of each partition, or at its end
+        when there is none (what came before was for another reader). Positions are
+        settled before this returns, so a record published afterwards is read."""
         ...
 
     async def partitions_for(self, topic: str) -> int:

@@ -9,14 +9,42 @@ from __future__ import annotations
 
 import base64
 from enum import StrEnum
-from typing import Annotated, ClassVar, Literal
+from itertools import pairwise
+from typing import Annotated, ClassVar, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    field_validator,
+    model_validator,
+)
 
 from switchyard.contracts.base import Message
 
 Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
 """Ids and names that end up in keys, topics and logs: no spaces or control characters."""
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that is neither infinite nor NaN (JSON has no spelling for either)."""
+NonNegativeFiniteFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+def _check_worker_type(value: str) -> str:
+    gpu, _, model = value.partition("/")
+    if not gpu or not model:
+        raise ValueError(f"a worker type is named GPU/model, got {value!r}")
+    return value
+
+
+WorkerTypeName = Annotated[Identifier, AfterValidator(_check_worker_type)]
+"""A worker type, ``GPU/model`` (``a100-80gb/llama-2-7b``): the GPU up to the first ``/``."""
+
+LINEAR_TERMS: Final = 8
+"""Terms of the linear service-time model (``switchyard.prediction.linear.TERM_NAMES``)."""
 
 
 class _Part(BaseModel):
@@ -67,7 +95,8 @@ class InferenceRequest(Message):
     """A client's request, accepted by an ingress replica.
 
     ``deadline_s`` is absolute (epoch seconds); ``reply_to`` names the ingress replica
-    waiting for the answer, so completions can be routed back to it.
+    waiting for the answer and ``reply_partition`` the partition of the answers topic it
+    reads, so the answer (and streamed chunks) go to that replica alone.
     """
 
     MESSAGE_TYPE = "inference-request"
@@ -80,6 +109,10 @@ class InferenceRequest(Message):
     priority: Annotated[int, Field(ge=0, le=1000)] = 0
     tenant: Identifier | None = None
     reply_to: Identifier | None = None
+    reply_partition: NonNegativeInt | None = Field(
+        default=None,
+        description="The partition of switchyard.answers the reply_to replica reads.",
+    )
 
     @model_validator(mode="after")
     def _deadline_after_arrival(self) -> InferenceRequest:
@@ -111,6 +144,159 @@ class ServiceTimePrediction(Message):
     mape: NonNegativeFloat = 0.0
     predictor: Identifier
     predicted_at_s: float
+
+
+class ServiceObservation(_Part):
+    """One LLM request that ran: what it was, where, what was predicted, what it took.
+
+    The predictor learns from it: ``execution_s`` trains the linear model of the GPU of
+    ``worker_type`` serving ``model``, and ``raw_predicted_s`` (the uncalibrated
+    prediction the scheduler used for that worker type, when it had one) feeds that
+    worker type's calibration errors.
+    """
+
+    worker_type: WorkerTypeName
+    model: Identifier = Field(description="The model variant that served the request.")
+    prompt_tokens: Annotated[int, Field(ge=1, le=10_000_000)]
+    workload: WorkloadType
+    output_tokens_hint: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    raw_predicted_s: NonNegativeFiniteFloat | None = None
+    execution_s: NonNegativeFiniteFloat = Field(description="Start to finish on the worker.")
+
+
+class ServiceObservations(Message):
+    """A batch of :class:`ServiceObservation` of requests that finished, for the predictor."""
+
+    MESSAGE_TYPE = "service-observations"
+    MAX_OBSERVATIONS: ClassVar[int] = 10_000
+
+    worker_id: Identifier
+    observations: Annotated[
+        list[ServiceObservation], Field(min_length=1, max_length=MAX_OBSERVATIONS)
+    ]
+    sent_at_s: FiniteFloat
+
+
+class CalibrationSettings(_Part):
+    """The calibration weights (``switchyard.prediction.CalibrationConfig``)."""
+
+    beta: NonNegativeFiniteFloat
+    gamma: NonNegativeFiniteFloat
+    eps: NonNegativeFiniteFloat
+    ema_alpha: Annotated[float, Field(gt=0, le=1)]
+
+
+class WorkerTypeCalibration(_Part):
+    """The running errors on one worker type (``switchyard.prediction.CalibrationState``)."""
+
+    mae_s: NonNegativeFiniteFloat
+    mape: NonNegativeFiniteFloat
+    observations: NonNegativeInt
+    mape_observations: NonNegativeInt
+
+    @model_validator(mode="after")
+    def _mape_counts_a_subset(self) -> WorkerTypeCalibration:
+        if self.mape_observations > self.observations:
+            raise ValueError(
+                f"mape_observations ({self.mape_observations}) exceeds observations "
+                f"({self.observations}): every observation that feeds the MAPE feeds the MAE"
+            )
+        return self
+
+
+_Coefficients = Annotated[
+    tuple[FiniteFloat, ...], Field(min_length=LINEAR_TERMS, max_length=LINEAR_TERMS)
+]
+_Gram = Annotated[
+    tuple[FiniteFloat, ...],
+    Field(min_length=LINEAR_TERMS * LINEAR_TERMS, max_length=LINEAR_TERMS * LINEAR_TERMS),
+]
+
+
+class LinearWeights(_Part):
+    """One linear model: its solution and the normal equations it solves, ``gram w = moment``.
+
+    ``coef`` is what predictions use; ``gram`` (row-major, ``LINEAR_TERMS`` squared) and
+    ``moment`` are what online learning goes on from; ``weight`` is the effective
+    (discounted) number of samples behind them.
+    """
+
+    coef: _Coefficients
+    weight: NonNegativeFiniteFloat
+    gram: _Gram
+    moment: _Coefficients
+
+
+class LinearKeyWeights(LinearWeights):
+    """The linear model of one (model, GPU) key."""
+
+    model: Identifier
+    gpu: Identifier
+
+
+class LinearModelPart(_Part):
+    """Everything a linear predictor learnt, with the settings it learns by."""
+
+    MAX_KEYS: ClassVar[int] = 10_000
+
+    ridge: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    forgetting: Annotated[float, Field(gt=0, le=1)]
+    solve_every: Annotated[int, Field(ge=1)]
+    global_weights: LinearWeights | None = Field(
+        default=None, description="The model learnt from every sample; None before any."
+    )
+    keys: Annotated[tuple[LinearKeyWeights, ...], Field(max_length=MAX_KEYS)] = ()
+
+    @field_validator("keys")
+    @classmethod
+    def _one_model_per_key(cls, keys: tuple[LinearKeyWeights, ...]) -> tuple[LinearKeyWeights, ...]:
+        seen: set[tuple[str, str]] = set()
+        for key in keys:
+            pair = (key.model, key.gpu)
+            if pair in seen:
+                raise ValueError(f"two models for key (model={key.model!r}, gpu={key.gpu!r})")
+            seen.add(pair)
+        return keys
+
+
+class PredictorModel(Message):
+    """The predictor's fitted model: what the scheduler and the rebalancer predict with.
+
+    Published periodically by the predictor service, which keeps learning and
+    calibrating; applied in-process by ``switchyard.prediction.snapshot.FittedPredictor``.
+    It is also a complete checkpoint: a predictor restored from it (normal equations,
+    calibration counts and all) learns on exactly as the one that published it.
+    ``version`` grows with every publication, so a reader keeps the newest it has seen.
+    """
+
+    MESSAGE_TYPE = "predictor-model"
+    MAX_WORKER_TYPES: ClassVar[int] = 10_000
+
+    predictor: Literal["linear"] = "linear"
+    version: NonNegativeInt
+    time_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        description="Emulated workers run this many times faster than the performance "
+        "model; the model was trained for that (SWITCHYARD_WORKER_TIME_SCALE)."
+    )
+    published_at_s: FiniteFloat
+    observed: NonNegativeInt = Field(default=0, description="Completions learnt from online.")
+    calibration: CalibrationSettings
+    worker_types: Annotated[tuple[WorkerTypeName, ...], Field(max_length=MAX_WORKER_TYPES)] = Field(
+        description="Every worker type predicted for, sorted."
+    )
+    calibration_states: Annotated[
+        dict[WorkerTypeName, WorkerTypeCalibration], Field(max_length=MAX_WORKER_TYPES)
+    ] = Field(default_factory=dict, description="Running errors by worker type; absent: none yet.")
+    linear: LinearModelPart
+
+    @field_validator("worker_types")
+    @classmethod
+    def _sorted_and_unique(cls, worker_types: tuple[str, ...]) -> tuple[str, ...]:
+        ordered = tuple(sorted(worker_types))
+        twice = sorted({a for a, b in pairwise(ordered) if a == b})
+        if twice:
+            raise ValueError(f"worker types listed more than once: {', '.join(twice)}")
+        return ordered
 
 
 class AccuracyEstimate(Message):
@@ -147,6 +333,12 @@ class Assignment(Message):
     policy: Identifier
     epoch: NonNegativeInt = 0
     predicted_s: NonNegativeFloat | None = None
+    predicted_raw_s: NonNegativeFloat | None = Field(
+        default=None,
+        description="The uncalibrated prediction for the chosen worker's type: the worker "
+        "reports it with the execution time it measured, and the predictor's calibration "
+        "learns from the pair.",
+    )
     deadline_s: float | None = None
     assigned_at_s: float
     generated_tokens: NonNegativeInt = Field(
@@ -167,6 +359,11 @@ class Migration(Message):
     request_id: Identifier
     from_worker_id: Identifier
     to_worker_id: Identifier
+    to_inbox_partition: NonNegativeInt | None = Field(
+        default=None,
+        description="The target's partition of switchyard.worker-inbox (from its heartbeat), "
+        "where the source sends the moved assignment.",
+    )
     epoch: NonNegativeInt
     reason: str = Field(max_length=500)
     expected_gain_s: float
@@ -268,6 +465,10 @@ class QueuedEntry(_Part):
     kv_tokens: NonNegativeInt = 0
     remaining_s: NonNegativeFloat = 0.0
     """The worker's own estimate of the service time it still needs."""
+    workload: WorkloadType = WorkloadType.OTHER
+    output_tokens_hint: NonNegativeInt | None = None
+    arrival_s: float | None = Field(default=None, description="When the ingress accepted it.")
+    deadline_s: float | None = Field(default=None, description="Its deadline (absolute).")
 
 
 class Heartbeat(Message):
@@ -329,6 +530,11 @@ class Heartbeat(Message):
     free: ResourceVector = Field(default_factory=ResourceVector)
     kv_cache_free_bytes: NonNegativeInt | None = None
     emulated: bool = False
+    inbox_partition: NonNegativeInt | None = Field(
+        default=None,
+        description="The partition of switchyard.worker-inbox this worker reads: where "
+        "its assignments and migrations go.",
+    )
     sent_at_s: float
 
 

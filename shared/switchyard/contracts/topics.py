@@ -20,68 +20,117 @@ from switchyard.contracts.messages import (
     InferenceRequest,
     Migration,
     OutputChunk,
-    ServiceTimePrediction,
+    ServiceObservations,
     WorkerDown,
 )
 
 M = TypeVar("M", bound=Message)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Topic(Generic[M]):
-    """A topic name, the message type it carries, and how a message picks its key.
+    """A topic name, the message types it carries, and how a message picks its key.
 
     The key decides the partition and so the order: messages with the same key are
-    delivered in the order they were published.
+    delivered in the order they were published. An *addressed* topic is read partition
+    by partition, each destination (a worker, an ingress replica) reading one of its
+    own: a message goes to the partition of its destination, and its key names the
+    destination (so a reader that shares a partition skips the others' messages
+    undecoded).
+
+    Args:
+        name: the topic's name (before the deployment's prefix).
+        message_types: the message type, or the types, it carries (a record's
+            ``sy-type`` header says which).
+        key_of: a message's key.
+        description: one line for ``switchyard topics``.
+        addressed: partitioned by destination rather than by key.
     """
 
     name: str
-    message_type: type[M]
+    message_types: tuple[type[Message], ...]
     key_of: Callable[[M], str]
-    description: str = ""
+    description: str
+    addressed: bool
+
+    def __init__(
+        self,
+        name: str,
+        message_types: type[M] | tuple[type[Message], ...],
+        key_of: Callable[[M], str],
+        description: str = "",
+        *,
+        addressed: bool = False,
+    ) -> None:
+        types = message_types if isinstance(message_types, tuple) else (message_types,)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "message_types", types)
+        object.__setattr__(self, "key_of", key_of)
+        object.__setattr__(self, "description", description)
+        object.__setattr__(self, "addressed", addressed)
+
+    @property
+    def type_names(self) -> str:
+        """The message types it carries, for messages: ``Completion | OutputChunk``."""
+        return " | ".join(t.__name__ for t in self.message_types)
 
 
 REQUESTS: Topic[InferenceRequest] = Topic(
     "switchyard.requests",
     InferenceRequest,
     lambda m: m.request_id,
-    "Accepted client requests (ingress -> predictor, sneakpeek, scheduler).",
+    "Accepted client requests (ingress -> scheduler; classification ones -> sneakpeek too).",
 )
-PREDICTIONS: Topic[ServiceTimePrediction] = Topic(
-    "switchyard.predictions",
-    ServiceTimePrediction,
-    lambda m: m.request_id,
-    "Calibrated service-time predictions (predictor -> scheduler).",
-)
+KIND_HEADER = "sy-kind"
+"""Header of a record on REQUESTS naming the request's kind (``llm`` or
+``classification``): SneakPeek reads only classification requests, and passes over the
+others without decoding them."""
+
+
+def request_headers(request: InferenceRequest) -> dict[str, bytes]:
+    """The headers a request is published to REQUESTS with."""
+    return {KIND_HEADER: str(request.payload.kind).encode()}
+
+
 ESTIMATES: Topic[AccuracyEstimate] = Topic(
     "switchyard.estimates",
     AccuracyEstimate,
     lambda m: m.request_id,
     "SneakPeek accuracy estimates (sneakpeek -> scheduler).",
 )
-ASSIGNMENTS: Topic[Assignment] = Topic(
-    "switchyard.assignments",
-    Assignment,
+
+
+def _inbox_key(message: Assignment | Migration) -> str:
+    return message.worker_id if isinstance(message, Assignment) else message.from_worker_id
+
+
+WORKER_INBOX: Topic[Assignment | Migration] = Topic(
+    "switchyard.worker-inbox",
+    (Assignment, Migration),
+    _inbox_key,
+    "Assignments (scheduler, a migrating worker) and migrations (rebalancer), each on its "
+    "worker's own partition.",
+    addressed=True,
+)
+
+
+def _answer_key(message: Completion | OutputChunk) -> str:
+    return message.reply_to or message.request_id
+
+
+ANSWERS: Topic[Completion | OutputChunk] = Topic(
+    "switchyard.answers",
+    (Completion, OutputChunk),
+    _answer_key,
+    "Finished requests and streamed output (workers, the scheduler -> the ingress replica "
+    "that asked), each on that replica's own partition, a request's chunks before its end.",
+    addressed=True,
+)
+OBSERVATIONS: Topic[ServiceObservations] = Topic(
+    "switchyard.observations",
+    ServiceObservations,
     lambda m: m.worker_id,
-    "Scheduling decisions, keyed by worker so each worker's queue stays in order.",
-)
-MIGRATIONS: Topic[Migration] = Topic(
-    "switchyard.migrations",
-    Migration,
-    lambda m: m.request_id,
-    "Rebalancing decisions (rebalancer -> workers).",
-)
-COMPLETIONS: Topic[Completion] = Topic(
-    "switchyard.completions",
-    Completion,
-    lambda m: m.request_id,
-    "Finished requests (workers -> ingress, monitor, predictor).",
-)
-OUTPUT_CHUNKS: Topic[OutputChunk] = Topic(
-    "switchyard.output-chunks",
-    OutputChunk,
-    lambda m: m.request_id,
-    "Streamed LLM output, a few tokens at a time (workers -> the ingress replica that asked).",
+    "What finished LLM requests took, batched per worker (workers -> predictor).",
 )
 HEARTBEATS: Topic[Heartbeat] = Topic(
     "switchyard.heartbeats",
@@ -104,12 +153,10 @@ DEAD_LETTERS: Topic[DeadLetter] = Topic(
 
 ALL_TOPICS: tuple[Topic[Any], ...] = (
     REQUESTS,
-    PREDICTIONS,
     ESTIMATES,
-    ASSIGNMENTS,
-    MIGRATIONS,
-    COMPLETIONS,
-    OUTPUT_CHUNKS,
+    WORKER_INBOX,
+    ANSWERS,
+    OBSERVATIONS,
     HEARTBEATS,
     WORKER_EVENTS,
     DEAD_LETTERS,

@@ -208,6 +208,13 @@ class RequestLedger:
             ],
         )
 
+    async def hand_over(self, worker_id: str, request_ids: Sequence[str]) -> None:
+        """Take requests out of a dead or drained worker's assigned set once a WorkerDown
+        listed them (the scheduler re-assigns them from there): what remains in the set
+        afterwards was sent to the worker later, and the monitor's sweep lists it."""
+        if request_ids:
+            await self.state.zrem(keys.assigned(worker_id), *request_ids)
+
     # -- start -----------------------------------------------------------------------------
 
     async def start_many(self, fences: Sequence[Fence], now_s: float) -> list[StartResult]:

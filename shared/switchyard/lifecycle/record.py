@@ -21,6 +21,8 @@ field                written by (transition)
 ``tracestate``       continues the request's trace
 ``started_s``        start
 ``completion``       finish: the ``Completion`` JSON
+``superseded_runs``  finish: answers refused because the request had been given to
+                     another worker or epoch (runs that should not have happened)
 ===================  =================================================================
 """
 
@@ -82,6 +84,7 @@ class RequestRecord:
     traceparent: str | None = None
     tracestate: str | None = None
     started_s: float | None = None
+    superseded_runs: int = 0
     fields: Mapping[str, str] | None = None
 
     @property
@@ -146,6 +149,7 @@ class RequestRecord:
             traceparent=fields.get("traceparent") or None,
             tracestate=fields.get("tracestate") or None,
             started_s=_float(fields.get("started_s")),
+            superseded_runs=_int(fields.get("superseded_runs")) or 0,
             fields=dict(fields),
         )
 

@@ -158,6 +158,8 @@ START = Script("start", _START_LUA, _start)
 # the worker, no worker counters), status, completion JSON, violated ("0"/"1"),
 # recent window (how many outcomes cluster:stats keeps in "recent").
 # -> {"finished"} | {"duplicate", status} | {"superseded", epoch, worker}
+# A superseded answer is a run that should not have happened: the record counts it
+# (superseded_runs) and so does cluster:stats (superseded).
 
 _FINISH_LUA = (
     _FINAL
@@ -167,6 +169,8 @@ local status, epoch, worker = r[1], r[2] or '0', r[3] or ''
 if status then
   if final[status] then return {'duplicate', status} end
   if epoch ~= ARGV[3] or (ARGV[4] ~= '' and worker ~= ARGV[4]) then
+    redis.call('HINCRBY', KEYS[1], 'superseded_runs', 1)
+    redis.call('HINCRBY', KEYS[4], 'superseded', 1)
     return {'superseded', epoch, worker}
   end
 end
@@ -195,6 +199,8 @@ def _finish(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[
         if status in _FINAL_SET:
             return ["duplicate", status]
         if epoch != args[2] or (args[3] != "" and worker != args[3]):
+            view.hincrby(keys[0], "superseded_runs", 1)
+            view.hincrby(keys[3], "superseded", 1)
             return ["superseded", epoch, worker]
     view.hset(keys[0], {"status": args[4], "completion": args[5]})
     view.expire(keys[0], int(args[0]) / 1000.0)

@@ -8,7 +8,8 @@ loaded only when used), both by name through :func:`make_predictor`.
 :class:`NoisyPredictor` injects a chosen relative error for experiments and
 :class:`ExactServiceTime` is the clairvoyant reference. Calibration pads predictions
 by the errors the predictor has been making (``s~ = s^ + beta*MAE + gamma*s^*MAPE``)
-and derives the adaptive deadline ``d = (1 + eps)*s~``.
+and derives the adaptive deadline ``d = (1 + eps)*s~``. :class:`FittedPredictor`
+applies a published fitted model (linear weights and calibration) in-process.
 
 Importing this package does not import torch.
 """
@@ -33,6 +34,7 @@ from switchyard.prediction.registry import (
     make_predictor,
     predictor_names,
 )
+from switchyard.prediction.snapshot import FittedPredictor, Prediction
 
 __all__ = [
     "MIN_SERVICE_S",
@@ -40,9 +42,11 @@ __all__ = [
     "CalibrationConfig",
     "CalibrationState",
     "ExactServiceTime",
+    "FittedPredictor",
     "LinearServiceTimePredictor",
     "MlpServiceTimePredictor",
     "NoisyPredictor",
+    "Prediction",
     "PredictorNotTrainedError",
     "ServiceTimeFeatures",
     "ServiceTimePredictor",

@@ -33,12 +33,18 @@ Besides the per-key models a global model learns from every sample. It answers f
 (model, worker type) that has too little data of its own, so a new worker type gets a
 sensible estimate at once; only a predictor that learnt nothing at all raises
 :class:`PredictorNotTrainedError`.
+
+:meth:`LinearServiceTimePredictor.export_state` gives everything learnt as plain floats
+(:class:`LinearPredictorState`: each model's weights and normal equations), from which
+:meth:`LinearServiceTimePredictor.from_state` rebuilds a predictor that predicts and
+learns on exactly as the exported one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,7 +58,13 @@ from switchyard.prediction.base import (
 )
 from switchyard.prediction.features import WORKLOADS, ServiceTimeFeatures
 
-__all__ = ["TERM_NAMES", "LinearServiceTimePredictor", "linear_terms"]
+__all__ = [
+    "TERM_NAMES",
+    "LinearModelState",
+    "LinearPredictorState",
+    "LinearServiceTimePredictor",
+    "linear_terms",
+]
 
 TERM_NAMES: tuple[str, ...] = (
     "intercept",
@@ -82,20 +94,94 @@ def linear_terms(features: ServiceTimeFeatures) -> list[float]:
     return row
 
 
+@dataclass(frozen=True, slots=True)
+class LinearModelState:
+    """One linear model as plain floats: its weights and the normal equations behind them.
+
+    ``coef`` (one weight per term of :data:`TERM_NAMES`) is what predictions use;
+    ``gram`` (the matrix ``A``, row-major) and ``moment`` (``b``) are what learning goes
+    on from; ``weight`` is the effective (discounted) number of samples. A
+    :class:`ValueError` names a field of the wrong length.
+    """
+
+    coef: tuple[float, ...]
+    weight: float
+    gram: tuple[float, ...]
+    moment: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        for name, expected in (("coef", _TERMS), ("gram", _TERMS * _TERMS), ("moment", _TERMS)):
+            got = len(getattr(self, name))
+            if got != expected:
+                raise ValueError(f"{name} must hold {expected} floats, got {got}")
+
+
+@dataclass(frozen=True, slots=True)
+class LinearPredictorState:
+    """Everything a :class:`LinearServiceTimePredictor` learnt, and how it learns.
+
+    ``keys`` maps (model, gpu) to that key's model; ``global_model`` is None before
+    anything was learnt.
+    """
+
+    ridge: float
+    forgetting: float
+    solve_every: int
+    global_model: LinearModelState | None
+    keys: Mapping[tuple[str, str], LinearModelState]
+
+    def coefficients_for(self, model: str, gpu: str) -> tuple[float, ...] | None:
+        """The weights a prediction for (model, gpu) uses: the key's own once it has seen
+        enough samples, else the global ones; None when there are neither."""
+        own = self.keys.get((model, gpu))
+        if own is not None and own.weight >= _MIN_KEY_WEIGHT:
+            return own.coef
+        return None if self.global_model is None else self.global_model.coef
+
+
 class _KeyModel:
     """The exponentially weighted normal equations of one key and their solution."""
 
     __slots__ = ("coef", "gram", "moment", "pending", "weight")
     # ``pending`` holds the (terms, observed seconds) of updates not yet folded in.
 
-    def __init__(self, gram: NDArray[np.float64], moment: NDArray[np.float64], weight: float):
+    def __init__(
+        self,
+        gram: NDArray[np.float64],
+        moment: NDArray[np.float64],
+        weight: float,
+        coef: tuple[float, ...] | None = None,
+    ):
         self.gram = gram
         self.moment = moment
         self.weight = weight
         """Effective (discounted) number of samples behind the model."""
         self.coef: tuple[float, ...] = ()
         self.pending: list[tuple[list[float], float]] = []
-        self.solve()
+        if coef is None:
+            self.solve()
+        else:
+            # A restored model keeps the exported solution rather than solving again: a
+            # solve on another machine's BLAS may differ in the last bit.
+            self.coef = coef
+
+    @classmethod
+    def restored(cls, state: LinearModelState) -> _KeyModel:
+        return cls(
+            np.array(state.gram, dtype=np.float64).reshape(_TERMS, _TERMS),
+            np.array(state.moment, dtype=np.float64),
+            state.weight,
+            state.coef,
+        )
+
+    def exported(self) -> LinearModelState:
+        """The model as plain floats; its pending updates must have been folded in."""
+        return LinearModelState(
+            coef=self.coef,
+            weight=self.weight,
+            gram=tuple(self.gram.ravel().tolist()),
+            moment=tuple(self.moment.tolist()),
+        )
 
     def solve(self) -> None:
         # Kept as a tuple of Python floats: predict_s then runs without numpy.
@@ -191,6 +277,36 @@ class LinearServiceTimePredictor:
             self._global = self._empty()
         for target in (model, self._global):
             self._step(target, x, observed_s)
+
+    def export_state(self) -> LinearPredictorState:
+        """Everything learnt, as plain floats (a checkpoint, or weights to predict with
+        elsewhere).
+
+        Updates still pending are folded in first, so the export leaves nothing out; this
+        predictor goes on from the folded equations too (the equations its next solve
+        would have reached, solved a few updates early).
+        """
+        for model in (*self._keys.values(), self._global):
+            if model is not None and model.pending:
+                self._fold(model)
+        return LinearPredictorState(
+            ridge=self.ridge,
+            forgetting=self.forgetting,
+            solve_every=self.solve_every,
+            global_model=None if self._global is None else self._global.exported(),
+            keys={key: model.exported() for key, model in self._keys.items()},
+        )
+
+    @classmethod
+    def from_state(cls, state: LinearPredictorState) -> LinearServiceTimePredictor:
+        """A predictor that predicts and learns on exactly as the one ``state`` came from."""
+        predictor = cls(
+            ridge=state.ridge, forgetting=state.forgetting, solve_every=state.solve_every
+        )
+        predictor._keys = {key: _KeyModel.restored(model) for key, model in state.keys.items()}
+        if state.global_model is not None:
+            predictor._global = _KeyModel.restored(state.global_model)
+        return predictor
 
     # -- internals -------------------------------------------------------------------
 

@@ -570,12 +570,15 @@ def main_for(factory: ServiceFactory, *, name: str) -> None:
 
     Reads the configuration; when it is invalid, prints ``switchyard <name>: <message>``
     (one line per bad variable, no traceback) to stderr and exits 2. Otherwise runs
-    :func:`run_service` and exits with its code.
+    :func:`run_service` (on uvloop when installed: :mod:`switchyard.runtime.loop`) and
+    exits with its code.
 
     Example (``services/monitor/__main__.py``)::
 
         main_for(Monitor, name="monitor")
     """
+    from switchyard.runtime.loop import run
+
     try:
         settings = load_settings()
     except ConfigError as exc:
@@ -583,7 +586,7 @@ def main_for(factory: ServiceFactory, *, name: str) -> None:
         sys.exit(EXIT_CONFIG)
     code: int
     try:
-        code = asyncio.run(run_service(factory, name=name, settings=settings))
+        code = run(run_service(factory, name=name, settings=settings))
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed
         code = 128 + int(signal.SIGINT)
     sys.exit(code)

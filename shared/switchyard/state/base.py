@@ -55,7 +55,7 @@ class ScriptView(Protocol):
     un-prefixed keys of the in-memory store, each the counterpart of one Redis command
     its Lua body uses (``GET``, ``SET``/``PX``, ``DEL``, ``EXISTS``, ``PEXPIRE``,
     ``HGET``, ``HMGET``, ``HGETALL``, ``HSET``, ``HDEL``, ``HINCRBY``, ``ZADD``,
-    ``ZREM``)."""
+    ``ZREM``, ``ZRANGE key 0 -1``)."""
 
     def get(self, key: str) -> str | None: ...
 
@@ -82,6 +82,10 @@ class ScriptView(Protocol):
     def zadd(self, key: str, mapping: Mapping[str, float]) -> None: ...
 
     def zrem(self, key: str, *members: str) -> int: ...
+
+    def zrange(self, key: str) -> list[str]:
+        """Every member, by score (ties by member), as ``ZRANGE key 0 -1``."""
+        ...
 
 
 ScriptBody = Callable[[ScriptView, Sequence[str], Sequence[str]], Sequence[str]]

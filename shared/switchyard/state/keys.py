@@ -24,6 +24,7 @@ key                            type        owner (writes) -- readers
 ``estimate:{id}``              string      sneakpeek -- scheduler
 ``lease:{topic}:{partition}``  string      :mod:`switchyard.state.leases` (partition
                                            leases of addressed topics)
+``lease:rebalancer``           string      the rebalancer replica that runs rounds
 ``claim:worker-down:{id}:..``  string      monitor (one WorkerDown per death)
 =============================  ==========  ===============================================
 """
@@ -34,11 +35,15 @@ WORKERS = "workers"
 """Sorted set: worker id -> when the monitor last heard from it (wall seconds)."""
 
 CLUSTER_STATS = "cluster:stats"
-"""Hash: ``completed``, ``violated`` (cluster-wide totals) and ``recent`` (the outcomes
-of the latest completions, oldest first, ``1`` for a missed deadline)."""
+"""Hash: ``completed``, ``violated`` (cluster-wide totals), ``recent`` (the outcomes of
+the latest completions, oldest first, ``1`` for a missed deadline) and ``superseded``
+(answers refused: runs of requests given to another worker meanwhile)."""
 
 PREDICTOR_MODEL = "predictor:model"
 """String: the predictor's latest fitted model (``PredictorModel`` JSON)."""
+
+REBALANCER_LEASE = "lease:rebalancer"
+"""String with a time to live: the rebalancer replica that runs rounds."""
 
 
 def request(request_id: str) -> str:

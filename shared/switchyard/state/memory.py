@@ -405,3 +405,7 @@ class _ScriptView:
 
     def zrem(self, key: str, *members: str) -> int:
         return self._store._zrem_now(key, *members)
+
+    def zrange(self, key: str) -> list[str]:
+        found: Mapping[str, float] = self._store._zset(key) or {}
+        return [member for member, _ in sorted(found.items(), key=lambda item: (item[1], item[0]))]

@@ -3,14 +3,21 @@
 ``{"ts": "2026-11-22T17:50:01.123Z", "level": "INFO", "logger": "switchyard.runtime",
 "msg": "started", "service": "monitor", "instance": "host-42", "trace_id": "…",
 "span_id": "…", …extra fields}``
+
+:func:`configure_logging` sends them to stderr, a given stream, or a file. Lines written
+once per HTTP call are not logged at INFO: at 1,000 calls a second that would be 1,000
+lines a second (httpx's ``HTTP Request: …`` lines, uvicorn's access log) and they show
+only when the level is DEBUG; the ingress counts calls in its metrics and spans instead.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
 from opentelemetry import trace
@@ -24,7 +31,9 @@ _STANDARD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", None, None)
     "taskName",
 }
 
-_NOISY_LOGGERS = ("aiokafka", "kafka", "urllib3", "opentelemetry")
+_NOISY_LOGGERS = ("aiokafka", "kafka", "urllib3", "opentelemetry", "httpcore")
+# Loggers that write a line per HTTP call at INFO: let through at DEBUG only.
+_PER_CALL_LOGGERS = ("httpx", "uvicorn.access")
 
 
 def _trace_ids() -> tuple[str, str] | None:
@@ -90,25 +99,58 @@ _HANDLER_NAME = "switchyard"
 
 
 def configure_logging(
-    service_name: str, settings: Settings, *, stream: TextIO | None = None
+    service_name: str,
+    settings: Settings,
+    *,
+    stream: TextIO | None = None,
+    path: str | os.PathLike[str] | None = None,
+    keep_file: bool = False,
 ) -> None:
-    """Send the root logger to ``stream`` (default stderr) in ``settings.log_format``.
+    """Send the root logger to ``stream`` (default stderr), or to the file ``path``, in
+    ``settings.log_format``.
 
-    Sets the root level to ``settings.log_level`` and keeps chatty libraries (aiokafka,
-    urllib3, OpenTelemetry's own) at WARNING or above. Idempotent: calling it again
+    Sets the root level to ``settings.log_level``; keeps chatty libraries (aiokafka,
+    urllib3, OpenTelemetry's own) at WARNING or above, and per-call lines (httpx's
+    requests, uvicorn's access log) below DEBUG out. Idempotent: calling it again
     replaces Switchyard's handler instead of adding a second one.
+
+    Args:
+        stream: where to write; default ``sys.stderr``.
+        path: a file to append to instead (its folder is created); a file that cannot
+            be opened raises ``OSError`` and leaves the current destination in place.
+        keep_file: when an earlier call sent the logs to a file (``path``), keep writing
+            to it and only set the format and level again: a program that chose a log
+            file (``switchyard demo``) keeps it when the embedded stack configures its
+            logs. A stream destination is replaced as usual.
     """
+    if stream is not None and path is not None:
+        raise ValueError("configure_logging: pass stream or path, not both")
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        if handler.get_name() == _HANDLER_NAME:
-            root.removeHandler(handler)
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    previous = [h for h in root.handlers if h.get_name() == _HANDLER_NAME]
+    kept = next((h for h in previous if isinstance(h, logging.FileHandler)), None)
+    handler: logging.Handler
+    if keep_file and kept is not None and stream is None and path is None:
+        handler = kept
+    elif path is not None:
+        target = Path(path).expanduser()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(target, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    for old in previous:
+        if old is not handler:
+            root.removeHandler(old)
+            old.close()  # a file handler closes its file; a stream handler leaves it open
     handler.set_name(_HANDLER_NAME)
     if settings.log_format == "json":
         handler.setFormatter(JsonFormatter(service_name, settings.instance_id))
     else:
         handler.setFormatter(TextFormatter(service_name))
-    root.addHandler(handler)
+    if handler not in root.handlers:
+        root.addHandler(handler)
     root.setLevel(settings.log_level)
     for name in _NOISY_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+    for name in _PER_CALL_LOGGERS:
+        per_call = logging.getLogger(name)
+        per_call.setLevel(root.level if root.level <= logging.DEBUG else logging.WARNING)

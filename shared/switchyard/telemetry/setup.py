@@ -7,6 +7,32 @@ with valid trace and span ids that flow through message headers and into log lin
 unsampled, because recording spans nobody reads is about half of a message's handling
 cost (see docs/architecture.md, "Telemetry").
 
+Sampling follows OpenTelemetry's standard variables, read from the process environment:
+
+- ``OTEL_TRACES_SAMPLER``: ``always_on``, ``always_off``, ``traceidratio``,
+  ``parentbased_always_on``, ``parentbased_always_off`` or ``parentbased_traceidratio``
+  (the default);
+- ``OTEL_TRACES_SAMPLER_ARG``: the ratio of the two ``traceidratio`` samplers, 0 to 1;
+  by default 0.1 when spans go to an OTLP endpoint, 1 when they go only to an exporter
+  passed to :func:`configure_telemetry` (tests and tools that read every span). The
+  other samplers ignore it.
+
+A bad value is a :class:`~switchyard.errors.ConfigError` naming the variable.
+
+The ``parentbased_*`` samplers decide only for a span without a parent (the root) and
+otherwise follow the parent: a remote parent that is sampled, such as a client's
+``traceparent`` with the sampled flag or the headers of a message published in a
+sampled span, is always recorded (``remote_parent_sampled`` = always on), one that is
+not is never recorded. So a client can force a trace of its request, and a trace is
+recorded in every service or in none. ``traceidratio`` decides from the trace id alone,
+the same way in every service that has the same ratio; ``always_on`` and ``always_off``
+ignore parents.
+
+When nothing would export spans (no endpoint and no extra exporter) every span is
+unsampled whatever these variables say, a sampled remote parent included; the
+variables are still checked, and a debug line says they are ignored.
+``Telemetry.sampler`` describes the sampler chosen (``"parentbased_traceidratio 0.1"``).
+
 Metrics are always readable in the Prometheus text format as well: a
 :class:`~switchyard.telemetry.prometheus.PrometheusMetricReader` is attached to every
 meter provider built here (``Telemetry.prometheus``), and the services serve it on
@@ -16,7 +42,10 @@ meter provider built here (``Telemetry.prometheus``), and the services serve it 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry import metrics, trace
@@ -29,16 +58,41 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 
 from switchyard import __version__
 from switchyard.config import Settings
+from switchyard.errors import ConfigError
 from switchyard.telemetry.prometheus import PrometheusMetricReader
 
 _log = logging.getLogger(__name__)
 
 _globals_lock = threading.Lock()
 _globals_installed = False
+
+SAMPLER_VARIABLE = "OTEL_TRACES_SAMPLER"
+SAMPLER_ARG_VARIABLE = "OTEL_TRACES_SAMPLER_ARG"
+DEFAULT_SAMPLER = "parentbased_traceidratio"
+DEFAULT_EXPORT_RATIO = 0.1
+"""The ratio of root spans recorded when spans go to an OTLP endpoint and
+``OTEL_TRACES_SAMPLER_ARG`` is unset: every trace a client forces, 10 % of the others."""
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+"""The values of ``OTEL_TRACES_SAMPLER`` understood here."""
+UNSAMPLED = "always_off (nothing exports spans)"
+"""``Telemetry.sampler`` when no exporter is configured."""
 
 
 @dataclass
@@ -55,6 +109,9 @@ class Telemetry:
         prometheus: the pull reader behind ``GET /metrics`` (its ``render()`` is the
             Prometheus text of every metric of ``meter_provider``), or None when these
             providers were built without one.
+        sampler: the trace sampler, described for a start-up log line:
+            ``"parentbased_traceidratio 0.1"``, ``"always_on"``, :data:`UNSAMPLED`;
+            empty when these providers were not built by :func:`configure_telemetry`.
     """
 
     tracer_provider: TracerProvider
@@ -65,6 +122,7 @@ class Telemetry:
     is_global: bool = False
     owns_providers: bool = True
     prometheus: PrometheusMetricReader | None = None
+    sampler: str = ""
     _shut_down: bool = field(default=False, repr=False)
 
     def shutdown(self) -> None:
@@ -99,6 +157,62 @@ def _install_globals(tracer_provider: TracerProvider, meter_provider: MeterProvi
         return True
 
 
+def sampler_from_environment(
+    env: Mapping[str, str] | None = None, *, default_ratio: float = DEFAULT_EXPORT_RATIO
+) -> tuple[Sampler, str]:
+    """The sampler ``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` ask for.
+
+    Args:
+        env: the variables to read (default ``os.environ``).
+        default_ratio: the ratio of a ``traceidratio`` sampler when
+            ``OTEL_TRACES_SAMPLER_ARG`` is unset.
+
+    Returns:
+        The sampler and its description (``"parentbased_traceidratio 0.1"``).
+
+    Raises:
+        ConfigError: one line naming the variable, e.g.
+            ``OTEL_TRACES_SAMPLER='sometimes': expected one of always_on, …``.
+    """
+    source = os.environ if env is None else env
+    # The specification treats an empty value as unset and the names case-insensitively.
+    raw_name = source.get(SAMPLER_VARIABLE, "")
+    name = raw_name.strip().lower() or DEFAULT_SAMPLER
+    if name not in SAMPLERS:
+        raise ConfigError(
+            f"invalid configuration: {SAMPLER_VARIABLE}={raw_name!r}: "
+            f"expected one of {', '.join(SAMPLERS)}"
+        )
+    if name == "always_on":
+        return ALWAYS_ON, name
+    if name == "always_off":
+        return ALWAYS_OFF, name
+    if name == "parentbased_always_on":
+        return ParentBased(ALWAYS_ON), name
+    if name == "parentbased_always_off":
+        return ParentBased(ALWAYS_OFF), name
+    raw_arg = source.get(SAMPLER_ARG_VARIABLE, "")
+    ratio = default_ratio if not raw_arg.strip() else _ratio(raw_arg)
+    root = TraceIdRatioBased(ratio)
+    # ParentBased's defaults: a sampled parent (remote or local) is followed, an
+    # unsampled one is not; the ratio decides only for roots.
+    sampler: Sampler = ParentBased(root) if name.startswith("parentbased_") else root
+    return sampler, f"{name} {ratio:g}"
+
+
+def _ratio(raw: str) -> float:
+    try:
+        ratio = float(raw)
+    except ValueError:
+        ratio = math.nan
+    if not 0.0 <= ratio <= 1.0:  # NaN fails this too
+        raise ConfigError(
+            f"invalid configuration: {SAMPLER_ARG_VARIABLE}={raw!r}: "
+            "expected a sampling ratio from 0 to 1"
+        )
+    return ratio
+
+
 def configure_telemetry(
     service_name: str,
     settings: Settings,
@@ -113,6 +227,11 @@ def configure_telemetry(
     ``switchyard``, ``service.instance.id`` = ``settings.instance_id``,
     ``service.version``).
 
+    Spans are sampled as ``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` say
+    (default ``parentbased_traceidratio``, ratio 0.1 with an OTLP endpoint, 1 with only
+    ``span_exporter``), and never when nothing would export them (see the module's
+    docstring).
+
     Args:
         span_exporter: an extra exporter fed synchronously, e.g. an in-memory one in
             tests; spans are then recorded even without an OTLP endpoint.
@@ -122,6 +241,9 @@ def configure_telemetry(
         install_global: make these the process-wide providers. Done at most once per
             process; later calls return providers that are not global
             (``Telemetry.is_global`` says which).
+
+    Raises:
+        ConfigError: a sampler variable has a bad value.
     """
     resource = Resource.create(
         {
@@ -132,14 +254,25 @@ def configure_telemetry(
         }
     )
     endpoint = settings.effective_otlp_endpoint()
-    records = bool(endpoint) or span_exporter is not None
-    # ParentBased: a span follows its parent's sampling decision, so a trace is recorded
-    # in every service or in none. A remote parent marked sampled (a client's
-    # `traceparent`) is not followed where nothing would export the spans.
-    root = ALWAYS_ON if records else ALWAYS_OFF
-    tracer_provider = TracerProvider(
-        resource=resource, sampler=ParentBased(root, remote_parent_sampled=root)
+    # Checked even when unused, so a typo fails before an endpoint is ever set.
+    # An in-process exporter is read by whoever passed it (a test, a tool), who wants
+    # every span; an OTLP collector gets a tenth of the traces nobody forced.
+    sampler, description = sampler_from_environment(
+        default_ratio=DEFAULT_EXPORT_RATIO if endpoint else 1.0
     )
+    if not endpoint and span_exporter is None:
+        # Recording spans nobody reads costs CPU: not even a caller's sampled
+        # `traceparent` is followed here. Unsampled spans still take their parent's
+        # trace id, so ids flow through headers and logs all the same.
+        sampler = ALWAYS_OFF
+        description = UNSAMPLED
+        if any(os.environ.get(v, "").strip() for v in (SAMPLER_VARIABLE, SAMPLER_ARG_VARIABLE)):
+            _log.debug(
+                "no span exporter configured: %s and %s are ignored, every span is unsampled",
+                SAMPLER_VARIABLE,
+                SAMPLER_ARG_VARIABLE,
+            )
+    tracer_provider = TracerProvider(resource=resource, sampler=sampler)
     span_exporters: list[SpanExporter] = []
     metric_exporters: list[MetricExporter] = []
     prometheus = PrometheusMetricReader()
@@ -171,4 +304,5 @@ def configure_telemetry(
         metric_exporters=tuple(metric_exporters),
         is_global=is_global,
         prometheus=prometheus,
+        sampler=description,
     )

@@ -1,0 +1,322 @@
+"""Accepting a call's request and waiting for its answer.
+
+How one call goes (:meth:`RequestDesk.accept`): a retry of a client-chosen
+``request_id`` finds the earlier request's record and gets its answer (stored, or
+awaited); a new request passes the admission gate when there is one (refused with 429
+or 503 before anything is recorded: nothing was started), is recorded as queued in the
+request ledger and published to ``switchyard.requests`` with ``reply_to`` and
+``reply_partition`` naming this replica and the partition of ``switchyard.answers`` it
+reads; then the call waits for its answer (:meth:`RequestDesk.completion`), delivered to
+its :class:`~services.ingress.answers.Waiter`.
+
+When the publish cannot be confirmed (a broker outage past ``publish_timeout_s``), the
+request may still go out later, so the call is not told that nothing was started: it
+gets 503 ``outcome_unknown`` naming the request id, and the record stays. A retry with
+that id waits for the one answer (re-publishing the request first while it is still
+queued: deciding, running and answering a request are idempotent in the ledger, so a
+request published twice runs once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from switchyard.contracts.messages import (
+    ClassificationPayload,
+    Completion,
+    CompletionStatus,
+    InferenceRequest,
+    LLMPayload,
+)
+from switchyard.lifecycle import REQUEST_TTL_S, RequestLedger, RequestRecord, RequestStatus
+
+from services.ingress.admission import unavailable
+from services.ingress.admission_policy import AdmissionGate, Decision, Demand, Verdict
+from services.ingress.answers import AnswerRegistry, Waiter
+from services.ingress.errors import SERVER_ERROR, ApiError
+from services.ingress.responses import answer_headers, switchyard_block
+
+log = logging.getLogger("switchyard.ingress")
+
+Publish = Callable[[InferenceRequest], Awaitable[object]]
+"""Publishes a request to ``switchyard.requests``; returns once the bus stored it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """Limits and timings of the calls.
+
+    Attributes:
+        answer_timeout_s: longest a call waits for its answer (504 after, with the id).
+        publish_timeout_s: longest publishing a request may take before the call is
+            answered 503 ``outcome_unknown``.
+        poll_interval_s: how often a call polls the request's record when its answer
+            comes to another replica (a retry of a request served elsewhere).
+    """
+
+    answer_timeout_s: float = 300.0
+    publish_timeout_s: float = 10.0
+    poll_interval_s: float = 0.05
+
+
+@dataclass(slots=True)
+class Accepted:
+    """A call's request: fresh (a waiter), or a retry (a stored answer, another call's
+    request on this replica, or one being served elsewhere: polled)."""
+
+    request_id: str
+    waiter: Waiter | None = None
+    stored: Completion | None = None
+    record: RequestRecord | None = None
+
+
+class RequestDesk:
+    """Accepts requests and hands calls their answers (see the module docstring).
+
+    Args:
+        ledger: the request ledger.
+        publish: stores a request on ``switchyard.requests``.
+        answers: this replica's waiters; its ``instance_id`` and ``reply_partition``
+            go into every request.
+        options: timings.
+        clock: epoch seconds.
+        gate: deadline-aware admission control, or None (every valid request accepted).
+    """
+
+    def __init__(
+        self,
+        ledger: RequestLedger,
+        publish: Publish,
+        answers: AnswerRegistry,
+        options: CallOptions,
+        *,
+        clock: Callable[[], float] = time.time,
+        gate: AdmissionGate | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.publish = publish
+        self.answers = answers
+        self.options = options
+        self.clock = clock
+        self.gate = gate
+
+    def request(
+        self,
+        request_id: str,
+        app: str,
+        payload: LLMPayload | ClassificationPayload,
+        arrival_s: float,
+        deadline_s: float | None,
+        priority: int,
+    ) -> InferenceRequest:
+        """The request of a call, addressed back to this replica."""
+        return InferenceRequest(
+            request_id=request_id,
+            app=app,
+            payload=payload,
+            arrival_s=arrival_s,
+            deadline_s=deadline_s,
+            priority=priority,
+            reply_to=self.answers.instance_id,
+            reply_partition=self.answers.reply_partition,
+        )
+
+    async def accept(
+        self,
+        client_id: str | None,
+        make_request: Callable[[str], InferenceRequest],
+        *,
+        stream: bool,
+        demand: Demand | None = None,
+        what: str = "",
+    ) -> Accepted:
+        """Record and publish a request, or find the earlier one a retry names.
+
+        A new request passes the admission gate first with ``demand``; ``what`` names
+        its model or application in a refusal."""
+        request_id = client_id or f"req-{uuid.uuid4().hex}"
+        try:
+            if client_id is not None:
+                earlier = await self.ledger.read(client_id)
+                if earlier is not None:
+                    return await self._existing(earlier, stream=stream)
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise unavailable(f"the state store is unavailable: {exc}") from None
+        if self.gate is not None and demand is not None:
+            decision = self.gate.decide(demand, self.clock())
+            if not decision.admitted:
+                log.debug(
+                    "refused request %s for %s: %s",
+                    request_id,
+                    what,
+                    decision.reason,
+                    extra={"event": "admission_refused", "verdict": str(decision.verdict)},
+                )
+                raise refusal(decision, what)
+        request = make_request(request_id)
+        waiter = self.answers.register(request_id, stream=stream)
+        try:
+            accepted = await self.ledger.accept(request)
+        except Exception as exc:
+            self.answers.release(waiter)
+            raise unavailable(f"the state store is unavailable: {exc}") from None
+        if not accepted.accepted:
+            # Another call took the id between the read and here.
+            self.answers.release(waiter)
+            assert accepted.record is not None
+            return await self._existing(accepted.record, stream=stream)
+        try:
+            await asyncio.wait_for(self.publish(request), self.options.publish_timeout_s)
+        except Exception as exc:
+            self.answers.release(waiter)
+            reason = str(exc) or type(exc).__name__
+            log.warning("could not confirm the publish of request %s: %s", request_id, reason)
+            raise ApiError(
+                503,
+                f"request {request_id} may or may not have been queued ({reason}); retry "
+                f"with the same request_id to get its one answer",
+                type_=SERVER_ERROR,
+                code="outcome_unknown",
+                headers={"Retry-After": "1"},
+                extra={"switchyard": {"request_id": request_id, "status": "unknown"}},
+            ) from None
+        return Accepted(request_id, waiter=waiter)
+
+    async def _existing(self, record: RequestRecord, *, stream: bool) -> Accepted:
+        """A retry of a request already recorded."""
+        request_id = record.request_id
+        if record.final and (completion := record.completion) is not None:
+            return Accepted(request_id, stored=completion, record=record)
+        if self.answers.is_waited_for(request_id):
+            # The first call still waits on this replica: wait with it.
+            waiter = self.answers.register(request_id, stream=stream)
+            # The answer may have come between the read above and registering.
+            again = await self.ledger.read(request_id)
+            if again is not None and again.final and (completion := again.completion):
+                self.answers.release(waiter)
+                return Accepted(request_id, stored=completion, record=again)
+            return Accepted(request_id, waiter=waiter, record=record)
+        if record.status == RequestStatus.QUEUED and (request := record.request) is not None:
+            # Maybe never published (its call got "outcome unknown"): publish it now. If
+            # it went out after all, the ledger decides and runs it once anyway.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.publish(request), self.options.publish_timeout_s)
+        return Accepted(request_id, record=record)  # served elsewhere: poll the record
+
+    async def completion(self, accepted: Accepted, timeout_s: float) -> Completion | None:
+        """The completion, or None when it did not come within ``timeout_s``."""
+        if accepted.stored is not None:
+            return accepted.stored
+        if accepted.waiter is not None:
+            return await accepted.waiter.completion(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                record = await self.ledger.read(accepted.request_id)
+            except Exception as exc:
+                log.warning("polling request %s failed: %s", accepted.request_id, exc)
+                record = None
+            if record is not None and record.final and (completion := record.completion):
+                return completion
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(self.options.poll_interval_s, left))
+
+    def release(self, accepted: Accepted) -> None:
+        """The call is done with its waiter (answered, failed or gone)."""
+        if accepted.waiter is not None:
+            self.answers.release(accepted.waiter)
+
+    def timeout(self, request_id: str) -> ApiError:
+        """The 504 of a call whose answer did not come in time."""
+        return ApiError(
+            504,
+            f"no answer for request {request_id} within {self.options.answer_timeout_s:g} s; "
+            f"it was accepted and may still finish: poll GET /v1/requests/{request_id}",
+            type_=SERVER_ERROR,
+            code="answer_timeout",
+            headers=answer_headers(request_id, emulated=False),
+            extra={"switchyard": {"request_id": request_id, "status": "pending"}},
+        )
+
+
+def status_error(completion: Completion, deadline_s: float | None) -> ApiError | None:
+    """The error answer of a completion that is not ``ok``; None when it is."""
+    rid = completion.request_id
+    extra = {"switchyard": switchyard_block(completion, deadline_s)}
+    headers = answer_headers(rid, emulated=completion.emulated)
+    if completion.status is CompletionStatus.OK:
+        return None
+    if completion.status is CompletionStatus.EXPIRED:
+        return ApiError(
+            504,
+            f"request {rid} expired: its deadline passed before it was served"
+            + (f" ({completion.error})" if completion.error else ""),
+            type_=SERVER_ERROR,
+            code="deadline_expired",
+            headers=headers,
+            extra=extra,
+        )
+    what = "failed" if completion.status is CompletionStatus.FAILED else "was cancelled"
+    return ApiError(
+        502,
+        f"request {rid} {what} on worker {completion.worker_id}: "
+        f"{completion.error or 'no reason given'}",
+        type_=SERVER_ERROR,
+        code="worker_failed" if completion.status is CompletionStatus.FAILED else "cancelled",
+        headers=headers,
+        extra=extra,
+    )
+
+
+def refusal(decision: Decision, what: str) -> ApiError:
+    """The answer to a request the admission gate refused: 429 (overloaded) or 503 (no
+    live worker), both with ``Retry-After``; nothing was recorded or published."""
+    retry = str(decision.retry_after_s)
+    if decision.verdict is Verdict.NO_WORKER:
+        return ApiError(
+            503,
+            f"no live worker serves {what} ({decision.reason}); nothing was started, "
+            f"retry after {retry} s",
+            type_=SERVER_ERROR,
+            code="no_worker",
+            headers={"Retry-After": retry},
+        )
+    return ApiError(
+        429,
+        f"{what} is overloaded: the estimated wait is {decision.wait_s:.2f} s plus "
+        f"{decision.service_s:.2f} s of service on the least-loaded worker, more than the "
+        f"{max(0.0, decision.time_left_s):.2f} s left to the request's deadline; nothing "
+        f"was started, retry after {retry} s",
+        type_=SERVER_ERROR,
+        code="overloaded",
+        headers={"Retry-After": retry},
+        extra={
+            "switchyard": {
+                "estimated_wait_s": round(decision.wait_s, 4),
+                "estimated_service_s": round(decision.service_s, 4),
+                "time_left_s": round(decision.time_left_s, 4),
+                "retry_after_s": decision.retry_after_s,
+            }
+        },
+    )
+
+
+__all__ = [
+    "REQUEST_TTL_S",
+    "Accepted",
+    "CallOptions",
+    "Publish",
+    "RequestDesk",
+    "refusal",
+    "status_error",
+]

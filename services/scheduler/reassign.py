@@ -1,0 +1,141 @@
+"""Re-assigning a dead, draining or drained worker's requests (a :class:`WorkerDown`).
+
+For a worker that died (``heartbeat-timeout``) or drained, the requests are those the
+event lists plus whatever the worker's assigned set names now (another scheduler replica
+may have sent it one more after the monitor looked: read again now that no decision
+here can choose the worker); for one that began to drain, only what the event lists as
+waiting (what runs there finishes there).
+
+Each is re-assigned with epoch + 1 by the request ledger's compare-and-set on the epoch
+and worker it replaces: of several scheduler replicas that all see the event, one moves
+each request, and a request that finished, moved or was re-assigned meanwhile is left
+alone. A draining or drained worker's request that it took in (its record shows it
+``running`` there) and did not list as waiting ran, or runs, there: it is not run again.
+
+A re-assignment continues the request's trace: it is decided inside a
+``scheduler reassign`` span in the trace its record keeps, linked to the WorkerDown's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanKind
+from switchyard.bus import Delivery
+from switchyard.cluster import read_assigned
+from switchyard.contracts.messages import LLMPayload, WorkerDown
+from switchyard.lifecycle import RequestRecord, RequestStatus
+from switchyard.telemetry import context_from_carrier
+
+from services.scheduler.outbox import DecisionOutbox
+
+if TYPE_CHECKING:
+    from services.scheduler.service import SchedulerService
+
+log = logging.getLogger(__name__)
+
+
+class Reassigner:
+    """Handles WorkerDown events for a scheduler replica."""
+
+    def __init__(self, scheduler: SchedulerService) -> None:
+        self.scheduler = scheduler
+        self.reassigned = 0
+
+    async def on_worker_down(self, delivery: Delivery[WorkerDown]) -> None:
+        scheduler = self.scheduler
+        event = delivery.message
+        scheduler.placer.mark_down(event.worker_id)
+        scheduler._classification_workers.pop(event.worker_id, None)
+        if event.reason == "draining":
+            orphans = list(event.orphaned_request_ids)
+        else:
+            late = await read_assigned(scheduler.ctx.state, event.worker_id)
+            orphans = list(dict.fromkeys([*event.orphaned_request_ids, *late]))
+        held = None if event.held_request_ids is None else frozenset(event.held_request_ids)
+        records = await asyncio.gather(*(scheduler.ledger.read(rid) for rid in orphans))
+        outbox = DecisionOutbox()
+        spans: list[Span] = []
+        moved = 0
+        for request_id, record in zip(orphans, records, strict=True):
+            if not self._moves(record, event, held):
+                continue
+            assert record is not None
+            previous = record.assignment
+            if previous is None:
+                log.warning("request %s has no readable assignment: not re-assigned", request_id)
+                continue
+            epoch = record.epoch + 1
+            span = self._span(record, event)
+            spans.append(span)
+            origin = trace.set_span_in_context(span)
+            request = previous.request
+            if isinstance(request.payload, LLMPayload):
+                scheduler.place_llm(
+                    request,
+                    time.time(),
+                    epoch,
+                    frozenset({event.worker_id}),
+                    outbox,
+                    origin,
+                    replaces_worker=event.worker_id,
+                )
+            else:
+                scheduler.decide_window(
+                    [request], outbox, {request_id: origin}, epoch, event.worker_id
+                )
+            moved += 1
+        try:
+            report = await scheduler.flush(outbox)
+        finally:
+            for span in spans:
+                span.end()
+        self.reassigned += len(report.assigned)
+        log.info(
+            "worker %s down (%s): %d of %d listed requests re-assigned here",
+            event.worker_id,
+            event.reason,
+            len(report.assigned),
+            len(orphans),
+        )
+
+    @staticmethod
+    def _moves(
+        record: RequestRecord | None, event: WorkerDown, held: frozenset[str] | None
+    ) -> bool:
+        """Whether a listed request is still this worker's to give away."""
+        if record is None or record.final:
+            return False
+        if record.worker_id != event.worker_id:
+            return False  # moved on since
+        # A draining worker finishes everything it took in: one it did not list as
+        # waiting ran, or runs, there, its answer still to come.
+        ran_there = (
+            held is not None
+            and record.request_id not in held
+            and record.status == RequestStatus.RUNNING
+        )
+        return not ran_there
+
+    def _span(self, record: RequestRecord, event: WorkerDown) -> Span:
+        """A span for one re-assignment, in the request's own trace (the context its
+        decision recorded; the WorkerDown's when none was) and linked to the WorkerDown
+        that caused it (the current CONSUMER span)."""
+        cause = trace.get_current_span().get_span_context()
+        carrier = record.trace_carrier()
+        return self.scheduler.tracer.start_span(
+            "scheduler reassign",
+            context=context_from_carrier(carrier) if carrier else None,
+            kind=SpanKind.INTERNAL,
+            links=[Link(cause)] if cause.is_valid else None,
+            attributes={
+                "switchyard.request_id": record.request_id,
+                "switchyard.epoch": record.epoch + 1,
+                "switchyard.worker_id": event.worker_id,
+                "switchyard.worker_down.reason": event.reason,
+            },
+        )
