@@ -114,8 +114,11 @@ class Stack:
 
 
 @contextmanager
-def running_stack(workers: int, ingress_replicas: int = 1) -> Iterator[Stack]:
-    """The stack under a fresh prefix; stopped and cleaned up on exit."""
+def running_stack(
+    workers: int, ingress_replicas: int = 1, env: Mapping[str, str] | None = None
+) -> Iterator[Stack]:
+    """The stack under a fresh prefix (``env``: more ``SWITCHYARD_*`` variables for every
+    process); stopped and cleaned up on exit."""
     from tests.support.process_stack import DEFAULT_HEARTBEAT_INTERVAL_S
 
     settings = load_settings({})
@@ -132,7 +135,11 @@ def running_stack(workers: int, ingress_replicas: int = 1) -> Iterator[Stack]:
         worker_timeout_s=2.0,
         time_scale=TIME_SCALE,
         llm_policy="jsq",
-        extra_env={"SWITCHYARD_ADMISSION": "off", "SWITCHYARD_LOG_LEVEL": "WARNING"},
+        extra_env={
+            "SWITCHYARD_ADMISSION": "off",
+            "SWITCHYARD_LOG_LEVEL": "WARNING",
+            **(env or {}),
+        },
     )
     ports: dict[str, int] = {}
 
@@ -254,13 +261,18 @@ def run_rate(
     )
 
 
+PROFILE_FORMAT = "flamegraph"
+"""py-spy's output: ``flamegraph`` (SVG) for docs, ``raw`` (collapsed stacks) for analysis."""
+
+
 def _start_profilers(stack: Stack, duration_s: float) -> list[subprocess.Popen[bytes]]:
     py_spy = Path(sys.executable).with_name("py-spy")
     if not py_spy.exists():
         raise SystemExit("py-spy is not installed in this environment: pip install py-spy")
     started = []
     for name, process in stack.processes.processes.items():
-        out = RESULTS / f"profile-{name}.svg"
+        suffix = "svg" if PROFILE_FORMAT == "flamegraph" else "txt"
+        out = RESULTS / f"profile-{name}.{suffix}"
         started.append(
             subprocess.Popen(
                 [
@@ -273,7 +285,7 @@ def _start_profilers(stack: Stack, duration_s: float) -> list[subprocess.Popen[b
                     "--rate",
                     "200",
                     "--format",
-                    "flamegraph",
+                    PROFILE_FORMAT,
                     "--output",
                     str(out),
                     "--nonblocking",
@@ -311,7 +323,7 @@ def _ms(seconds: float | None) -> str:
 def rates_experiment(args: argparse.Namespace) -> dict[str, Any]:
     rates = [float(r) for r in args.rates.split(",")]
     runs: dict[float, list[RateRun]] = defaultdict(list)
-    with running_stack(args.workers) as stack:
+    with running_stack(args.workers, env=_env(args.env)) as stack:
         _warm_up(stack.processes.url)
         idle = idle_cost(stack, args.idle_s)
         print("idle CPU (s/s): " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(idle.items())))
@@ -434,6 +446,16 @@ def fanout_experiment(args: argparse.Namespace) -> dict[str, Any]:
     return {"machine": _machine(), "rate_rps": args.rate, "rows": rows}
 
 
+def _env(pairs: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--env takes NAME=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
 def _machine() -> str:
     import os
     import platform
@@ -455,6 +477,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     rates.add_argument("--workers", type=int, default=2)
     rates.add_argument("--idle-s", type=float, default=10.0)
     rates.add_argument("--profile-rate", type=float, default=None)
+    rates.add_argument("--profile-format", choices=("flamegraph", "raw"), default="flamegraph")
+    rates.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE for every process (repeatable)"
+    )
     fan = sub.add_parser("fanout", help="records decoded per request by workers and replicas")
     fan.add_argument("--workers-list", default="1,8,32")
     fan.add_argument("--replicas-list", default="1,4")
@@ -462,6 +488,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     fan.add_argument("--duration-s", type=float, default=15.0)
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.experiment == "rates":
+        global PROFILE_FORMAT
+        PROFILE_FORMAT = args.profile_format
     experiment = rates_experiment if args.experiment == "rates" else fanout_experiment
     document = experiment(args)
     out = RESULTS / f"hot_path_{args.experiment}.json"

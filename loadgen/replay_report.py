@@ -22,7 +22,10 @@ Definitions (also in ``docs``-facing help):
 - **breakdown** (2xx answers carrying a server timeline; each component over the
   answers that have both of its fields): scheduling = ``assigned_s - arrival_s``,
   queueing = ``started_s - assigned_s``, execution = ``finished_s - started_s``,
-  overhead = client latency - execution (the control plane and the network).
+  overhead = client latency - execution (the control plane, the network and the
+  worker's own queue), control plane = client latency - (``finished_s -
+  assigned_s``) (what the request spent anywhere but at its worker: the ingress, the
+  bus, the scheduler, the answer's way back).
 - **emulated_share**: the share of 2xx answers with ``emulated`` true. Their latencies
   are a performance model's output, not measurements, and the table says so.
 - **send lag**: how late the generator sent requests against its schedule.
@@ -74,7 +77,7 @@ __all__ = [
 ]
 
 EMULATED_NOTE = "latencies of emulated workers are a performance model's output, not measurements"
-BREAKDOWN_COMPONENTS = ("scheduling", "queueing", "execution", "overhead")
+BREAKDOWN_COMPONENTS = ("scheduling", "queueing", "execution", "overhead", "control_plane")
 LAG_WARNING_S = 0.05
 """A send lag P99 above this is reported as the generator falling behind its schedule."""
 
@@ -167,11 +170,18 @@ def _component_values(record: RequestRecord) -> dict[str, float | None]:
         if record.latency_s is not None and execution is not None
         else None
     )
+    at_worker = _difference(record, "finished_s", "assigned_s")
+    control_plane = (
+        record.latency_s - at_worker
+        if record.latency_s is not None and at_worker is not None
+        else None
+    )
     return {
         "scheduling": _difference(record, "assigned_s", "arrival_s"),
         "queueing": _difference(record, "started_s", "assigned_s"),
         "execution": execution,
         "overhead": overhead,
+        "control_plane": control_plane,
     }
 
 
@@ -409,6 +419,7 @@ def format_report(
         "queueing": "queueing (started - assigned)",
         "execution": "execution (finished - started)",
         "overhead": "overhead (client latency - execution)",
+        "control_plane": "control plane (client latency - time at the worker)",
     }
     out.extend(
         _aligned(

@@ -28,6 +28,7 @@ from typing import cast
 from switchyard.bus import MemoryBroker, bus_from_settings
 from switchyard.config import Settings
 from switchyard.runtime import Service, ServiceContext, run_service
+from switchyard.runtime.loop import settle_heap
 from switchyard.runtime.service import ServiceFactory
 from switchyard.serving.catalogue import ServingCatalogue
 from switchyard.state import StateStore, state_from_settings
@@ -185,6 +186,7 @@ class EmbeddedStack:
                 update["http_port"] = self.plan.http_port
             self._launch(name, self.settings.model_copy(update=update))
         await self._wait_ready(timeout_s)
+        settle_heap()  # every service is up: what they built stays (see settle_heap)
 
     async def stop(self) -> int:
         """Stop every service (drained like SIGTERM) and return the worst exit code."""

@@ -139,20 +139,17 @@ class RequestDesk:
         """Record and publish a request, or find the earlier one a retry names.
 
         A new request passes the admission gate first with ``demand``; ``what`` names
-        its model or application in a refusal."""
+        its model or application in a refusal. One round trip to the store in the common
+        case: the ledger's accept creates the record or returns the earlier one; a
+        refusal looks for an earlier one first (a retry of an accepted request gets its
+        answer, it is not judged again)."""
         request_id = client_id or f"req-{uuid.uuid4().hex}"
-        try:
-            if client_id is not None:
-                earlier = await self.ledger.read(client_id)
-                if earlier is not None:
-                    return await self._existing(earlier, stream=stream)
-        except ApiError:
-            raise
-        except Exception as exc:
-            raise unavailable(f"the state store is unavailable: {exc}") from None
         if self.gate is not None and demand is not None:
             decision = self.gate.decide(demand, self.clock())
             if not decision.admitted:
+                earlier = await self._read(client_id) if client_id is not None else None
+                if earlier is not None:
+                    return await self._existing(earlier, stream=stream)
                 log.debug(
                     "refused request %s for %s: %s",
                     request_id,
@@ -169,7 +166,7 @@ class RequestDesk:
             self.answers.release(waiter)
             raise unavailable(f"the state store is unavailable: {exc}") from None
         if not accepted.accepted:
-            # Another call took the id between the read and here.
+            # A retry, or another call's use of the id: the earlier request's answer.
             self.answers.release(waiter)
             assert accepted.record is not None
             return await self._existing(accepted.record, stream=stream)
@@ -189,6 +186,12 @@ class RequestDesk:
                 extra={"switchyard": {"request_id": request_id, "status": "unknown"}},
             ) from None
         return Accepted(request_id, waiter=waiter)
+
+    async def _read(self, request_id: str) -> RequestRecord | None:
+        try:
+            return await self.ledger.read(request_id)
+        except Exception as exc:
+            raise unavailable(f"the state store is unavailable: {exc}") from None
 
     async def _existing(self, record: RequestRecord, *, stream: bool) -> Accepted:
         """A retry of a request already recorded."""

@@ -18,7 +18,7 @@ import uvicorn
 from switchyard.bus import Subscription
 from switchyard.cluster import ClusterReader
 from switchyard.contracts.messages import Completion, InferenceRequest, OutputChunk
-from switchyard.contracts.topics import ANSWERS, REQUESTS, request_headers
+from switchyard.contracts.topics import ANSWERS, requests_topic
 from switchyard.errors import SwitchyardError
 from switchyard.lifecycle import RequestLedger
 from switchyard.runtime.inbox import Inbox
@@ -88,7 +88,7 @@ class IngressService(Service):
         return self._port or 0
 
     async def _publish(self, request: InferenceRequest) -> None:
-        await self.ctx.bus.publish(REQUESTS, request, headers=request_headers(request))
+        await self.ctx.bus.publish(requests_topic(request), request)
 
     async def start(self) -> None:
         settings = self.ctx.settings

@@ -2,17 +2,20 @@
 
 Routines:
 
-- ``decide``: consumes ``switchyard.requests`` in batches (group ``scheduler``; replicas
-  share the partitions). LLM requests are predicted in-process with the predictor's
-  latest published model and decided one by one with the LLM policy
-  (:mod:`services.scheduler.llm`); the batch's classification requests, once their
-  SneakPeek estimates came (at most ``SWITCHYARD_PREDICTION_WAIT_S``, when the window
-  scheduler is data-aware), as one window with the window scheduler
-  (:mod:`services.scheduler.windows`). The round is flushed through a
-  :class:`~services.scheduler.outbox.DecisionOutbox`: recorded in the request ledger in
-  one round trip, then sent to each worker's inbox partition. A batch is committed only
-  after that, so a scheduler that dies mid-batch loses nothing: its successor decides the
-  batch again, and a request the ledger shows decided gets that very assignment again.
+- ``decide``: consumes ``switchyard.requests`` (LLM requests) in batches (group
+  ``scheduler``; replicas share the partitions), predicts each in-process with the
+  predictor's latest published model and decides it with the LLM policy
+  (:mod:`services.scheduler.llm`): no round trip, no wait.
+- ``windows``: consumes ``switchyard.classification-requests`` in batches (group
+  ``scheduler-windows``) and, once their SneakPeek estimates came (at most
+  ``SWITCHYARD_PREDICTION_WAIT_S``, when the window scheduler is data-aware), decides
+  each batch as one window with the window scheduler (:mod:`services.scheduler.windows`).
+
+  Either round is flushed through a :class:`~services.scheduler.outbox.DecisionOutbox`:
+  recorded in the request ledger in one round trip, then sent to each worker's inbox
+  partition. A batch is committed only after that, so a scheduler that dies mid-batch
+  loses nothing: its successor decides the batch again, and a request the ledger shows
+  decided gets that very assignment again.
 - ``estimates``: consumes ``switchyard.estimates`` with a group of this replica's own, so
   whichever replica decides a request has its estimate.
 - ``cluster``: reads the monitor's worker records every ``min(0.1 s, heartbeat interval
@@ -71,7 +74,12 @@ from switchyard.contracts.messages import (
     PredictorModel,
     RequestTimeline,
 )
-from switchyard.contracts.topics import ESTIMATES, REQUESTS, WORKER_EVENTS
+from switchyard.contracts.topics import (
+    CLASSIFICATION_REQUESTS,
+    ESTIMATES,
+    REQUESTS,
+    WORKER_EVENTS,
+)
 from switchyard.lifecycle import RequestLedger
 from switchyard.policies.base import DecisionContext, NoWorkerError
 from switchyard.policies.registry import LlmPolicy, make_llm_policy
@@ -220,6 +228,7 @@ class SchedulerService(Service):
         self.spawn_routine("estimates", self._estimates_routine)
         self.spawn_routine("worker-events", self._worker_events_routine)
         self.spawn_routine("decide", self._decide_routine)
+        self.spawn_routine("windows", self._windows_routine)
 
     # -- estimates -----------------------------------------------------------------------
 
@@ -303,15 +312,32 @@ class SchedulerService(Service):
                 if batch:
                     await self._decide_batch(sub, batch)
 
+    async def _windows_routine(self) -> None:
+        ctx = self.ctx
+        async with ctx.bus.subscribe(
+            CLASSIFICATION_REQUESTS, group="scheduler-windows", stopping=ctx.stopping
+        ) as sub:
+            while not ctx.stopping.is_set():
+                batch = await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
+                if batch:
+                    await self._decide_window_batch(sub, batch)
+
     async def _decide_batch(
         self, sub: Subscription[InferenceRequest], batch: list[Delivery[InferenceRequest]]
     ) -> None:
+        """Decide a batch of LLM requests, one by one."""
         outbox = DecisionOutbox(sub)
-        fresh: dict[str, Delivery[InferenceRequest]] = {}
-        for delivery in batch:  # a copy within this batch is decided once
-            fresh.setdefault(delivery.message.request_id, delivery)
-        llm = [d for d in fresh.values() if isinstance(d.message.payload, LLMPayload)]
-        windows = [d for d in fresh.values() if is_classification(d.message)]
+        now_s = time.time()
+        for delivery in _unique(batch):
+            self.place_llm(delivery.message, now_s, 0, frozenset(), outbox, delivery)
+        await self.flush(outbox)
+
+    async def _decide_window_batch(
+        self, sub: Subscription[InferenceRequest], batch: list[Delivery[InferenceRequest]]
+    ) -> None:
+        """Decide a batch of classification requests as one window."""
+        outbox = DecisionOutbox(sub)
+        windows = [d for d in _unique(batch) if is_classification(d.message)]
         if windows and self.window_scheduler.data_aware:
             wait_s = self.ctx.settings.prediction_wait_s
             await self.estimates.wait_for((d.message.request_id for d in windows), wait_s)
@@ -319,9 +345,6 @@ class SchedulerService(Service):
             if missing:
                 self._m_hint_timeouts.add(missing, {"kind": "estimate"})
                 await self._fill_from_state([d.message for d in windows])
-        now_s = time.time()
-        for delivery in llm:
-            self.place_llm(delivery.message, now_s, 0, frozenset(), outbox, delivery)
         if windows:
             self.decide_window(
                 [d.message for d in windows], outbox, {d.message.request_id: d for d in windows}
@@ -522,6 +545,14 @@ class SchedulerService(Service):
         ) as sub:
             async for delivery in sub:
                 await sub.handle(delivery, self.reassigner.on_worker_down)
+
+
+def _unique(batch: list[Delivery[InferenceRequest]]) -> list[Delivery[InferenceRequest]]:
+    """The batch with each request once (a copy within a batch is decided once)."""
+    fresh: dict[str, Delivery[InferenceRequest]] = {}
+    for delivery in batch:
+        fresh.setdefault(delivery.message.request_id, delivery)
+    return list(fresh.values())
 
 
 async def create(ctx: ServiceContext, catalogue: ServingCatalogue | None = None) -> Service:

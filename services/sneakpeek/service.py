@@ -4,10 +4,10 @@ Off the critical path: the scheduler waits for an estimate at most
 ``SWITCHYARD_PREDICTION_WAIT_S`` and schedules on profiled accuracy without one. At start
 it builds one :class:`~switchyard.sneakpeek.SneakPeekEstimator` per classification
 application of the catalogue (a neighbour index over the application's training data);
-then it consumes ``switchyard.requests`` in batches (group ``sneakpeek``), passing over
-LLM requests undecoded (their ``sy-kind`` header says so), estimates each application's
-requests together, and publishes an :class:`AccuracyEstimate` per request to
-``switchyard.estimates`` and to the state store (``estimate:{request id}``).
+then it consumes ``switchyard.classification-requests`` in batches (group ``sneakpeek``;
+LLM requests travel on a topic of their own, never fetched here), estimates each
+application's requests together, and publishes an :class:`AccuracyEstimate` per request
+to ``switchyard.estimates`` and to the state store (``estimate:{request id}``).
 
 A request whose features do not fit its application (wrong length, not finite) gets no
 estimate; the ingress rejects such requests before they reach the bus, so this only
@@ -23,9 +23,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 import numpy as np
-from switchyard.bus import Envelope
 from switchyard.contracts.messages import AccuracyEstimate, ClassificationPayload, InferenceRequest
-from switchyard.contracts.topics import ESTIMATES, KIND_HEADER, REQUESTS
+from switchyard.contracts.topics import CLASSIFICATION_REQUESTS, ESTIMATES
 from switchyard.runtime import Service, ServiceContext
 from switchyard.serving.catalogue import ServingCatalogue
 from switchyard.sneakpeek.estimator import SneakPeekEstimator
@@ -34,13 +33,6 @@ from switchyard.state import keys
 ESTIMATE_TTL_S = 600.0
 _BATCH = 256
 _BATCH_WAIT_S = 0.2
-
-
-def classification_only(envelope: Envelope) -> bool:
-    """Whether a request record is a classification request (by its header; a record
-    without the header is decoded and judged by its payload)."""
-    kind = envelope.header(KIND_HEADER)
-    return kind is None or kind == b"classification"
 
 
 def build_estimators(catalogue: ServingCatalogue) -> dict[str, SneakPeekEstimator]:
@@ -116,14 +108,20 @@ class SneakPeekService(Service):
     async def _estimate_routine(self) -> None:
         ctx = self.ctx
         async with ctx.bus.subscribe(
-            REQUESTS, group="sneakpeek", stopping=ctx.stopping, record_filter=classification_only
+            CLASSIFICATION_REQUESTS, group="sneakpeek", stopping=ctx.stopping
         ) as sub:
             while not ctx.stopping.is_set():
                 batch = await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
                 if not batch:
                     continue
-                estimates = estimate_requests(
-                    self.estimators, self.catalogue, [d.message for d in batch], time.time()
+                # In a thread: a neighbour search over a large batch would otherwise hold
+                # the event loop (the whole process, in the embedded stack).
+                estimates = await asyncio.to_thread(
+                    estimate_requests,
+                    self.estimators,
+                    self.catalogue,
+                    [d.message for d in batch],
+                    time.time(),
                 )
                 by_id = {d.message.request_id: d for d in batch}
                 sends = []

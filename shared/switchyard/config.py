@@ -69,13 +69,14 @@ class Settings(BaseModel):
         ),
     )
     kafka_fetch_max_wait_ms: int = Field(
-        default=20,
+        default=500,
         ge=1,
         le=10_000,
         description=(
-            "Longest a consumer's fetch waits on the broker when there is nothing new. Lower "
-            "cuts tail latency (the broker's long poll wakes late); idle consumers then ask "
-            "more often."
+            "Longest a consumer's fetch waits on the broker when there is nothing new. The "
+            "broker answers a waiting fetch as soon as a record arrives, so this does not "
+            "delay delivery; it sets how often an idle consumer asks again (the broker's "
+            "and the consumers' idle CPU)."
         ),
     )
 

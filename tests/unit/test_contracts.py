@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 import pytest
 from pydantic import ValidationError
@@ -12,12 +13,14 @@ from switchyard.bus.partitioner import murmur2, partition_for_key
 from switchyard.bus.records import Envelope
 from switchyard.contracts import (
     ALL_TOPICS,
+    ClassificationPayload,
     Completion,
     CompletionStatus,
     InferenceRequest,
     LLMPayload,
     RequestTimeline,
 )
+from switchyard.contracts.topics import CLASSIFICATION_REQUESTS, REQUESTS, requests_topic
 from switchyard.errors import DecodeError
 
 pytestmark = pytest.mark.unit
@@ -47,11 +50,19 @@ def test_every_message_carries_version_id_and_creation_time() -> None:
     assert _request().message_id != request.message_id
 
 
-def test_topics_have_unique_names_and_types() -> None:
+def test_topics_have_unique_names_and_each_message_type_one_topic() -> None:
     names = [t.name for t in ALL_TOPICS]
     assert len(set(names)) == len(names)
+    # Requests travel on one topic per kind; every other message type on one topic.
     types = [m.MESSAGE_TYPE for t in ALL_TOPICS for m in t.message_types]
-    assert len(set(types)) == len(types), "each message type travels on one topic"
+    assert Counter(types) == dict.fromkeys(types, 1) | {"inference-request": 2}
+
+
+def test_a_request_goes_to_the_topic_of_its_kind() -> None:
+    llm = _request()
+    classification = llm.model_copy(update={"payload": ClassificationPayload(features=[1.0])})
+    assert requests_topic(llm) is REQUESTS
+    assert requests_topic(classification) is CLASSIFICATION_REQUESTS
 
 
 def test_encode_then_decode_is_identity_with_describing_headers() -> None:

@@ -17,7 +17,7 @@ from switchyard.bus import Bus, MemoryTransport
 from switchyard.cluster import read_cluster
 from switchyard.config import load_settings
 from switchyard.contracts.messages import InferenceRequest
-from switchyard.contracts.topics import REQUESTS, request_headers
+from switchyard.contracts.topics import requests_topic
 from switchyard.state.memory import MemoryStateStore
 from switchyard.telemetry import Telemetry, configure_telemetry
 
@@ -65,7 +65,7 @@ async def _gated(grace_s: float = 10.0) -> AsyncIterator[Gated]:
     telemetry = configure_telemetry("ingress", load_settings({}), install_global=False)
 
     async def publish(request: InferenceRequest) -> None:
-        await bus.publish(REQUESTS, request, headers=request_headers(request))
+        await bus.publish(requests_topic(request), request)
 
     app = build_app(
         make_catalogue(),

@@ -46,7 +46,13 @@ from switchyard.contracts.messages import (
     RequestTimeline,
     WorkloadType,
 )
-from switchyard.contracts.topics import ANSWERS, REQUESTS, request_headers
+from switchyard.contracts.topics import (
+    ANSWERS,
+    CLASSIFICATION_REQUESTS,
+    REQUESTS,
+    Topic,
+    requests_topic,
+)
 from switchyard.lifecycle import Assign, Fence, RequestLedger
 from switchyard.runtime.inbox import Inbox
 from switchyard.runtime.service import ServiceContext
@@ -169,7 +175,7 @@ def make_completion(
 
 
 class FakeWorker:
-    """Decides, runs and answers every request on ``switchyard.requests`` as its markers
+    """Decides, runs and answers every request published (both request topics) as its markers
     say (see the module docstring).
 
     Attributes:
@@ -185,7 +191,12 @@ class FakeWorker:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, stopping: asyncio.Event) -> None:
-        async with self.bus.subscribe(REQUESTS, group="fake-worker", stopping=stopping) as sub:
+        await asyncio.gather(
+            *(self._read(topic, stopping) for topic in (REQUESTS, CLASSIFICATION_REQUESTS))
+        )
+
+    async def _read(self, topic: Topic[InferenceRequest], stopping: asyncio.Event) -> None:
+        async with self.bus.subscribe(topic, group="fake-worker", stopping=stopping) as sub:
             async for delivery in sub:
                 self.seen.append(delivery.message)
                 task = asyncio.create_task(self.serve(delivery.message))
@@ -329,7 +340,7 @@ class Stack:
 
     async def publish(self, request: InferenceRequest) -> None:
         """What the ingress service publishes a request with."""
-        await self.bus.publish(REQUESTS, request, headers=request_headers(request))
+        await self.bus.publish(requests_topic(request), request)
 
     async def replica(
         self,

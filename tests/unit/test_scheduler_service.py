@@ -29,7 +29,7 @@ from switchyard.contracts.messages import (
     WorkerDown,
     WorkloadType,
 )
-from switchyard.contracts.topics import REQUESTS, WORKER_EVENTS, WORKER_INBOX, request_headers
+from switchyard.contracts.topics import WORKER_EVENTS, WORKER_INBOX, requests_topic
 from switchyard.lifecycle import Fence, RequestLedger, RequestRecord, scripts
 from switchyard.policies.registry import make_llm_policy
 from switchyard.prediction.snapshot import FittedPredictor
@@ -188,7 +188,7 @@ class Stack:
         await self.publish(request)
 
     async def publish(self, request: InferenceRequest) -> None:
-        await self.client.publish(REQUESTS, request, headers=request_headers(request))
+        await self.client.publish(requests_topic(request), request)
 
     async def worker_down(
         self,

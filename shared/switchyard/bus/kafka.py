@@ -163,7 +163,7 @@ class KafkaTransport:
         request_timeout_ms: int = 30_000,
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 1_000,
-        fetch_max_wait_ms: int = 20,
+        fetch_max_wait_ms: int = 500,
     ) -> None:
         self.bootstrap = bootstrap
         self._client_id = client_id

@@ -14,6 +14,7 @@ from switchyard.contracts.base import Message
 from switchyard.contracts.messages import (
     AccuracyEstimate,
     Assignment,
+    ClassificationPayload,
     Completion,
     DeadLetter,
     Heartbeat,
@@ -79,17 +80,23 @@ REQUESTS: Topic[InferenceRequest] = Topic(
     "switchyard.requests",
     InferenceRequest,
     lambda m: m.request_id,
-    "Accepted client requests (ingress -> scheduler; classification ones -> sneakpeek too).",
+    "Accepted LLM requests (ingress -> scheduler).",
 )
-KIND_HEADER = "sy-kind"
-"""Header of a record on REQUESTS naming the request's kind (``llm`` or
-``classification``): SneakPeek reads only classification requests, and passes over the
-others without decoding them."""
+CLASSIFICATION_REQUESTS: Topic[InferenceRequest] = Topic(
+    "switchyard.classification-requests",
+    InferenceRequest,
+    lambda m: m.request_id,
+    "Accepted classification requests (ingress -> scheduler, sneakpeek).",
+)
 
 
-def request_headers(request: InferenceRequest) -> dict[str, bytes]:
-    """The headers a request is published to REQUESTS with."""
-    return {KIND_HEADER: str(request.payload.kind).encode()}
+def requests_topic(request: InferenceRequest) -> Topic[InferenceRequest]:
+    """Where an accepted request goes: LLM and classification requests travel apart, so
+    SneakPeek never fetches an LLM request and the scheduler decides each kind in a
+    loop of its own."""
+    if isinstance(request.payload, ClassificationPayload):
+        return CLASSIFICATION_REQUESTS
+    return REQUESTS
 
 
 ESTIMATES: Topic[AccuracyEstimate] = Topic(
@@ -153,6 +160,7 @@ DEAD_LETTERS: Topic[DeadLetter] = Topic(
 
 ALL_TOPICS: tuple[Topic[Any], ...] = (
     REQUESTS,
+    CLASSIFICATION_REQUESTS,
     ESTIMATES,
     WORKER_INBOX,
     ANSWERS,

@@ -10,6 +10,7 @@ asyncio's default loop otherwise. Tests keep pytest-asyncio's loops.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -34,3 +35,16 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     (same cancellation of what is left, same Ctrl-C handling), on uvloop when installed."""
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main)
+
+
+def settle_heap() -> None:
+    """Collect once and move everything alive now (imported modules, models, catalogues)
+    into the collector's permanent generation, once a process has started.
+
+    A full collection scans every tracked object; without this, one in a service that
+    holds torch, scikit-learn and the catalogues takes long enough to stall the event
+    loop (seen as 150 ms gaps in the embedded demo). What start-up built stays alive
+    anyway; only what the service allocates from here on is scanned.
+    """
+    gc.collect()
+    gc.freeze()

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 from switchyard.config import Settings, load_settings
 from switchyard.errors import ConfigError, SwitchyardError, is_retriable
 from switchyard.runtime.health import HealthServer, ReadinessCheck
+from switchyard.runtime.loop import settle_heap
 
 if TYPE_CHECKING:
     from switchyard.bus import Bus
@@ -491,6 +492,7 @@ async def _start(
         ctx.logger.info("stop requested while starting", extra={"event": "start-aborted"})
         return False
     starting.result()  # raises what starting raised
+    settle_heap()
     for check_name, check in service.readiness_checks().items():
         health.add_check(check_name, check)
     health.mark_started()
