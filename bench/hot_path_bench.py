@@ -27,6 +27,9 @@ answered, and a send lag P99 under 10 ms.
 
 ``--profile-rate R`` also records each service with py-spy (a sampling profiler) during
 one run at rate R and writes flame graphs (``bench/results/stack/profile-{name}.svg``).
+``--trace-ratio X`` exports traces to a stand-in OTLP collector (accepts and drops),
+recording a share X of them: what tracing costs (by default nothing is exported, and
+unsampled spans cost little).
 
 ``fanout`` is the routing experiment: at a fixed modest rate, stacks of 1, 8 and 32
 workers and 1 and 4 ingress replicas, reporting records decoded (and skipped) per request
@@ -77,6 +80,34 @@ _RECORDS = re.compile(
     r"^switchyard_bus_records_total\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.eE+-]+)", re.M
 )
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+class OtlpSink:
+    """A stand-in OTLP/HTTP collector on loopback that accepts and drops everything: what
+    recording and exporting spans costs the services, without a collector's own cost."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
 
 
 @dataclass
@@ -323,7 +354,16 @@ def _ms(seconds: float | None) -> str:
 def rates_experiment(args: argparse.Namespace) -> dict[str, Any]:
     rates = [float(r) for r in args.rates.split(",")]
     runs: dict[float, list[RateRun]] = defaultdict(list)
-    with running_stack(args.workers, env=_env(args.env)) as stack:
+    env = _env(args.env)
+    sink = None
+    if args.trace_ratio is not None:
+        sink = OtlpSink()
+        env |= {
+            "SWITCHYARD_OTLP_ENDPOINT": sink.url,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": repr(args.trace_ratio),
+        }
+    with running_stack(args.workers, env=env) as stack:
         _warm_up(stack.processes.url)
         idle = idle_cost(stack, args.idle_s)
         print("idle CPU (s/s): " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(idle.items())))
@@ -340,6 +380,8 @@ def rates_experiment(args: argparse.Namespace) -> dict[str, Any]:
                     f"{run.cpu_ms['generator']:.2f} ms/request",
                     flush=True,
                 )
+    if sink is not None:
+        sink.close()
     rows: list[dict[str, Any]] = []
     for rate in rates:
         chosen = _median_run(runs[rate])
@@ -362,6 +404,8 @@ def rates_experiment(args: argparse.Namespace) -> dict[str, Any]:
     passing = [rate for rate in rates if _median_run(runs[rate]).sustained()]
     document = {
         "machine": _machine(),
+        "trace_ratio": args.trace_ratio,
+        "env": env,
         "workers": args.workers,
         "duration_s": args.duration_s,
         "idle_cpu_s_per_s": idle,
@@ -480,6 +524,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     rates.add_argument("--profile-format", choices=("flamegraph", "raw"), default="flamegraph")
     rates.add_argument(
         "--env", action="append", default=[], help="NAME=VALUE for every process (repeatable)"
+    )
+    rates.add_argument(
+        "--trace-ratio",
+        type=float,
+        default=None,
+        help="export traces to a stand-in collector, recording this share of them",
     )
     fan = sub.add_parser("fanout", help="records decoded per request by workers and replicas")
     fan.add_argument("--workers-list", default="1,8,32")
