@@ -4,10 +4,12 @@ How one call goes (:meth:`RequestDesk.accept`): a retry of a client-chosen
 ``request_id`` finds the earlier request's record and gets its answer (stored, or
 awaited); a new request passes the admission gate when there is one (refused with 429
 or 503 before anything is recorded: nothing was started), is recorded as queued in the
-request ledger and published to ``switchyard.requests`` with ``reply_to`` and
-``reply_partition`` naming this replica and the partition of ``switchyard.answers`` it
-reads; then the call waits for its answer (:meth:`RequestDesk.completion`), delivered to
-its :class:`~services.ingress.answers.Waiter`.
+request ledger (calls arriving together share one round trip:
+:class:`~switchyard.runtime.group_commit.GroupCommit`) and published to
+``switchyard.requests`` with ``reply_to`` and ``reply_partition`` naming this replica and
+the partition of ``switchyard.answers`` it reads; then the call waits for its answer
+(:meth:`RequestDesk.completion`), delivered to its
+:class:`~services.ingress.answers.Waiter`.
 
 When the publish cannot be confirmed (a broker outage past ``publish_timeout_s``), the
 request may still go out later, so the call is not told that nothing was started: it
@@ -35,6 +37,8 @@ from switchyard.contracts.messages import (
     LLMPayload,
 )
 from switchyard.lifecycle import REQUEST_TTL_S, RequestLedger, RequestRecord, RequestStatus
+from switchyard.lifecycle.ledger import Accepted as LedgerAccepted
+from switchyard.runtime.group_commit import GroupCommit
 
 from services.ingress.admission import unavailable
 from services.ingress.admission_policy import AdmissionGate, Decision, Demand, Verdict
@@ -105,6 +109,10 @@ class RequestDesk:
         self.options = options
         self.clock = clock
         self.gate = gate
+        # Calls arriving together share one round trip to the store (group commit).
+        self._accepts: GroupCommit[InferenceRequest, LedgerAccepted] = GroupCommit(
+            ledger.accept_many
+        )
 
     def request(
         self,
@@ -161,7 +169,7 @@ class RequestDesk:
         request = make_request(request_id)
         waiter = self.answers.register(request_id, stream=stream)
         try:
-            accepted = await self.ledger.accept(request)
+            accepted = await self._accepts.submit(request)
         except Exception as exc:
             self.answers.release(waiter)
             raise unavailable(f"the state store is unavailable: {exc}") from None

@@ -99,6 +99,24 @@ async def test_a_request_is_accepted_once_and_a_retry_finds_its_record(
     assert await ledger.read("never") is None
 
 
+async def test_a_batch_of_accepts_is_judged_request_by_request_in_order(
+    ledger: RequestLedger,
+) -> None:
+    await ledger.accept(request("old"))
+    batch = [request("a"), request("old"), request("b"), request("a")]
+
+    results = await ledger.accept_many(batch)
+
+    assert [r.accepted for r in results] == [True, False, True, False], (
+        "a known id and a repeat inside the batch both find the record, the rest are new"
+    )
+    assert results[1].record is not None
+    assert results[1].record.request_id == "old"
+    assert results[3].record is not None
+    assert results[3].record.request == batch[0]
+    assert await ledger.accept_many([]) == []
+
+
 async def test_a_first_decision_is_recorded_once_and_a_redelivery_gets_it_back(
     ledger: RequestLedger, store: StateStore
 ) -> None:

@@ -159,17 +159,18 @@ class RequestLedger:
     async def accept(self, request: InferenceRequest) -> Accepted:
         """Record ``request`` as queued, unless a record with its id exists: then that
         record (a retry, or another call's use of the id)."""
-        args = [self._ttl_ms]
-        for field, value in acceptance_fields(request).items():
-            args += (field, value)
-        reply = await self.state.run_script(
-            scripts.ACCEPT, [keys.request(request.request_id)], args
-        )
-        if reply[0] == "accepted":
-            return Accepted(True)
-        pairs = reply[1:]
-        fields = dict(zip(pairs[0::2], pairs[1::2], strict=True))
-        return Accepted(False, RequestRecord.from_fields(request.request_id, fields))
+        return (await self.accept_many([request]))[0]
+
+    async def accept_many(self, requests: Sequence[InferenceRequest]) -> list[Accepted]:
+        """:meth:`accept` for several requests in one round trip; a result each, in order."""
+        calls = []
+        for request in requests:
+            args = [self._ttl_ms]
+            for field, value in acceptance_fields(request).items():
+                args += (field, value)
+            calls.append(([keys.request(request.request_id)], args))
+        replies = await self.state.run_script_many(scripts.ACCEPT, calls)
+        return [_accepted(request, reply) for request, reply in zip(requests, replies, strict=True)]
 
     # -- assign ----------------------------------------------------------------------------
 
@@ -283,6 +284,14 @@ def acceptance_fields(request: InferenceRequest) -> dict[str, str]:
     if isinstance(request.payload, LLMPayload):
         fields["prompt_tokens"] = str(request.payload.prompt_tokens)
     return fields
+
+
+def _accepted(request: InferenceRequest, reply: Sequence[str]) -> Accepted:
+    if reply[0] == "accepted":
+        return Accepted(True)
+    pairs = reply[1:]
+    fields = dict(zip(pairs[0::2], pairs[1::2], strict=True))
+    return Accepted(False, RequestRecord.from_fields(request.request_id, fields))
 
 
 def _assign_outcome(item: Assign, reply: Sequence[str]) -> AssignOutcome:

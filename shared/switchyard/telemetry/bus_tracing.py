@@ -24,9 +24,7 @@ This module never imports aiokafka: the middleware works the same over every tra
 
 from __future__ import annotations
 
-import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
@@ -35,7 +33,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.propagators.textmap import Getter, Setter
@@ -44,7 +42,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from switchyard import __version__
 from switchyard.bus.records import Envelope, Headers
-from switchyard.telemetry.observables import observe
+from switchyard.telemetry.observables import instruments_once, observe
 
 if TYPE_CHECKING:
     from switchyard.bus import Bus
@@ -131,24 +129,6 @@ class _BusInstruments:
     def _observe_consumed(self, options: CallbackOptions) -> Iterable[Observation]:
         for (topic, group, outcome), count in list(self.consumed.items()):
             yield Observation(count, {"topic": topic, "group": group, "outcome": outcome})
-
-
-# A meter provider hands out one meter per instrumentation scope, and registering an
-# observable counter a second time on it silently keeps the first callback only: every
-# middleware on one provider must therefore share one set of instruments and counts.
-_INSTRUMENTS: weakref.WeakKeyDictionary[object, _BusInstruments] = weakref.WeakKeyDictionary()
-_INSTRUMENTS_LOCK = threading.Lock()
-
-
-def _instruments_for(meter_provider: MeterProvider | None) -> _BusInstruments:
-    provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-    with _INSTRUMENTS_LOCK:
-        found = _INSTRUMENTS.get(provider)
-        if found is None:
-            meter = metrics.get_meter(_INSTRUMENTATION_NAME, __version__, provider)
-            found = _BusInstruments(meter)
-            _INSTRUMENTS[provider] = found
-        return found
 
 
 def _mark_failed(span: Span, exc: BaseException) -> None:
@@ -308,7 +288,7 @@ class TracingMiddleware:
         messaging_system: str = "kafka",
     ) -> None:
         self._tracer: Tracer = trace.get_tracer(_INSTRUMENTATION_NAME, __version__, tracer_provider)
-        self._instruments = _instruments_for(meter_provider)
+        self._instruments = instruments_once(meter_provider, _INSTRUMENTATION_NAME, _BusInstruments)
         self._messaging_system = messaging_system
 
     def publishing(

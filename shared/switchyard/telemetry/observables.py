@@ -15,9 +15,10 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Literal, TypeVar
 
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from switchyard import __version__
 
@@ -102,4 +103,26 @@ def observe(
     group.add(callback)
 
 
-__all__ = ["ObservableKind", "Observe", "observe"]
+InstrumentSet = TypeVar("InstrumentSet")
+
+_SETS: weakref.WeakKeyDictionary[object, dict[str, object]] = weakref.WeakKeyDictionary()
+_SETS_LOCK = threading.Lock()
+
+
+def instruments_once(
+    meter_provider: MeterProvider | None, scope: str, build: Callable[[Meter], InstrumentSet]
+) -> InstrumentSet:
+    """The set of instruments ``build`` makes on meter ``scope`` of ``meter_provider``
+    (None: the process-wide one), built once per provider and scope and shared by every
+    later caller: registering an observable instrument a second time keeps the first
+    callback only, so every object feeding it must share the counts it reads."""
+    provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+    with _SETS_LOCK:
+        sets = _SETS.setdefault(provider, {})
+        found = sets.get(scope)
+        if found is None:
+            found = sets[scope] = build(metrics.get_meter(scope, __version__, provider))
+        return found  # type: ignore[return-value]
+
+
+__all__ = ["InstrumentSet", "ObservableKind", "Observe", "instruments_once", "observe"]
