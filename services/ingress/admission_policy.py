@@ -34,7 +34,7 @@ trace to lose.
 - *backlog* ``W``: the heartbeat's ``queued_work_s`` (waiting requests whole, running
   ones what is left), less ``rate`` times the seconds since the monitor received that
   heartbeat, plus the service times of the requests this replica admitted to that
-  worker since (local accounting, as the scheduler's :mod:`services.scheduler.llm`
+  worker since (local accounting, as the scheduler's :mod:`switchyard.cluster.placer`
   does; cleared by the first heartbeat sent after them).
 - *expected finish*: with a free slot (running + waiting + admitted-since < ``n``) the
   request starts at once and runs in a batch one larger: ``s * slowdown(k + 1)``;

@@ -15,8 +15,8 @@ When the publish cannot be confirmed (a broker outage past ``publish_timeout_s``
 request may still go out later, so the call is not told that nothing was started: it
 gets 503 ``outcome_unknown`` naming the request id, and the record stays. A retry with
 that id waits for the one answer (re-publishing the request first while it is still
-queued: deciding, running and answering a request are idempotent in the ledger, so a
-request published twice runs once).
+queued or assigned and not started: deciding, running and answering a request are
+idempotent in the ledger, so a request published twice runs once).
 """
 
 from __future__ import annotations
@@ -215,9 +215,14 @@ class RequestDesk:
                 self.answers.release(waiter)
                 return Accepted(request_id, stored=completion, record=again)
             return Accepted(request_id, waiter=waiter, record=record)
-        if record.status == RequestStatus.QUEUED and (request := record.request) is not None:
-            # Maybe never published (its call got "outcome unknown"): publish it now. If
-            # it went out after all, the ledger decides and runs it once anyway.
+        if (
+            record.status in (RequestStatus.QUEUED, RequestStatus.ASSIGNED)
+            and (request := record.request) is not None
+        ):
+            # Maybe never published, or decided but its assignment never sent (its call
+            # got "outcome unknown"): publish it now. If it went out after all, the
+            # ledger decides it once and the worker runs it once (a decided request gets
+            # its recorded assignment again, and a worker starts an assignment once).
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.publish(request), self.options.publish_timeout_s)
         return Accepted(request_id, record=record)  # served elsewhere: poll the record

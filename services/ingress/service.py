@@ -1,9 +1,10 @@
 """The ingress service: the HTTP API under uvicorn, the routines that bring answers back
 to it (:mod:`services.ingress.routing`: this replica leases a partition of
 ``switchyard.answers`` at start and names it in every request, so its answers come to it
-alone), and the one that feeds admission control the monitor's worker records
-(``cluster_routine``, when ``SWITCHYARD_ADMISSION=deadline``;
-:mod:`services.ingress.admission_policy`).
+alone), and the one that feeds admission control
+(:mod:`services.ingress.admission_policy`, ``SWITCHYARD_ADMISSION=deadline``) and direct
+dispatch (:mod:`services.ingress.dispatch`, ``SWITCHYARD_LLM_DISPATCH=direct``) the
+monitor's worker records (``cluster_routine``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from switchyard.contracts.messages import Completion, InferenceRequest, OutputCh
 from switchyard.contracts.topics import ANSWERS, requests_topic
 from switchyard.errors import SwitchyardError
 from switchyard.lifecycle import RequestLedger
+from switchyard.policies.registry import make_llm_policy
 from switchyard.runtime.inbox import Inbox
 from switchyard.runtime.service import Service, ServiceContext
 from switchyard.serving import ServingCatalogue
@@ -30,6 +32,7 @@ from services.ingress.admission import Admission
 from services.ingress.admission_policy import AdmissionGate
 from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
+from services.ingress.dispatch import DirectDispatcher
 from services.ingress.routing import answer_subscription, route_answers, sweep_overdue
 
 _START_TIMEOUT_S = 10.0
@@ -73,6 +76,20 @@ class IngressService(Service):
             if settings.admission == "deadline"
             else None
         )
+        self.dispatcher: DirectDispatcher | None = (
+            DirectDispatcher(
+                ctx.bus,
+                ctx.state,
+                make_llm_policy(settings.llm_policy),
+                worker_timeout_s=settings.worker_timeout_s,
+                model_interval_s=settings.predictor_publish_interval_s,
+                meter_provider=(
+                    ctx.telemetry.meter_provider if isinstance(ctx.telemetry, Telemetry) else None
+                ),
+            )
+            if settings.llm_dispatch == "direct"
+            else None
+        )
         self._answers_stop = asyncio.Event()
         self.inbox: Inbox[Completion | OutputChunk] = Inbox(ctx, ANSWERS, settings.instance_id)
         self.ledger = RequestLedger(ctx.state)
@@ -88,7 +105,10 @@ class IngressService(Service):
         return self._port or 0
 
     async def _publish(self, request: InferenceRequest) -> None:
-        await self.ctx.bus.publish(requests_topic(request), request)
+        if self.dispatcher is not None:
+            await self.dispatcher.publish(request)
+        else:
+            await self.ctx.bus.publish(requests_topic(request), request)
 
     async def start(self) -> None:
         settings = self.ctx.settings
@@ -146,7 +166,7 @@ class IngressService(Service):
         self.spawn_routine("answers_lease_routine", self.inbox.lease_routine)
         self.spawn_routine("overdue_routine", self.overdue_routine)
         self.spawn_routine("http_routine", self.http_routine)
-        if self.gate is not None:
+        if self.gate is not None or self.dispatcher is not None:
             self.spawn_routine("cluster_routine", self.cluster_routine)
         deadline = asyncio.get_running_loop().time() + _START_TIMEOUT_S
         while not self._server.started:
@@ -175,25 +195,26 @@ class IngressService(Service):
             raise SwitchyardError(f"the HTTP server failed: {exc}", retriable=False) from exc
 
     async def cluster_routine(self) -> None:
-        """Feed the admission gate the monitor's worker records every
-        ``min(0.1 s, heartbeat interval / 2)`` (the scheduler's period). A failed read
-        keeps the last view: its workers age, and the gate judges them as it would."""
-        assert self.gate is not None
+        """Feed the admission gate and the direct dispatcher the monitor's worker
+        records every ``min(0.1 s, heartbeat interval / 2)`` (the scheduler's period). A
+        failed read keeps the last view: its workers age, and the gate judges them as it
+        would."""
         period_s = min(0.1, self.ctx.settings.heartbeat_interval_s / 2)
         failing = False
         reader = ClusterReader(self.ctx.state)
         while not self.ctx.stopping.is_set():
             try:
                 view = await reader.read(time.time())
+                if self.dispatcher is not None:
+                    await self.dispatcher.observe(view)
             except Exception as exc:
                 if not failing:
-                    self.ctx.logger.warning(
-                        "admission control cannot read the cluster state: %s", exc
-                    )
+                    self.ctx.logger.warning("the ingress cannot read the cluster state: %s", exc)
                 failing = True
             else:
                 failing = False
-                self.gate.observe(view)
+                if self.gate is not None:
+                    self.gate.observe(view)
             await asyncio.sleep(period_s)
 
     async def answers_routine(self) -> None:

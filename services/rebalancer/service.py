@@ -51,14 +51,14 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pydantic import ValidationError
 from switchyard.cluster import ClusterReader
-from switchyard.contracts.messages import Migration, PredictorModel, QueuedEntry
+from switchyard.contracts.messages import Migration, QueuedEntry
 from switchyard.contracts.topics import WORKER_INBOX
 from switchyard.lifecycle import RECENT_WINDOW
 from switchyard.policies.base import DecisionContext, MigrationPlan, RebalancePolicy
 from switchyard.policies.registry import make_llm_policy
 from switchyard.policies.snapshot import RebalanceSnapshot
+from switchyard.prediction.published import PublishedModelReader
 from switchyard.prediction.snapshot import FittedPredictor
 from switchyard.runtime.service import Service, ServiceContext
 from switchyard.state import keys
@@ -122,7 +122,7 @@ class RebalancerService(Service):
         self.prediction_use = bundle.prediction
         self._cluster = ClusterReader(ctx.state)
         self._predictor: FittedPredictor | None = None
-        self._model_text: str | None = None
+        self._model = PublishedModelReader(ctx.state)
         self.clock = clock
         self.worker_timeout_s = settings.worker_timeout_s
         self.round_period_s: float | None = None
@@ -305,14 +305,7 @@ class RebalancerService(Service):
 
     async def _refresh_model(self) -> None:
         """Take the predictor's latest published model when it changed."""
-        text = await self.ctx.state.get(keys.PREDICTOR_MODEL)
-        if text is None or text == self._model_text:
-            return
-        self._model_text = text
-        try:
-            self._predictor = FittedPredictor.from_model(PredictorModel.model_validate_json(text))
-        except (ValidationError, ValueError) as exc:
-            self.ctx.logger.warning("unreadable predictor model, keeping the last: %s", exc)
+        self._predictor = await self._model.refresh()
 
     async def _publish(
         self,

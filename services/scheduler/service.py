@@ -5,7 +5,7 @@ Routines:
 - ``decide``: consumes ``switchyard.requests`` (LLM requests) in batches (group
   ``scheduler``; replicas share the partitions), predicts each in-process with the
   predictor's latest published model and decides it with the LLM policy
-  (:mod:`services.scheduler.llm`): no round trip, no wait.
+  (:mod:`switchyard.cluster.placer`): no round trip, no wait.
 - ``windows``: consumes ``switchyard.classification-requests`` in batches (group
   ``scheduler-windows``) and, once their SneakPeek estimates came (at most
   ``SWITCHYARD_PREDICTION_WAIT_S``, when the window scheduler is data-aware), decides
@@ -59,10 +59,10 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import Observation
-from pydantic import ValidationError
 from switchyard import __version__
 from switchyard.bus import Delivery, Subscription
 from switchyard.cluster import ClusterReader
+from switchyard.cluster.placer import LlmPlacer
 from switchyard.contracts.messages import (
     AccuracyEstimate,
     Assignment,
@@ -71,7 +71,6 @@ from switchyard.contracts.messages import (
     Heartbeat,
     InferenceRequest,
     LLMPayload,
-    PredictorModel,
     RequestTimeline,
 )
 from switchyard.contracts.topics import (
@@ -83,7 +82,7 @@ from switchyard.contracts.topics import (
 from switchyard.lifecycle import RequestLedger
 from switchyard.policies.base import DecisionContext, NoWorkerError
 from switchyard.policies.registry import LlmPolicy, make_llm_policy
-from switchyard.prediction.snapshot import FittedPredictor
+from switchyard.prediction.published import PublishedModelReader
 from switchyard.runtime import Service, ServiceContext
 from switchyard.selection.base import WindowScheduler
 from switchyard.selection.registry import make_window_scheduler
@@ -95,7 +94,6 @@ from switchyard.telemetry.buckets import SECONDS_BUCKETS
 from switchyard.telemetry.observables import observe
 
 from services.scheduler.hints import HintBook
-from services.scheduler.llm import LlmPlacer
 from services.scheduler.outbox import DecisionOutbox, FlushReport, Origin, trace_of
 from services.scheduler.reassign import Reassigner
 from services.scheduler.windows import (
@@ -142,8 +140,9 @@ class SchedulerService(Service):
         self.placer = LlmPlacer(llm_policy, ctx_seed=seed)
         self.ledger = RequestLedger(ctx.state)
         self._cluster = ClusterReader(ctx.state)
-        self._model_text: str | None = None
-        self._model_read_s = 0.0
+        self._model = PublishedModelReader(
+            ctx.state, interval_s=ctx.settings.predictor_publish_interval_s
+        )
         self._window_rng = random.Random(seed + 1)
         self._window_sequence = 0
         self.estimates: HintBook[AccuracyEstimate] = HintBook()
@@ -264,43 +263,23 @@ class SchedulerService(Service):
         now_s = time.time()
         view = await self._cluster.read(now_s)
         timeout_s = self.ctx.settings.worker_timeout_s
+        self.placer.observe_cluster(view, timeout_s)
         classification: dict[str, Heartbeat] = {}
-        present: list[str] = []
         for record in view.workers:
             heartbeat = record.heartbeat
-            if heartbeat is None:
-                continue
-            alive = record.takes_work(timeout_s)
-            present.append(record.worker_id)
-            self.placer.observe(heartbeat, alive=alive)
             if (
-                alive
+                heartbeat is not None
                 and heartbeat.inbox_partition is not None
+                and record.takes_work(timeout_s)
                 and any(
                     serves_classification(heartbeat, app) for app in self.catalogue.classification
                 )
             ):
                 classification[record.worker_id] = heartbeat
-        self.placer.forget_missing(present)
         self._classification_workers = classification
-        if present:
+        if any(record.heartbeat is not None for record in view.workers):
             self.cluster_ready.set()
-        if now_s - self._model_read_s >= self.ctx.settings.predictor_publish_interval_s:
-            self._model_read_s = now_s
-            await self._refresh_model()
-
-    async def _refresh_model(self) -> None:
-        """Take the predictor's latest published model when it changed."""
-        text = await self.ctx.state.get(keys.PREDICTOR_MODEL)
-        if text is None or text == self._model_text:
-            return
-        self._model_text = text
-        try:
-            self.placer.predictor = FittedPredictor.from_model(
-                PredictorModel.model_validate_json(text)
-            )
-        except (ValidationError, ValueError) as exc:
-            log.warning("the predictor's published model is unreadable, keeping the last: %s", exc)
+        self.placer.predictor = await self._model.refresh_due(now_s)
 
     # -- deciding ------------------------------------------------------------------------
 
@@ -370,17 +349,8 @@ class SchedulerService(Service):
                 _Unplaced(request, now_s, epoch, exclude, trace_of(origin), replaces_worker)
             )
             return False
-        assignment = Assignment(
-            request=request,
-            worker_id=placed.placement.worker_id,
-            variant=placed.view.model,
-            order=request.arrival_s,
-            policy=self.llm_policy.name,
-            epoch=epoch,
-            predicted_s=placed.predicted_s,
-            predicted_raw_s=placed.predicted_raw_s,
-            deadline_s=request.deadline_s,
-            assigned_at_s=time.time(),
+        assignment = placed.assignment(
+            request, self.llm_policy.name, epoch=epoch, assigned_at_s=time.time()
         )
         self._assign(outbox, assignment, origin, replaces_worker)
         return True

@@ -177,6 +177,16 @@ class Settings(BaseModel):
     llm_policy: str = Field(
         default="gaps", description="LLM scheduling policy (a name from `switchyard simulate`)."
     )
+    llm_dispatch: Literal["scheduler", "direct"] = Field(
+        default="scheduler",
+        description=(
+            "Who places LLM requests. scheduler: the ingress publishes each to the "
+            "scheduler, which decides it; direct: the ingress decides it itself with the "
+            "same policy and sends it to the worker (one Kafka hop and one process fewer; "
+            "each ingress replica accounts only for its own decisions between heartbeats). "
+            "A request no live worker serves still goes to the scheduler."
+        ),
+    )
     window_policy: str = Field(
         default="sneakpeek",
         description="Classification window scheduler (a name from `switchyard sneakpeek`).",

@@ -105,7 +105,9 @@ def observe(
 
 InstrumentSet = TypeVar("InstrumentSet")
 
-_SETS: weakref.WeakKeyDictionary[object, dict[str, object]] = weakref.WeakKeyDictionary()
+_SETS: weakref.WeakKeyDictionary[object, dict[tuple[str, object], object]] = (
+    weakref.WeakKeyDictionary()
+)
 _SETS_LOCK = threading.Lock()
 
 
@@ -113,15 +115,15 @@ def instruments_once(
     meter_provider: MeterProvider | None, scope: str, build: Callable[[Meter], InstrumentSet]
 ) -> InstrumentSet:
     """The set of instruments ``build`` makes on meter ``scope`` of ``meter_provider``
-    (None: the process-wide one), built once per provider and scope and shared by every
-    later caller: registering an observable instrument a second time keeps the first
-    callback only, so every object feeding it must share the counts it reads."""
+    (None: the process-wide one), built once per provider, scope and ``build`` and shared
+    by every later caller: registering an observable instrument a second time keeps the
+    first callback only, so every object feeding it must share the counts it reads."""
     provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
     with _SETS_LOCK:
         sets = _SETS.setdefault(provider, {})
-        found = sets.get(scope)
+        found = sets.get((scope, build))
         if found is None:
-            found = sets[scope] = build(metrics.get_meter(scope, __version__, provider))
+            found = sets[scope, build] = build(metrics.get_meter(scope, __version__, provider))
         return found  # type: ignore[return-value]
 
 

@@ -1,4 +1,5 @@
-"""Placing LLM requests: the live scheduler's shell around an LLM assignment policy.
+"""Placing LLM requests live: the shell around an LLM assignment policy that the
+scheduler (and, with ``SWITCHYARD_LLM_DISPATCH=direct``, each ingress replica) runs.
 
 Pure and synchronous: from worker heartbeats (as the monitor stored them) and the
 request, predicted in-process with the predictor's latest published model
@@ -17,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from switchyard.cluster import worker_view
-from switchyard.contracts.messages import Heartbeat, InferenceRequest, LLMPayload
+from switchyard.cluster.records import ClusterView
+from switchyard.cluster.views import worker_view
+from switchyard.contracts.messages import Assignment, Heartbeat, InferenceRequest, LLMPayload
 from switchyard.policies.base import DecisionContext, NoWorkerError, Placement
 from switchyard.policies.registry import LlmPolicy
 from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
@@ -66,6 +68,23 @@ class Placed:
     predicted_raw_s: float | None
     """The raw prediction there: the worker reports it back for calibration."""
 
+    def assignment(
+        self, request: InferenceRequest, policy: str, *, epoch: int, assigned_at_s: float
+    ) -> Assignment:
+        """The :class:`Assignment` that carries this decision to its worker."""
+        return Assignment(
+            request=request,
+            worker_id=self.placement.worker_id,
+            variant=self.view.model,
+            order=request.arrival_s,
+            policy=policy,
+            epoch=epoch,
+            predicted_s=self.predicted_s,
+            predicted_raw_s=self.predicted_raw_s,
+            deadline_s=request.deadline_s,
+            assigned_at_s=assigned_at_s,
+        )
+
 
 @dataclass(slots=True)
 class _Pending:
@@ -105,6 +124,18 @@ class LlmPlacer:
         pending = self._pending.get(heartbeat.worker_id)
         if pending is not None and heartbeat.sent_at_s > pending.since_sent_at_s:
             del self._pending[heartbeat.worker_id]
+
+    def observe_cluster(self, view: ClusterView, worker_timeout_s: float) -> None:
+        """Take every worker's latest heartbeat from a read of the monitor's records;
+        a worker takes work when :meth:`~switchyard.cluster.WorkerRecord.takes_work`
+        says so, and a worker no longer listed is forgotten."""
+        present = []
+        for record in view.workers:
+            if record.heartbeat is None:
+                continue
+            present.append(record.worker_id)
+            self.observe(record.heartbeat, alive=record.takes_work(worker_timeout_s))
+        self.forget_missing(present)
 
     def worker_type(self, worker_id: str, model: str) -> str:
         """The worker type under which ``worker_id`` serves ``model`` (prediction key)."""
