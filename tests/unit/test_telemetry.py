@@ -287,6 +287,26 @@ def test_without_an_exporter_spans_are_unsampled_but_ids_still_propagate() -> No
     made.shutdown()
 
 
+def test_without_an_exporter_a_handled_message_hands_its_context_on_unchanged() -> None:
+    # Nothing records spans, so no span is made per message: the producer's context is
+    # current while the message is handled, and what is published then carries it.
+    made = configure_telemetry("t", load_settings({}), install_global=False)
+    tracing = TracingMiddleware(made.tracer_provider, made.meter_provider)
+    first: list[tuple[str, bytes]] = []
+    with tracing.publishing(TOPIC, MESSAGE_TYPE, first):
+        producer = trace.get_current_span().get_span_context()
+    onward: list[tuple[str, bytes]] = [("traceparent", b"stale")]
+    with tracing.consuming(_envelope(first), "g", MESSAGE_TYPE):
+        handling = trace.get_current_span().get_span_context()
+        with tracing.publishing(TOPIC, MESSAGE_TYPE, onward):
+            pass
+    assert (handling.trace_id, handling.span_id) == (producer.trace_id, producer.span_id)
+    assert [k for k, _ in onward] == ["traceparent"], "the stale value is replaced"
+    assert dict(onward)["traceparent"] == dict(first)["traceparent"]
+    assert not trace.get_current_span().get_span_context().is_valid, "the context is left"
+    made.shutdown()
+
+
 # -- sampling --------------------------------------------------------------------------
 
 SAMPLED_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

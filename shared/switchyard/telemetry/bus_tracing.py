@@ -5,6 +5,11 @@ into the record's headers; handling a message starts a CONSUMER span whose paren
 context read back from those headers. One request is therefore one trace across every
 service it passes through, whatever the transport.
 
+When the tracer provider's sampler drops everything (no exporter is configured), no span
+is made per message: the received context is current while a message is handled, and a
+publish hands the current context on as it is. Trace ids flow the same; the unsampled
+spans nobody could read are not paid for.
+
 Metrics (one set per meter provider, shared by every middleware built on it):
 
 * ``switchyard.bus.published`` — messages published; attributes ``topic``, ``message_type``.
@@ -30,14 +35,23 @@ from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import Token
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.propagators.textmap import Getter, Setter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import (
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    TracerProvider,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from switchyard import __version__
@@ -91,6 +105,23 @@ def trace_carrier(context: Context) -> dict[str, str]:
 def context_from_carrier(carrier: Mapping[str, str]) -> Context:
     """The trace context :func:`trace_carrier` wrote (an empty context when none)."""
     return _PROPAGATOR.extract(dict(carrier))
+
+
+_PROPAGATED: Token[Context] = cast("Token[Context]", object())
+"""The token of a publishing scope that handed the current context on without a span."""
+
+
+def _set_traceparent(headers: list[tuple[str, bytes]], context: SpanContext) -> None:
+    """Write ``context`` as W3C ``traceparent`` (and ``tracestate``) into ``headers``."""
+    headers[:] = [(k, v) for k, v in headers if k not in ("traceparent", "tracestate")]
+    headers.append(
+        (
+            "traceparent",
+            f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}".encode(),
+        )
+    )
+    if context.trace_state:
+        headers.append(("tracestate", context.trace_state.to_header().encode()))
 
 
 class _BusInstruments:
@@ -160,6 +191,14 @@ class _PublishScope(AbstractContextManager[None]):
         if self._token is not None:
             raise RuntimeError("a publishing scope is entered once")
         middleware = self._middleware
+        if middleware._propagate_only:
+            current = trace.get_current_span().get_span_context()
+            if current.is_valid:
+                # Nothing records spans here: hand the current context on as it is (the
+                # trace id is what logs and later hops need), without a span of our own.
+                _set_traceparent(self._headers, current)
+                self._token = _PROPAGATED
+                return
         span = middleware._tracer.start_span(f"{self._topic} publish", kind=SpanKind.PRODUCER)
         if span.is_recording():
             span.set_attributes(
@@ -185,10 +224,11 @@ class _PublishScope(AbstractContextManager[None]):
         token, self._token = self._token, None
         if token is None:
             raise RuntimeError("a publishing scope is left only after it was entered")
-        if exc is not None:
-            _mark_failed(self._span, exc)
-        otel_context.detach(token)
-        self._span.end()
+        if token is not _PROPAGATED:
+            if exc is not None:
+                _mark_failed(self._span, exc)
+            otel_context.detach(token)
+            self._span.end()
         if exc is None:
             self._middleware._instruments.published[self._topic, self._message_type] += 1
 
@@ -226,10 +266,16 @@ class _ConsumeScope(AbstractContextManager[None]):
         if self._token is not None:
             raise RuntimeError("a consuming scope is entered once")
         middleware, envelope = self._middleware, self._envelope
+        parent = extract_context(envelope.headers)
+        if middleware._propagate_only:
+            # Nothing records spans here: the producer's context is current while the
+            # message is handled (its trace id in logs and in what is published), and no
+            # unsampled span of our own is made.
+            self._token = otel_context.attach(parent)
+            self._started_s = time.perf_counter()
+            return
         span = middleware._tracer.start_span(
-            f"{envelope.topic} process",
-            context=extract_context(envelope.headers),
-            kind=SpanKind.CONSUMER,
+            f"{envelope.topic} process", context=parent, kind=SpanKind.CONSUMER
         )
         if span.is_recording():
             span.set_attributes(
@@ -288,6 +334,11 @@ class TracingMiddleware:
         messaging_system: str = "kafka",
     ) -> None:
         self._tracer: Tracer = trace.get_tracer(_INSTRUMENTATION_NAME, __version__, tracer_provider)
+        provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+        # A provider whose sampler drops everything (no exporter: configure_telemetry)
+        # never records a span: then only the context is handed on, which costs a
+        # fraction of making an unsampled span per message.
+        self._propagate_only = getattr(provider, "sampler", None) is ALWAYS_OFF
         self._instruments = instruments_once(meter_provider, _INSTRUMENTATION_NAME, _BusInstruments)
         self._messaging_system = messaging_system
 
