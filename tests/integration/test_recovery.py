@@ -7,7 +7,8 @@ ingress's HTTP API while one process is SIGKILLed:
 - a worker: the monitor declares it down after its heartbeats stop
   (``SWITCHYARD_WORKER_TIMEOUT_S=1.5``, heartbeats every 0.25 s: detection 1.5-2 s after
   the kill) and the scheduler re-assigns its queued and running requests (epoch + 1) to
-  the survivor; every request still gets exactly one 200 answer;
+  the survivor; every request still gets exactly one 200 answer, whether the scheduler
+  or the ingress (direct dispatch) placed them;
 - a worker that comes back under its id after being declared down (a restarted
   container) resumes its consumer group's unread assignments, which were re-assigned
   meanwhile: it drops them (their records show a later epoch), so nothing runs twice;
@@ -23,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+from switchyard.contracts.topics import REQUESTS as LLM_REQUESTS
 from switchyard.contracts.topics import WORKER_EVENTS
 
 from loadgen.mixes import PlannedRequest, build_plan
@@ -62,11 +64,14 @@ def _explain(report: RecoveryReport, stack: ProcessStack) -> str:
 async def _replay_killing_the_busiest_worker(
     process_stack: StackFactory,
     after_kill: Callable[[ProcessStack, str], Awaitable[None]] | None = None,
+    *,
+    dispatch: str = "scheduler",
 ) -> tuple[ProcessStack, list[PlannedRequest], tuple[ReplayResult, str, float]]:
-    """The stack of two workers under JSQ, and the replay of :func:`_plan` through it
-    with the worker holding more requests SIGKILLed a third of the way in (then
-    ``after_kill(stack, victim)``)."""
-    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
+    """The stack of two workers under JSQ (``dispatch``: who places LLM requests), and
+    the replay of :func:`_plan` through it with the worker holding more requests
+    SIGKILLed a third of the way in (then ``after_kill(stack, victim)``)."""
+    env = {**STACK_ENV, "SWITCHYARD_LLM_DISPATCH": dispatch}
+    stack = process_stack(llm_policy="jsq", extra_env=env)
     await start_stack(stack, WORKERS)
     plan = _plan()
 
@@ -84,11 +89,14 @@ async def _replay_killing_the_busiest_worker(
     return stack, plan, outcome
 
 
+@pytest.mark.parametrize("dispatch", ["scheduler", "direct"])
 async def test_a_killed_workers_requests_are_reassigned_and_answered_once(
-    process_stack: StackFactory,
+    process_stack: StackFactory, dispatch: str
 ) -> None:
+    # With direct dispatch the ingress placed the requests; the scheduler re-assigns the
+    # dead worker's all the same, from the assigned set the ledger keeps.
     stack, plan, (result, victim, killed_at_s) = await _replay_killing_the_busiest_worker(
-        process_stack
+        process_stack, dispatch=dispatch
     )
     survivor = next(w for w in WORKERS if w != victim)
     report = await analyse(stack, result, killed=victim, killed_at_s=killed_at_s)
@@ -123,7 +131,13 @@ async def test_a_killed_workers_requests_are_reassigned_and_answered_once(
     # No request ran to completion twice, and no (request, epoch) was decided twice.
     assert report.runs_doubled == [], why
     assert report.assignment_conflicts == {}, why
-    print(f"\nworker kill: {report.summary()}")
+    if dispatch == "direct":
+        placed = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, LLM_REQUESTS)
+        assert len(placed) < len(plan) // 10, (
+            f"{len(placed)} of {len(plan)} requests went to the scheduler: the ingress "
+            f"should place them\n{why}"
+        )
+    print(f"\nworker kill ({dispatch} dispatch): {report.summary()}")
 
 
 async def _until_down(stack: ProcessStack, worker: str, timeout_s: float = 15.0) -> None:
