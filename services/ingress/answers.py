@@ -51,15 +51,21 @@ class Waiter:
 
     async def completion(self, timeout_s: float) -> Completion | None:
         """The completion, or None when none came within ``timeout_s``."""
+        if self._completion.done():
+            return self._completion.result()
+        # asyncio.timeout, not wait_for: no task per call (wait_for makes one), and the
+        # shield keeps the completion for a later call when this one times out.
         try:
-            return await asyncio.wait_for(asyncio.shield(self._completion), max(timeout_s, 0.0))
+            async with asyncio.timeout(max(timeout_s, 0.0)):
+                return await asyncio.shield(self._completion)
         except TimeoutError:
             return None
 
     async def next_event(self, timeout_s: float) -> Answer | None:
         """The next chunk or the completion (streaming waiters), or None on timeout."""
         try:
-            return await asyncio.wait_for(self._events.get(), max(timeout_s, 0.0))
+            async with asyncio.timeout(max(timeout_s, 0.0)):
+                return await self._events.get()
         except TimeoutError:
             return None
 

@@ -179,7 +179,10 @@ class RequestDesk:
             assert accepted.record is not None
             return await self._existing(accepted.record, stream=stream)
         try:
-            await asyncio.wait_for(self.publish(request), self.options.publish_timeout_s)
+            # asyncio.timeout, not wait_for: the publish runs in this call's task (no task
+            # per call, and its trace context is the call's).
+            async with asyncio.timeout(self.options.publish_timeout_s):
+                await self.publish(request)
         except Exception as exc:
             self.answers.release(waiter)
             reason = str(exc) or type(exc).__name__
@@ -224,7 +227,8 @@ class RequestDesk:
             # ledger decides it once and the worker runs it once (a decided request gets
             # its recorded assignment again, and a worker starts an assignment once).
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.publish(request), self.options.publish_timeout_s)
+                async with asyncio.timeout(self.options.publish_timeout_s):
+                    await self.publish(request)
         return Accepted(request_id, record=record)  # served elsewhere: poll the record
 
     async def completion(self, accepted: Accepted, timeout_s: float) -> Completion | None:
