@@ -59,7 +59,6 @@ from switchyard.policies.base import DecisionContext, MigrationPlan, RebalancePo
 from switchyard.policies.registry import make_llm_policy
 from switchyard.policies.snapshot import RebalanceSnapshot
 from switchyard.prediction.published import PublishedModelReader
-from switchyard.prediction.snapshot import FittedPredictor
 from switchyard.runtime.service import Service, ServiceContext
 from switchyard.state import keys
 
@@ -121,7 +120,6 @@ class RebalancerService(Service):
         self.policy = policy if policy is not None else bundle.rebalancer
         self.prediction_use = bundle.prediction
         self._cluster = ClusterReader(ctx.state)
-        self._predictor: FittedPredictor | None = None
         self._model = PublishedModelReader(ctx.state)
         self.clock = clock
         self.worker_timeout_s = settings.worker_timeout_s
@@ -215,7 +213,7 @@ class RebalancerService(Service):
         now_mono_s = time.monotonic()
         self._forget(now_mono_s)
         view = await self._cluster.read(now_s)
-        await self._refresh_model()
+        await self._model.refresh()
         listings = {
             record.worker_id: {e.request_id: e for e in record.heartbeat.outstanding}
             for record in view.workers
@@ -242,7 +240,7 @@ class RebalancerService(Service):
             snapshot = build_rebalance_snapshot(
                 group,
                 listed,
-                self._predictor,
+                self._model.current,
                 use=self.prediction_use,
                 worker_timeout_s=self.worker_timeout_s,
                 adjustments=self._pending(listings, now_mono_s),
@@ -302,10 +300,6 @@ class RebalancerService(Service):
                     changes.get(move.to_worker_id, LoadAdjustment()) + change
                 )
         return changes
-
-    async def _refresh_model(self) -> None:
-        """Take the predictor's latest published model when it changed."""
-        self._predictor = await self._model.refresh()
 
     async def _publish(
         self,
