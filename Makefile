@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -29,6 +29,7 @@ help:
 	@echo "make bench-recovery  worker-kill recovery (services as processes): detection, re-assignment, lost/doubled"
 	@echo "make bench-agreement  sim-to-live agreement: 2,000 rows of each Azure trace, live stack against the simulator"
 	@echo "make bench-worker-stream  an emulated worker on Kafka: wall against modelled time, streamed and not"
+	@echo "make bench-bus-overhead  the bus's Python cost a message (memory transport), with and without per-message spans"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
@@ -111,6 +112,12 @@ bench-stack: deps
 	$(BIN)/python -m bench.hot_path_bench rates --profile-rate 200
 	$(BIN)/python -m bench.hot_path_bench fanout
 	$(BIN)/python -m bench.stack_bench azure
+
+# The bus's own cost a message, apart from any broker: publish and consume on the memory
+# transport with and without per-message spans, and each piece alone. Figures in
+# docs/benchmarks.md, "The hot path".
+bench-bus-overhead: deps
+	$(BIN)/python -m bench.bus_overhead_bench
 
 # Worker-kill recovery: the stack as separate processes on the local Kafka and Redis, a
 # worker SIGKILLed mid-replay, three runs; JSON in bench/results/recovery/.
