@@ -9,7 +9,11 @@ process, medians reported:
   tracer provider whose sampler drops every span, but not the ``always_off`` sampler the
   middleware recognises), as it did before it learnt to skip them;
 - ``propagate``: the default without an exporter (``configure_telemetry`` with no
-  endpoint): the received context is handed on, no span per message.
+  endpoint): the received context is handed on, no span per message;
+- ``propagate+idle``: ``propagate`` while ``--idle-consumers`` other subscriptions (12 by
+  default, about as many as the embedded stack's services hold) wait on other
+  partitions, as in one process running every service: what a record costs those that
+  do not read it.
 
 The pieces (one ``Assignment`` of a short completion): a consuming scope and a
 publishing scope of each tracing setting, the ``switchyard.bus.handler.duration``
@@ -32,7 +36,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Decision, StaticSampler
-from switchyard.bus import Bus, MemoryTransport
+from switchyard.bus import Bus, MemoryTransport, Subscription
 from switchyard.bus.records import Envelope
 from switchyard.config import load_settings
 from switchyard.contracts.messages import Assignment, InferenceRequest, LLMPayload
@@ -40,7 +44,7 @@ from switchyard.contracts.topics import WORKER_INBOX
 from switchyard.telemetry import TracingMiddleware, configure_telemetry
 
 RESULTS = Path(__file__).parent / "results"
-SETTINGS = ("none", "spans", "propagate")
+SETTINGS = ("none", "spans", "propagate", "propagate+idle")
 
 
 def _assignment() -> Assignment:
@@ -76,13 +80,31 @@ def _middlewares(setting: str) -> list[TracingMiddleware]:
     return [TracingMiddleware(telemetry.tracer_provider, telemetry.meter_provider)]
 
 
-async def _round_trips(setting: str, messages: int) -> float:
+async def _idle(sub: Subscription[Any]) -> None:
+    """A consumer with nothing to read, fetching as a service's routine does."""
+    while True:
+        await sub.next_within(0.5)
+
+
+async def _round_trips(setting: str, messages: int, idle_consumers: int) -> float:
     """CPU microseconds per publish and consume of one message on the memory bus."""
-    bus = Bus(MemoryTransport(), middlewares=_middlewares(setting), commit_interval_s=0.2)
+    bus = Bus(
+        MemoryTransport(),
+        middlewares=_middlewares(setting.removesuffix("+idle")),
+        commit_interval_s=0.2,
+    )
     await bus.start()
     message = _assignment()
     sub = bus.subscribe(WORKER_INBOX, group="bench", partitions=[0])
     await sub.open()
+    idle = [
+        bus.subscribe(WORKER_INBOX, group=f"idle-{n}", partitions=[1 + n])
+        for n in range(idle_consumers if setting.endswith("+idle") else 0)
+    ]
+    for other in idle:
+        await other.open()
+    idlers = [asyncio.create_task(_idle(other)) for other in idle]
+    await asyncio.sleep(0.05)  # every idle consumer waits for a record
     try:
         for _ in range(200):  # warm-up
             await bus.publish(WORKER_INBOX, message, partition=0)
@@ -95,6 +117,11 @@ async def _round_trips(setting: str, messages: int) -> float:
             await sub.next_within(1.0)
         return (time.process_time() - started) / messages * 1e6
     finally:
+        for task in idlers:
+            task.cancel()
+        await asyncio.gather(*idlers, return_exceptions=True)
+        for other in idle:
+            await other.close()
         await sub.close()
         await bus.stop()
 
@@ -143,15 +170,17 @@ def _pieces(calls: int) -> dict[str, float]:
     return found
 
 
-def run(runs: int, messages: int, calls: int) -> dict[str, Any]:
+def run(runs: int, messages: int, calls: int, idle_consumers: int) -> dict[str, Any]:
     per_setting: dict[str, list[float]] = {setting: [] for setting in SETTINGS}
     for _ in range(runs):
         for setting in SETTINGS:
-            per_setting[setting].append(asyncio.run(_round_trips(setting, messages)))
+            trips = _round_trips(setting, messages, idle_consumers)
+            per_setting[setting].append(asyncio.run(trips))
     pieces = [_pieces(calls) for _ in range(runs)]
     return {
         "runs": runs,
         "messages": messages,
+        "idle_consumers": idle_consumers,
         "round_trip_us": {s: statistics.median(v) for s, v in per_setting.items()},
         "round_trip_us_all": per_setting,
         "pieces_us": {k: statistics.median(p[k] for p in pieces) for k in pieces[0]},
@@ -167,12 +196,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--messages", type=int, default=4000)
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--idle-consumers", type=int, default=12)
     parser.add_argument("--json", type=Path, default=RESULTS / "bus_overhead.json")
     args = parser.parse_args(argv)
-    document = run(args.runs, args.messages, args.calls)
+    document = run(args.runs, args.messages, args.calls, args.idle_consumers)
     print("publish + consume on the memory bus, CPU us per message (median of runs):")
     for setting, us in document["round_trip_us"].items():
-        print(f"  {setting:10} {us:7.1f}")
+        print(f"  {setting:15} {us:7.1f}")
     print("pieces alone, CPU us per call (median of runs):")
     for piece, us in document["pieces_us"].items():
         print(f"  {piece:40} {us:6.1f}")

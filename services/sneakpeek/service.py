@@ -33,6 +33,9 @@ from switchyard.state import keys
 ESTIMATE_TTL_S = 600.0
 _BATCH = 256
 _BATCH_WAIT_S = 0.2
+INLINE_BATCH = 16
+"""Batches of at most this many requests are estimated on the event loop (measured: a
+flat search of 24 rows takes about 0.2 ms, docs/benchmarks.md "SneakPeek estimation")."""
 
 
 def build_estimators(catalogue: ServingCatalogue) -> dict[str, SneakPeekEstimator]:
@@ -114,15 +117,20 @@ class SneakPeekService(Service):
                 batch = await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
                 if not batch:
                     continue
-                # In a thread: a neighbour search over a large batch would otherwise hold
-                # the event loop (the whole process, in the embedded stack).
-                estimates = await asyncio.to_thread(
-                    estimate_requests,
-                    self.estimators,
-                    self.catalogue,
-                    [d.message for d in batch],
-                    time.time(),
-                )
+                requests = [d.message for d in batch]
+                if len(requests) <= INLINE_BATCH:
+                    # A small batch's search takes a fraction of a millisecond: handing it
+                    # to a thread would cost more (two hand-overs of the interpreter lock,
+                    # each up to its 5 ms switch interval while the loop is busy).
+                    estimates = estimate_requests(
+                        self.estimators, self.catalogue, requests, time.time()
+                    )
+                else:
+                    # In a thread: a neighbour search over a large batch would otherwise
+                    # hold the event loop (the whole process, in the embedded stack).
+                    estimates = await asyncio.to_thread(
+                        estimate_requests, self.estimators, self.catalogue, requests, time.time()
+                    )
                 by_id = {d.message.request_id: d for d in batch}
                 sends = []
                 for estimate in estimates:

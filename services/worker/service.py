@@ -222,7 +222,10 @@ class WorkerService(Service):
             if draining and not backend.has_running():
                 return
             holdings.wake.clear()  # before looking, so a wake-up during the step is kept
-            if await backend.step(holdings.queue, self.reporter, admit=not draining):
+            stepped = await backend.step(
+                holdings.queue, self.reporter, admit=not draining, wake=holdings.wake
+            )
+            if stepped:
                 continue
             if draining:
                 return

@@ -107,8 +107,13 @@ async def test_a_killed_workers_requests_are_reassigned_and_answered_once(
     assert report.answered_ok == len(plan), why
     assert report.lost == [], why
     assert report.answers_doubled == [], why
-    # Detected once, within the timeout plus a check period and the publish.
-    assert report.worker_downs == 1, why
+    # Detected once, within the timeout plus a check period and the publish. With direct
+    # dispatch an ingress may still place requests on the dead worker until its view of
+    # the cluster catches up: the monitor's sweep then orphans those in a later
+    # WorkerDown, and those alone.
+    if dispatch == "scheduler" or not report.assigned_to_killed_after_kill:
+        assert report.worker_downs == 1, why
+    assert set(report.late_orphans) <= set(report.assigned_to_killed_after_kill), why
     assert report.detection_s is not None, why
     assert report.detection_s < 3.0, why
     # The dead worker held requests, and every one of them moved to the survivor with a

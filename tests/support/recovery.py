@@ -65,6 +65,9 @@ class RecoveryReport:
     assignment_conflicts: dict[str, list[str]] = field(default_factory=dict)
     """``"{request}@{epoch}"`` -> the distinct message ids decided for it (when > 1)."""
     worker_downs: int = 0
+    late_orphans: list[str] = field(default_factory=list)
+    """Requests listed by a WorkerDown after the first (the monitor's sweep of what was
+    assigned to the worker after its death was handled)."""
     assignment_resends: int = 0
     """Assignment records repeating a decision already on the topic (same message id): a
     scheduler re-sending the recorded assignment of a redelivered request."""
@@ -243,7 +246,9 @@ async def analyse(
         first: Record[WorkerDown] = min(downs, key=lambda e: e.timestamp_ms)
         report.detection_s = first.timestamp_ms / 1000.0 - killed_at_s
         report.detected_at_s = first.message.detected_at_s
-        for event in downs:
+        for event in sorted(downs, key=lambda e: e.timestamp_ms):
+            if event is not first:
+                report.late_orphans += event.message.orphaned_request_ids
             orphans += [o for o in event.message.orphaned_request_ids if o not in orphans]
     report.orphans = orphans
     report.assigned_to_killed_after_kill = sorted(

@@ -277,8 +277,14 @@ async def test_requests_go_to_the_least_loaded_worker_that_serves_their_model(js
     assert (record.status, record.worker_id, record.epoch) == ("assigned", "idle", 0)
     assert record.assignment == assignment
     assert await jsq.assigned_to("idle", "r1")
-    metrics = jsq.metrics()
-    assert metric(metrics, "switchyard_scheduler_decisions_total", kind="llm", policy="jsq") == 1
+
+    # Counted once its send is confirmed, which may be just after the worker has it.
+    async def counted() -> bool:
+        decisions = metric(jsq.metrics(), "switchyard_scheduler_decisions_total", kind="llm")
+        return decisions == 1
+
+    await eventually(counted)
+    assert metric(jsq.metrics(), "switchyard_scheduler_decisions_total", policy="jsq") == 1
 
 
 async def test_a_worker_naming_no_inbox_partition_is_sent_nothing(jsq: Stack) -> None:
@@ -320,9 +326,15 @@ async def test_a_request_delivered_twice_gets_its_recorded_assignment_again(jsq:
     assert after.request.request_id == "after"
     record = await jsq.record("dup")
     assert (record.worker_id, record.epoch) == (first.worker_id, 0)
-    metrics = jsq.metrics()
-    assert metric(metrics, "switchyard_scheduler_decisions_total", kind="llm") == 2
-    assert metric(metrics, "switchyard_scheduler_decisions_total", kind="resend") == 1
+
+    async def counted() -> bool:
+        metrics = jsq.metrics()
+        return (
+            metric(metrics, "switchyard_scheduler_decisions_total", kind="llm") == 2
+            and metric(metrics, "switchyard_scheduler_decisions_total", kind="resend") == 1
+        )
+
+    await eventually(counted)
 
 
 # -- predictions -----------------------------------------------------------------------------
@@ -411,7 +423,7 @@ async def test_a_dead_workers_unfinished_requests_are_reassigned_with_a_new_epoc
     assert not await jsq.assigned_to("doomed", "orphan")
     # A listed id without a record is left alone: nothing is made up for it.
     assert await jsq.ledger.read("unknown-request") is None
-    assert jsq.service.reassigned == 1
+    await _reassigned(jsq.service, 1)
 
 
 async def test_a_request_sent_to_a_worker_after_the_monitor_listed_its_orphans_moves_too(
@@ -522,6 +534,16 @@ async def _leaving_takes(
     return service
 
 
+async def _reassigned(service: SchedulerService, count: int) -> None:
+    """Wait until ``service`` has counted ``count`` re-assignments (it counts them once
+    their sends are confirmed, which may be just after the worker has them)."""
+
+    async def counted() -> bool:
+        return service.reassigned == count
+
+    await eventually(counted)
+
+
 async def test_a_drained_worker_s_finished_request_is_not_run_again(jsq: Stack) -> None:
     # It ran the first to the end while draining; its last, draining heartbeat lists
     # only the second; the first's answer is still on its way.
@@ -533,7 +555,7 @@ async def test_a_drained_worker_s_finished_request_is_not_run_again(jsq: Stack) 
     assert moved.request.request_id == "still-waiting"
     assert moved.worker_id == "staying"
     assert moved.epoch == 1
-    assert service.reassigned == 1
+    await _reassigned(service, 1)
     record = await jsq.record("finished-there")
     assert (record.status, record.worker_id, record.epoch) == ("running", "leaving", 0)
 

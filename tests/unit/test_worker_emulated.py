@@ -6,6 +6,7 @@ not on wall time, so a slow machine cannot flake them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -19,7 +20,7 @@ from switchyard.contracts.messages import (
 )
 from switchyard.perf import PerformanceModel, performance_model
 
-from services.worker.backends import build_backend
+from services.worker.backends import build_backend, emulated_llm
 from services.worker.backends.base import UnsupportedWorkError
 from services.worker.backends.emulated_llm import EmulatedLlmBackend
 from services.worker.queue import LocalQueue, WorkItem
@@ -239,3 +240,80 @@ async def test_worker_max_slots_caps_the_running_batch() -> None:
     assert (load.max_slots, len(load.running)) == (2, 2)
     await _run_all(backend, queue, sink)
     assert sorted(sink.results) == ["r0", "r1", "r2"]
+
+
+async def _run_with_wake(
+    backend: EmulatedLlmBackend, queue: LocalQueue, sink: Sink, wake: asyncio.Event
+) -> None:
+    """Step as the worker's engine routine does: clear ``wake``, then step with it."""
+    while True:
+        wake.clear()
+        if not await backend.step(queue, sink, admit=True, wake=wake):
+            return
+
+
+async def test_decode_steps_are_slept_as_one_group_up_to_the_finish(
+    perf: PerformanceModel,
+) -> None:
+    # A decode step of a lone request lasts about a millisecond of wall time here: one
+    # wake-up per step would be 39 of them; grouped, the engine wakes for the prefill
+    # and once more (39 steps fit well within GROUP_MAX_WALL_S), and the modelled times
+    # are those of 39 separate steps.
+    scale = perf.decode_step_s(1, 600) / 0.001
+    backend = EmulatedLlmBackend(perf, time_scale=scale)
+    queue, sink, wake = LocalQueue(), Sink(), asyncio.Event()
+    item = _enqueue(backend, queue, _assignment("r1", prompt=500, output=40))
+    await _run_with_wake(backend, queue, sink, wake)
+    assert backend.iterations == 2
+    assert _times(item)[2] == pytest.approx(perf.idle_service_s(500, 40))
+    assert sink.token_counts["r1"] == 40
+
+
+async def test_new_work_ends_a_decode_group_at_the_next_step(
+    perf: PerformanceModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Steps of about 5 ms of wall time, groups allowed up to 10 s: without the wake-up
+    # the second request would wait for the first to finish all 60 steps (0.3 s).
+    monkeypatch.setattr(emulated_llm, "GROUP_MAX_WALL_S", 10.0)
+    scale = perf.decode_step_s(1, 200) / 0.005
+    backend = EmulatedLlmBackend(perf, time_scale=scale)
+    queue, sink, wake = LocalQueue(), Sink(), asyncio.Event()
+    first = _enqueue(backend, queue, _assignment("first", prompt=100, output=61, order=1))
+    engine = asyncio.create_task(_run_with_wake(backend, queue, sink, wake))
+    await asyncio.sleep(0.03)
+    second = _enqueue(backend, queue, _assignment("second", prompt=100, output=2, order=2))
+    wake.set()
+    await engine
+    started = _times(second)[0]
+    prefill = perf.prefill_s([100])
+    # Admitted at a step boundary of the first request's decode, long before its end.
+    steps_before = [
+        k for k in range(61) if started == pytest.approx(prefill + perf.decode_steps_s(1, 101, k))
+    ]
+    assert len(steps_before) == 1
+    assert 1 <= steps_before[0] < 40
+    # The first request then decodes alongside it, and still generates all its tokens.
+    assert sink.token_counts == {"first": 61, "second": 2}
+    assert _times(first)[2] > _times(second)[2]
+
+
+async def test_preempting_a_request_ends_the_decode_group(
+    perf: PerformanceModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(emulated_llm, "GROUP_MAX_WALL_S", 10.0)
+    scale = perf.decode_step_s(2, 400) / 0.005
+    backend = EmulatedLlmBackend(perf, time_scale=scale)
+    queue, sink, wake = LocalQueue(), Sink(), asyncio.Event()
+    _enqueue(backend, queue, _assignment("stays", prompt=100, output=61, order=1))
+    _enqueue(backend, queue, _assignment("moves", prompt=100, output=61, order=2))
+    engine = asyncio.create_task(_run_with_wake(backend, queue, sink, wake))
+    await asyncio.sleep(0.03)
+    preemption = backend.preempt("moves")
+    assert preemption is not None
+    # The group in progress ended at its next step: the one left decodes alone from
+    # there, so it finishes sooner than if the two had shared every one of its steps.
+    shared_to_end = perf.prefill_s([100, 100]) + perf.decode_steps_s(2, 202, 60)
+    await engine
+    assert "moves" not in sink.results
+    assert sink.token_counts["stays"] == 61
+    assert backend.modelled_now_s < shared_to_end

@@ -18,6 +18,7 @@ The engine never looks inside a model, and a backend never touches the bus.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -157,13 +158,22 @@ class Backend(Protocol):
         """Whether requests are in progress between steps (continuous batching)."""
         ...
 
-    async def step(self, queue: LocalQueue, sink: ExecutionSink, *, admit: bool) -> bool:
+    async def step(
+        self,
+        queue: LocalQueue,
+        sink: ExecutionSink,
+        *,
+        admit: bool,
+        wake: asyncio.Event | None = None,
+    ) -> bool:
         """Run one unit of work; False when there was nothing it could do.
 
         Takes the requests it starts out of ``queue`` (only ready ones, and none when
         ``admit`` is False: the worker is draining and only finishes what runs).
         Reports every request it took through ``sink``, each exactly once as finished
         or failed, unless it was preempted. Never raises for a request's own fault.
+        ``wake`` is set when new work arrives meanwhile: a backend whose unit of work
+        is long and divisible may end it early so the work is admitted sooner.
         """
         ...
 

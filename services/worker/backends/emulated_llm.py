@@ -12,7 +12,13 @@ profile (``GPU/model``, :mod:`switchyard.perf`) exactly as the simulator's insta
   meanwhile;
 - otherwise the iteration is one *decode step* of the running batch, one token for each;
 - each iteration sleeps ``modelled_s / time_scale`` (one sleep per iteration, paced
-  against a running target so that sleep overshoot does not accumulate).
+  against a running target so that sleep overshoot does not accumulate);
+- decode steps of an unchanged batch are slept as one group, up to the next finish
+  (at most :data:`GROUP_MAX_WALL_S` of wall time), so an idle-looking engine costs a
+  wake-up per event instead of one per step. Given the worker's ``wake`` event, a group
+  ends at the first step boundary after new work arrives, as a real engine admits at
+  its next iteration; without one (or while a request streams its tokens), groups last
+  at most :data:`STEP_QUANTUM_WALL_S`.
 
 An emulated request generates exactly ``max_output_tokens`` (there is no end of sequence
 in an emulation, as with a benchmark's ``ignore_eos``), with empty text. A request that
@@ -68,6 +74,7 @@ class EmulatedLlmBackend:
         self._running: dict[str, WorkItem] = {}
         self._reserved_tokens = 0
         self._pace_s: float | None = None  # loop time the current iteration should end at
+        self._interrupt: asyncio.Event | None = None  # the wake event of a group in progress
 
     # -- identity -----------------------------------------------------------------------------
 
@@ -130,7 +137,14 @@ class EmulatedLlmBackend:
     def has_running(self) -> bool:
         return bool(self._running)
 
-    async def step(self, queue: LocalQueue, sink: ExecutionSink, *, admit: bool) -> bool:
+    async def step(
+        self,
+        queue: LocalQueue,
+        sink: ExecutionSink,
+        *,
+        admit: bool,
+        wake: asyncio.Event | None = None,
+    ) -> bool:
         if not self._running:
             self._pace_s = None  # idle until now: pacing starts afresh
         admitted: list[WorkItem] = []
@@ -147,7 +161,7 @@ class EmulatedLlmBackend:
             await self._prefill(admitted, queue, sink)
             return True
         if self._running:
-            await self._decode(sink)
+            await self._decode(sink, wake)
             return True
         return False
 
@@ -163,22 +177,54 @@ class EmulatedLlmBackend:
         await self._spend(self.perf.prefill_s([item.context_tokens for item in admitted]))
         await self._yield_tokens(admitted, sink)
 
-    async def _decode(self, sink: ExecutionSink) -> None:
-        """Decode steps of the running batch: one, or (at a large time scale) as many as
-        fit in :data:`STEP_QUANTUM_WALL_S` of wall time without any request finishing.
+    async def _decode(self, sink: ExecutionSink, wake: asyncio.Event | None) -> None:
+        """A group of decode steps of the running batch, slept as one: up to the first
+        request's finish, within :data:`GROUP_MAX_WALL_S` of wall time (or
+        :data:`STEP_QUANTUM_WALL_S` without ``wake`` or while a request streams).
 
         Sleeping once per step would cost more CPU than the stack it stands in for once a
-        step lasts a fraction of a millisecond; grouping steps leaves every finish time
-        exact and delays only the admission of a new arrival, by at most the quantum.
+        step lasts a fraction of a millisecond. Every finish time stays exact: a group
+        never runs past a finish, and one that ``wake`` (new work) or a preemption
+        interrupts ends at the boundary of the step in progress, so an arrival waits for
+        at most one step, as it would in a real engine.
         """
         batch = list(self._running.values())
+        size = len(batch)
         kv_tokens = sum(item.context_tokens for item in batch)
         steps_to_first_finish = min(item.output_tokens - item.generated_tokens for item in batch)
-        quantum_s = STEP_QUANTUM_WALL_S * self.time_scale  # modelled seconds
-        fit = self.perf.steps_within(len(batch), kv_tokens, quantum_s)
+        long_groups = wake is not None and not any(item.streaming for item in batch)
+        cap_wall_s = GROUP_MAX_WALL_S if long_groups else STEP_QUANTUM_WALL_S
+        fit = self.perf.steps_within(size, kv_tokens, cap_wall_s * self.time_scale)
         steps = max(1, min(steps_to_first_finish, fit))
-        await self._spend(self.perf.decode_steps_s(len(batch), kv_tokens, steps))
+        if steps == 1 or wake is None:
+            await self._spend(self.perf.decode_steps_s(size, kv_tokens, steps))
+        else:
+            steps = await self._spend_steps(size, kv_tokens, steps, wake)
         await self._yield_tokens(batch, sink, steps)
+
+    async def _spend_steps(self, size: int, kv_tokens: int, steps: int, wake: asyncio.Event) -> int:
+        """Sleep ``steps`` decode steps, or fewer when ``wake`` is set meanwhile: then up
+        to the end of the step in progress. Returns the steps spent."""
+        self._interrupt = wake
+        loop = asyncio.get_running_loop()
+        start = self._pace_start(loop.time())
+        try:
+            async with asyncio.timeout_at(
+                start + self.wall_s(self.perf.decode_steps_s(size, kv_tokens, steps))
+            ):
+                await wake.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._interrupt = None
+        elapsed_s = max(0.0, loop.time() - start) * self.time_scale  # modelled
+        done = min(steps, self.perf.steps_within(size, kv_tokens, elapsed_s) + 1)
+        modelled_s = self.perf.decode_steps_s(size, kv_tokens, done)
+        self.modelled_now_s += modelled_s
+        self.iterations += 1
+        self._pace_s = start + self.wall_s(modelled_s)
+        await asyncio.sleep(max(0.0, self._pace_s - loop.time()))
+        return done
 
     async def _yield_tokens(
         self, batch: list[WorkItem], sink: ExecutionSink, steps: int = 1
@@ -211,10 +257,15 @@ class EmulatedLlmBackend:
         self.iterations += 1
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if self._pace_s is None or self._pace_s < now - _MAX_LAG_S:
-            self._pace_s = now
-        self._pace_s += self.wall_s(modelled_s)
+        self._pace_s = self._pace_start(now) + self.wall_s(modelled_s)
         await asyncio.sleep(max(0.0, self._pace_s - now))
+
+    def _pace_start(self, now: float) -> float:
+        """Loop time the next iteration starts at: where the last one should have ended,
+        unless that is more than :data:`_MAX_LAG_S` ago."""
+        if self._pace_s is None or self._pace_s < now - _MAX_LAG_S:
+            return now
+        return self._pace_s
 
     def _release(self, item: WorkItem) -> None:
         del self._running[item.request_id]
@@ -225,6 +276,8 @@ class EmulatedLlmBackend:
         if item is None:
             return None
         self._release(item)
+        if self._interrupt is not None:
+            self._interrupt.set()  # the batch changed: end the group at the next step
         kv_tokens = item.context_tokens
         return Preemption(item, kv_tokens, self.wall_s(self.perf.kv_transfer_s(kv_tokens)))
 
@@ -277,7 +330,11 @@ class EmulatedLlmBackend:
 
 
 STEP_QUANTUM_WALL_S = 0.002
-"""The most wall time one group of decode steps may take at a large time scale."""
+"""The most wall time one group of decode steps may take when nothing can end it early
+(no wake event) or a request streams its tokens (its chunks keep their pace)."""
+GROUP_MAX_WALL_S = 0.05
+"""The most wall time one group of decode steps may take otherwise: it bounds how stale
+the generated-token counts a heartbeat reports can be."""
 _MAX_LAG_S = 0.05
 """An iteration this far behind its pace target restarts the pacing instead of racing to
 catch up (the loop was busy elsewhere, or the time scale asks for sleeps shorter than the

@@ -11,6 +11,7 @@ only waiting requests of this backend.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import defaultdict
@@ -144,7 +145,15 @@ class StaticBatchBackend:
         # A static batch runs inside one step: between steps nothing is in progress.
         return False
 
-    async def step(self, queue: LocalQueue, sink: ExecutionSink, *, admit: bool) -> bool:
+    async def step(
+        self,
+        queue: LocalQueue,
+        sink: ExecutionSink,
+        *,
+        admit: bool,
+        wake: asyncio.Event | None = None,
+    ) -> bool:
+        # A static batch is one model call: there is nothing to end early for ``wake``.
         if not admit:
             return False
         batch = pick_batch(queue.ready(time.time()), self.max_batch)

@@ -35,6 +35,8 @@ class _Member:
     on_revoke: RevokeCallback
     since_ms: int | None = None
     positions: dict[TopicPartition, int] = field(default_factory=dict)
+    waiter: asyncio.Future[None] | None = None
+    """Set while the member waits in :meth:`MemoryBroker.fetch` for a record."""
 
 
 @dataclass
@@ -54,7 +56,9 @@ class MemoryBroker:
     def __init__(self) -> None:
         self._partitions: dict[str, list[list[Envelope]]] = {}
         self._groups: dict[str, _Group] = {}
-        self._arrived = asyncio.Event()
+        # Who waits for a record of each partition: an append wakes only those, not every
+        # consumer of the process (the embedded stack has a dozen).
+        self._waiting: dict[TopicPartition, set[_Member]] = {}
         self._round_robin = itertools.count()
         self._member_ids = itertools.count(1)
 
@@ -103,14 +107,17 @@ class MemoryBroker:
                 timestamp_ms=int(time.time() * 1000),
             )
         )
-        self._wake()
+        waiting = self._waiting.get(TopicPartition(record.topic, index))
+        if waiting:
+            for member in waiting:
+                _wake_member(member)
         return RecordMetadata(record.topic, index, len(log) - 1)
 
     def _wake(self) -> None:
-        # Swap the event so that waiters woken now and waiters arriving later never share
-        # a set event.
-        arrived, self._arrived = self._arrived, asyncio.Event()
-        arrived.set()
+        """Wake every waiting member (their partitions may have changed)."""
+        for waiting in self._waiting.values():
+            for member in waiting:
+                _wake_member(member)
 
     # -- groups ----------------------------------------------------------------------
 
@@ -189,19 +196,30 @@ class MemoryBroker:
                 group.committed[tp] = offset
 
     async def fetch(self, member: _Member, timeout_s: float, max_records: int) -> list[Envelope]:
-        deadline = time.monotonic() + timeout_s
+        records = self._take(member, max_records)
+        if records or timeout_s <= 0:
+            return records
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         while True:
-            arrived = self._arrived
-            records = self._take(member, max_records)
-            if records:
-                return records
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
+            waiter: asyncio.Future[None] = loop.create_future()
+            member.waiter = waiter
+            watched = list(member.positions)
+            for tp in watched:
+                self._waiting.setdefault(tp, set()).add(member)
+            timer = loop.call_at(deadline, _wake_member, member)
             try:
-                await asyncio.wait_for(arrived.wait(), remaining)
-            except TimeoutError:
-                return []
+                await waiter
+            finally:
+                timer.cancel()
+                member.waiter = None
+                for tp in watched:
+                    waiting = self._waiting.get(tp)
+                    if waiting is not None:
+                        waiting.discard(member)
+            records = self._take(member, max_records)
+            if records or loop.time() >= deadline:
+                return records
 
     def _take(self, member: _Member, max_records: int) -> list[Envelope]:
         taken: list[Envelope] = []
@@ -217,6 +235,12 @@ class MemoryBroker:
             if len(taken) >= max_records:
                 break
         return taken
+
+
+def _wake_member(member: _Member) -> None:
+    waiter = member.waiter
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 async def _no_revoke(partitions: frozenset[TopicPartition]) -> None:
