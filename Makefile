@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-sneakpeek bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded infra-up infra-down infra-status clean
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -30,6 +30,7 @@ help:
 	@echo "make bench-agreement  sim-to-live agreement: 2,000 rows of each Azure trace, live stack against the simulator"
 	@echo "make bench-worker-stream  an emulated worker on Kafka: wall against modelled time, streamed and not"
 	@echo "make bench-bus-overhead  the bus's Python cost a message (memory transport), with and without per-message spans"
+	@echo "make bench-embedded  the embedded default under the demo's load: CPU per request, control plane by kind"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make clean        remove .venv and caches inside the repository"
 
@@ -118,6 +119,12 @@ bench-stack: deps
 # docs/benchmarks.md, "The hot path".
 bench-bus-overhead: deps
 	$(BIN)/python -m bench.bus_overhead_bench
+
+# The embedded default (every service in one process, in memory) under make demo's load:
+# CPU per request and the control plane's latency by kind, in and out of the trace's
+# burst. Figures in docs/benchmarks.md, "The embedded default".
+bench-embedded: deps
+	$(BIN)/python -m bench.embedded_bench
 
 # Worker-kill recovery: the stack as separate processes on the local Kafka and Redis, a
 # worker SIGKILLed mid-replay, three runs; JSON in bench/results/recovery/.

@@ -365,8 +365,9 @@ def rates_experiment(args: argparse.Namespace) -> dict[str, Any]:
         }
     with running_stack(args.workers, env=env) as stack:
         _warm_up(stack.processes.url)
-        idle = idle_cost(stack, args.idle_s)
-        print("idle CPU (s/s): " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(idle.items())))
+        idle = idle_cost(stack, args.idle_s) if args.idle_s > 0 else {}
+        if idle:
+            print("idle CPU (s/s): " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(idle.items())))
         for repeat in range(args.runs):
             for rate in rates:
                 profile = args.profile_rate == rate and repeat == 0
@@ -439,6 +440,8 @@ def _print_rates(document: Mapping[str, Any]) -> None:
         f"{document['sustained_rate_rps'] or 'none of the rates offered'}"
     )
     idle = document["idle_cpu_s_per_s"]
+    if not idle:
+        return
     print(
         "idle CPU, seconds per second: "
         + ", ".join(f"{n} {idle[n]:.3f}" for n in sorted(idle, key=_process_order))
@@ -519,7 +522,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     rates.add_argument("--duration-s", type=float, default=20.0)
     rates.add_argument("--runs", type=int, default=3)
     rates.add_argument("--workers", type=int, default=2)
-    rates.add_argument("--idle-s", type=float, default=10.0)
+    rates.add_argument(
+        "--idle-s", type=float, default=10.0, help="idle window measured first (0: none)"
+    )
     rates.add_argument("--profile-rate", type=float, default=None)
     rates.add_argument("--profile-format", choices=("flamegraph", "raw"), default="flamegraph")
     rates.add_argument(

@@ -36,6 +36,7 @@ from switchyard.telemetry import configure_logging
 from services.embedded import EmbeddedPlan, EmbeddedStack, EmbeddedStartError
 
 if TYPE_CHECKING:
+    from loadgen.mixes import PlannedRequest
     from loadgen.replay_report import Component
 
 
@@ -49,6 +50,19 @@ class StackDemoConfig:
     classification_share: float = 0.3
     policies: tuple[str, ...] = ("gaps", "jsq")
     seed: int = 0
+
+    def plan(self) -> list[PlannedRequest]:
+        """The requests replayed, in arrival order."""
+        from loadgen.mixes import build_plan
+        from loadgen.traces import resolve_trace
+
+        return build_plan(
+            resolve_trace(self.trace, seed=self.seed),
+            "mixed",
+            self.limit,
+            self.seed,
+            classification_share=self.classification_share,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +79,15 @@ class _Outcome:
     llm_control_p99_s: float | None
     classification_control_p99_s: float | None
     classification_deadline_miss: float | None
+    cpu_ms_per_request: float | None
 
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _millis(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _percent(value: float | None) -> str:
@@ -106,20 +125,12 @@ async def run_stack_demo(
 
     ``log_path``, the file the services log to, is named in the messages about failures.
     """
-    from loadgen.mixes import build_plan
     from loadgen.replay import replay
     from loadgen.replay_report import breakdown, format_report, per_app_summaries, summarize
-    from loadgen.traces import resolve_trace
 
     see_logs = f" (service logs: {log_path})" if log_path is not None else ""
 
-    plan = build_plan(
-        resolve_trace(config.trace, seed=config.seed),
-        "mixed",
-        config.limit,
-        config.seed,
-        classification_share=config.classification_share,
-    )
+    plan = config.plan()
     span_s = plan[-1].arrival_s - plan[0].arrival_s if plan else 0.0
     print(
         f"Replaying {len(plan)} requests of {config.trace} ({config.classification_share:.0%} "
@@ -179,6 +190,12 @@ async def run_stack_demo(
                 classification_deadline_miss=(
                     sum(1 for met in judged if not met) / len(judged) if judged else None
                 ),
+                # The replay's process is the whole embedded stack and the generator.
+                cpu_ms_per_request=(
+                    result.cpu_s * 1000.0 / summary.sent
+                    if result.cpu_s is not None and summary.sent
+                    else None
+                ),
             )
         )
         # Refusals (429/503 from admission control) are the stack protecting deadlines,
@@ -202,11 +219,12 @@ async def run_stack_demo(
     print("output, not measurements; overhead = client latency minus execution, which")
     print("includes the wait in the worker's queue; control plane = client latency minus")
     print("the time at the worker, which for classification includes the scheduler's")
-    print("wait for SneakPeek's estimate; cls = classification):")
+    print("wait for SneakPeek's estimate; cls = classification; CPU = this process's CPU")
+    print("time during the replay, the whole stack and the load generator, per request):")
     print(
         f"{'policy':<8} {'answered':>10} {'P50 s':>6} {'P99 s':>6} {'SLO miss':>9} "
         f"{'overhead P50/P99 s':>19} {'control plane P99 s':>20} {'LLM/cls P99 s':>14} "
-        f"{'cls deadline miss':>18}"
+        f"{'cls deadline miss':>18} {'CPU ms':>7}"
     )
     for o in outcomes:
         overheads = f"{_seconds(o.overhead_p50_s)}/{_seconds(o.overhead_p99_s)}"
@@ -215,7 +233,7 @@ async def run_stack_demo(
             f"{o.policy:<8} {f'{o.answered}/{o.sent}':>10} {_seconds(o.p50_s):>6} "
             f"{_seconds(o.p99_s):>6} {_percent(o.slo_violation_rate):>9} {overheads:>19} "
             f"{_seconds(o.control_p99_s):>20} {kinds:>14} "
-            f"{_percent(o.classification_deadline_miss):>18}"
+            f"{_percent(o.classification_deadline_miss):>18} {_millis(o.cpu_ms_per_request):>7}"
         )
     return worst
 

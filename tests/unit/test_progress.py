@@ -29,7 +29,14 @@ class FakeTerminal(io.StringIO):
 
 
 class BrokenPipe(io.StringIO):
+    """A stream whose reader went away: every write fails, and is counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
     def write(self, text: str) -> int:
+        self.writes += 1
         raise BrokenPipeError(32, "Broken pipe")
 
 
@@ -141,8 +148,16 @@ def test_close_is_idempotent_and_zero_total_is_complete() -> None:
 
 
 def test_a_broken_stream_quiets_the_bar_instead_of_failing_the_run() -> None:
-    with Progress(5, "simulate", stream=BrokenPipe(), clock=FakeClock()) as progress:
-        progress.advance(5)
+    stream, clock = BrokenPipe(), FakeClock()
+    finished = 0
+    with Progress(5, "simulate", stream=stream, clock=clock) as progress:
+        for _ in range(5):
+            clock.tick(60)  # long enough apart that each step would be drawn
+            progress.advance()
+            finished += 1
+    # The run went on to the end, and the bar stopped writing after its first failure.
+    assert finished == 5
+    assert stream.writes == 1
 
 
 @pytest.mark.parametrize(

@@ -154,8 +154,9 @@ def test_rebalancing_migrates_only_when_the_gain_beats_the_cost(
 
 def test_llumnix_pays_for_the_kv_cache_it_moves(busy_conv: Sequence[TraceRequest]) -> None:
     _, metrics = simulate("llumnix", busy_conv, workers=4)
-    if metrics.migrations:
-        assert metrics.migration_cost_s > 0.02 * metrics.migrations
+    # This load makes Llumnix migrate (34 times): each move costs its KV transfer.
+    assert metrics.migrations > 0
+    assert metrics.migration_cost_s > 0.02 * metrics.migrations
 
 
 def test_a_mixed_cluster_gives_the_faster_gpu_more_work(busy_conv: Sequence[TraceRequest]) -> None:
