@@ -78,12 +78,16 @@ test: deps lint
 test-fast: deps
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
-bench: deps
-	@started=$$(mktemp); \
+# $(call with_infra,COMMANDS): COMMANDS with Kafka and Redis up, then stops what this run
+# started (not servers that were already up), even when a command fails.
+with_infra = @started=$$(mktemp); \
 	trap '$(INFRA) down --started "$$started" || true; rm -f "$$started"' EXIT; \
 	trap 'exit 130' INT TERM; \
 	$(INFRA) up --record "$$started" || exit 1; \
-	$(BIN)/python -m bench.bus_bench --json bench/results/bus.json
+	$(1)
+
+bench: deps
+	$(call with_infra,$(BIN)/python -m bench.bus_bench --json bench/results/bus.json)
 
 bench-sim: deps
 	$(BIN)/python -m bench.sim_bench --json bench/results/sim.json
@@ -109,10 +113,9 @@ bench-multimodel: deps
 # per request as workers and ingress replicas are added; the Azure conversation trace
 # under GAPS and JSQ. Figures in docs/benchmarks.md.
 bench-stack: deps
-	deploy/local/infra.sh up
-	$(BIN)/python -m bench.hot_path_bench rates --profile-rate 200
-	$(BIN)/python -m bench.hot_path_bench fanout
-	$(BIN)/python -m bench.stack_bench azure
+	$(call with_infra,$(BIN)/python -m bench.hot_path_bench rates --profile-rate 200 \
+	  && $(BIN)/python -m bench.hot_path_bench fanout \
+	  && $(BIN)/python -m bench.stack_bench azure)
 
 # The bus's own cost a message, apart from any broker: publish and consume on the memory
 # transport with and without per-message spans, and each piece alone. Figures in
@@ -129,21 +132,18 @@ bench-embedded: deps
 # Worker-kill recovery: the stack as separate processes on the local Kafka and Redis, a
 # worker SIGKILLed mid-replay, three runs; JSON in bench/results/recovery/.
 bench-recovery: deps
-	deploy/local/infra.sh up
-	$(BIN)/python -m bench.recovery_bench --runs 3 --out bench/results/recovery
+	$(call with_infra,$(BIN)/python -m bench.recovery_bench --runs 3 --out bench/results/recovery)
 
 # Sim-to-live agreement: 2,000 rows of each Azure trace under GAPS and JSQ, through the
 # live stack (services as processes) and the simulator; about 40 minutes.
 bench-agreement: deps
-	deploy/local/infra.sh up
-	$(BIN)/python -m bench.agreement_bench
-	$(BIN)/python -m bench.agreement_bench --sensitivity
+	$(call with_infra,$(BIN)/python -m bench.agreement_bench \
+	  && $(BIN)/python -m bench.agreement_bench --sensitivity)
 
 # An emulated worker on the local Kafka: wall against modelled time of a burst of
 # requests, streamed and not (does publishing the answers keep up with the model?).
 bench-worker-stream: deps
-	deploy/local/infra.sh up
-	$(BIN)/python -m bench.worker_stream_bench
+	$(call with_infra,$(BIN)/python -m bench.worker_stream_bench)
 
 infra-up:
 	@$(INFRA) up

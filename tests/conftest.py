@@ -1,4 +1,12 @@
-"""Fixtures shared by every tier.
+"""Fixtures shared by every tier, and the tiers themselves.
+
+A test's tier is the folder it lives in, set here for every test collected (so no file
+can be left out of a ``-m`` selection): ``unit`` (pure, no I/O, no sleeping), ``service``
+(service shells and the embedded stack over the in-memory bus and state, real event
+loops and timers), ``contract`` (one suite per interface, every implementation; the
+parameters that use the real servers are also marked ``integration``) and
+``integration`` (the real Kafka broker and Redis server, processes killed for real). A
+tier marker that disagrees with the folder fails the collection.
 
 The real Kafka broker and Redis server are found through SWITCHYARD_KAFKA_BOOTSTRAP and
 SWITCHYARD_REDIS_URL (defaults: 127.0.0.1:9092 and redis://127.0.0.1:6379/0, which
@@ -11,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -52,3 +61,34 @@ def redis_url() -> str:
 def unique_prefix() -> str:
     """A prefix no other test uses, for topics, consumer groups and keys."""
     return f"t{uuid.uuid4().hex[:12]}."
+
+
+TIERS = ("unit", "service", "contract", "integration")
+_TESTS = Path(__file__).parent
+
+
+def _tier_of(path: Path) -> str | None:
+    try:
+        folder = path.relative_to(_TESTS).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return folder if folder in TIERS else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its folder's tier; refuse a test outside a tier folder or one
+    marked with another tier (``integration`` on a contract parameter excepted)."""
+    for item in items:
+        tier = _tier_of(item.path)
+        if tier is None:
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test must live in one of tests/{{{','.join(TIERS)}}}/"
+            )
+        allowed = {tier, "integration"} if tier == "contract" else {tier}
+        others = sorted({m.name for m in item.iter_markers() if m.name in TIERS} - allowed)
+        if others:
+            raise pytest.UsageError(
+                f"{item.nodeid} is in tests/{tier}/ but marked {', '.join(others)}: "
+                "its folder is its tier"
+            )
+        item.add_marker(getattr(pytest.mark, tier))

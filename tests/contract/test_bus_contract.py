@@ -28,8 +28,6 @@ from tests.support.bus import (
     wait_for_assignment,
 )
 
-pytestmark = pytest.mark.contract
-
 
 @pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.integration)])
 async def make_bus(request: pytest.FixtureRequest, unique_prefix: str) -> AsyncIterator[BusFactory]:

@@ -7,8 +7,6 @@ from switchyard.cluster import ClusterReader, WorkerStatus
 from switchyard.contracts.messages import Heartbeat
 from switchyard.state import StateStore, keys
 
-pytestmark = pytest.mark.contract
-
 
 def heartbeat(worker_id: str, sequence: int, sent_at_s: float, partition: int) -> Heartbeat:
     return Heartbeat(

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from switchyard.state import StateStore, keys
 from switchyard.state.leases import PartitionLease
 
 from tests.contract.conftest import StoreMaker
-
-pytestmark = pytest.mark.contract
 
 
 async def test_destinations_get_partitions_of_their_own(store: StateStore) -> None:

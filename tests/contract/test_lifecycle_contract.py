@@ -22,8 +22,6 @@ from switchyard.state import StateStore, keys
 
 from tests.contract.conftest import StoreMaker
 
-pytestmark = pytest.mark.contract
-
 
 def request(request_id: str = "r1", deadline_s: float | None = 110.0) -> InferenceRequest:
     return InferenceRequest(

@@ -20,8 +20,6 @@ from switchyard.state.redis_store import RedisStateStore
 
 from tests.contract.conftest import StoreMaker
 
-pytestmark = pytest.mark.contract
-
 # -- plain keys ------------------------------------------------------------------------
 
 

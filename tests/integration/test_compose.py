@@ -30,8 +30,6 @@ from loadgen.replay import replay
 from loadgen.traces import resolve_trace
 from tests.support.process_stack import REPO_ROOT, ProcessStack
 
-pytestmark = pytest.mark.integration
-
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 REGISTRY_MOUNT = "/var/lib/switchyard/registry"
 # Set per process by the test harness instead (see the module docstring).

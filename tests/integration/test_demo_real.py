@@ -8,8 +8,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 DEMO_TIMEOUT_S = 150
 """The demo normally takes about 5 s here; a stall past this fails the test with
 everything the demo printed (its progress and its JSON logs) rather than a bare timeout."""

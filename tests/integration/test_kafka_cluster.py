@@ -7,8 +7,6 @@ from switchyard.bus import bus_from_settings
 from switchyard.config import load_settings
 from switchyard.contracts.topics import ALL_TOPICS
 
-pytestmark = pytest.mark.integration
-
 
 async def test_bus_reads_the_real_brokers_cluster_metadata(
     kafka_bootstrap: str, unique_prefix: str

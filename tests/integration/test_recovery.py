@@ -39,8 +39,6 @@ from tests.support.recovery import (
     start_stack,
 )
 
-pytestmark = pytest.mark.integration
-
 REQUESTS = 150
 SPEEDUP = 10.0
 """150 requests of the Azure conversation sample span 50.6 s of trace time: 5 s here, 30

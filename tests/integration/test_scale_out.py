@@ -40,8 +40,6 @@ from tests.support.process_stack import (
 )
 from tests.support.recovery import analyse, third_of_the_way_s
 
-pytestmark = pytest.mark.integration
-
 CLIENT_TIMEOUT_S = 40.0
 STACK_ENV = {"SWITCHYARD_ADMISSION": "off"}
 """Every valid request is queued (admission control would refuse some while capacity is

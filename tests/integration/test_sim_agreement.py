@@ -14,12 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from loadgen.agreement import DEFAULT_TOLERANCE
 from tests.support.agreement import measure
-
-pytestmark = pytest.mark.integration
 
 A100 = "a100-80gb/llama-2-7b"
 

@@ -7,7 +7,6 @@ prefix of its own.
 
 from __future__ import annotations
 
-import pytest
 from switchyard.config import load_settings
 
 from loadgen.mixes import build_plan
@@ -15,8 +14,6 @@ from loadgen.replay import replay
 from loadgen.replay_report import summarize
 from loadgen.traces import resolve_trace
 from services.embedded import EmbeddedPlan, EmbeddedStack
-
-pytestmark = pytest.mark.integration
 
 
 async def test_every_request_of_a_mixed_replay_is_answered_once(

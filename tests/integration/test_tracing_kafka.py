@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -21,8 +20,6 @@ from switchyard.contracts.topics import ANSWERS, REQUESTS
 from switchyard.telemetry import TracingMiddleware
 
 from tests.support.bus import bus_factory, collect, make_request
-
-pytestmark = pytest.mark.integration
 
 
 async def test_consumer_spans_are_children_of_the_producer_spans_across_two_hops(

@@ -22,8 +22,6 @@ from switchyard.apps import (
 )
 from switchyard.apps.command import EXIT_BAD_INPUT, add_arguments, run
 
-pytestmark = pytest.mark.unit
-
 
 def _variant(accuracy: float, classes: int, ms: float) -> dict[str, Any]:
     return {

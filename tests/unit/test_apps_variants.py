@@ -29,8 +29,6 @@ from switchyard.apps.datasets import DATASET_SPECS
 from switchyard.apps.profiling import REGISTRY_FILE, evaluate
 from switchyard.apps.variants import LogRegPcaVariant, train_variant
 
-pytestmark = pytest.mark.unit
-
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="switchyard apps")

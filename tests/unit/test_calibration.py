@@ -15,8 +15,6 @@ from switchyard.prediction import (
     calibrated_s,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def observe_all(
     pairs: list[tuple[float, float]],

@@ -6,10 +6,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-pytestmark = pytest.mark.unit
-
 
 def _switchyard(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -43,8 +43,6 @@ from switchyard.state import MemoryStateStore, StateStore, keys
 from services.monitor.heartbeats import HeartbeatRecorder
 from services.rebalancer.snapshot import select_listed
 
-pytestmark = pytest.mark.unit
-
 A100 = "a100-80gb/llama-2-7b"
 
 

@@ -6,8 +6,6 @@ import pytest
 from switchyard.config import load_settings
 from switchyard.errors import ConfigError
 
-pytestmark = pytest.mark.unit
-
 
 def test_defaults_run_the_embedded_mode() -> None:
     settings = load_settings({})

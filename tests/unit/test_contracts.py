@@ -23,8 +23,6 @@ from switchyard.contracts import (
 from switchyard.contracts.topics import CLASSIFICATION_REQUESTS, REQUESTS, requests_topic
 from switchyard.errors import DecodeError
 
-pytestmark = pytest.mark.unit
-
 
 def _request(**changes: object) -> InferenceRequest:
     fields: dict[str, object] = {

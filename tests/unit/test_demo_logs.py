@@ -19,8 +19,6 @@ from switchyard.telemetry import configure_logging
 
 from services import demo
 
-pytestmark = pytest.mark.unit
-
 _TOUCHED_LOGGERS = ("httpx", "httpcore", "uvicorn.access", "aiokafka", "kafka")
 
 

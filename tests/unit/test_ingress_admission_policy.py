@@ -18,8 +18,6 @@ from services.ingress.admission_policy import (
     estimate,
 )
 
-pytestmark = pytest.mark.unit
-
 NOW = 1_000.0
 PROFILE = "a100-80gb/llama-2-7b"
 PROMPT, OUTPUT = 1000, 250

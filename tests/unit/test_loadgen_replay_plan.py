@@ -17,8 +17,6 @@ from loadgen.mixes import (
 )
 from loadgen.traces import BUNDLED_SAMPLES, resolve_trace
 
-pytestmark = pytest.mark.unit
-
 
 def sample_rows(workload: WorkloadType, n: int) -> list[tuple[int, int]]:
     """(ContextTokens, GeneratedTokens) of the first ``n`` rows, read independently."""

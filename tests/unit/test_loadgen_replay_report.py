@@ -33,8 +33,6 @@ from loadgen.replay_report import (
     write_report,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def record(index: int, outcome: str = OK, **fields: Any) -> RequestRecord:
     """A record sent at ``index`` seconds with no lag unless ``fields`` say otherwise."""

@@ -31,8 +31,6 @@ from switchyard.multimodel.dag import critical_path_s, find_cycle
 from switchyard.multimodel.model import ModelSpec, PipelineSpec, ResourceVector, Stage, WorkerSpec
 from switchyard.multimodel.workload import LORA_SAMPLE, lora_workload, synthetic_workload
 
-pytestmark = pytest.mark.unit
-
 
 def _model(cpu: float, gpu: float, mem: float, exec_s: float = 0.5) -> dict[str, Any]:
     return {"resources": {"cpu": cpu, "gpu": gpu, "mem_gib": mem}, "load_s": 5, "exec_s": exec_s}

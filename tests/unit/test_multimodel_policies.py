@@ -37,8 +37,6 @@ from tests.support.multimodel import (
     worker_spec,
 )
 
-pytestmark = pytest.mark.unit
-
 NAMES = multimodel_policy_names()
 
 

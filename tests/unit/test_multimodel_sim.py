@@ -37,8 +37,6 @@ from switchyard.sim.multimodel import (
     simulate_multimodel,
 )
 
-pytestmark = pytest.mark.unit
-
 FREE = MultiModelSimConfig(decision_base_s=0.0, decision_per_change_s=0.0, large_change=None)
 
 

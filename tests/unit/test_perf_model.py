@@ -21,8 +21,6 @@ from switchyard.perf import (
     profile_names,
 )
 
-pytestmark = pytest.mark.unit
-
 A100_7B = "a100-80gb/llama-2-7b"
 
 

@@ -31,8 +31,6 @@ from switchyard.policies.gaps import (
 from switchyard.policies.llumnix import LlumnixRebalancer
 from switchyard.policies.splitwise import SplitwiseRouter, split_roles
 
-pytestmark = pytest.mark.unit
-
 A100 = "a100-80gb/llama-2-7b"
 
 

@@ -25,8 +25,6 @@ from switchyard.prediction import (
     predictor_names,
 )
 
-pytestmark = pytest.mark.unit
-
 Law = Callable[[ServiceTimeFeatures], float]
 _WORKLOAD_OFFSET_S = {
     WorkloadType.CODE: 0.1,

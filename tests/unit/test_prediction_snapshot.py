@@ -35,8 +35,6 @@ from switchyard.prediction.linear import TERM_NAMES, LinearModelState
 
 from services.predictor.model import LivePredictor
 
-pytestmark = pytest.mark.unit
-
 NOW_S = 1_700_000_000.0
 MODELS = ("llama-2-7b", "llama-2-13b", "llama-2-70b")
 _PRETRAIN_ROWS = [

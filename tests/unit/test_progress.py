@@ -7,8 +7,6 @@ import io
 import pytest
 from switchyard.progress import Progress, format_duration
 
-pytestmark = pytest.mark.unit
-
 
 class FakeClock:
     """A monotonic clock the test moves by hand."""

@@ -24,8 +24,6 @@ from switchyard.telemetry.prometheus import (
 
 from tests.support.http import raw_http
 
-pytestmark = pytest.mark.unit
-
 WAIT_S = 10.0
 
 

@@ -24,8 +24,6 @@ from switchyard.report import (
     write_runs_json,
 )
 
-pytestmark = pytest.mark.unit
-
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GPU = "a100-80gb/llama-2-7b"
 

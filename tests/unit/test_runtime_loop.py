@@ -9,8 +9,6 @@ import pytest
 import uvloop
 from switchyard.runtime import loop as event_loop
 
-pytestmark = pytest.mark.unit
-
 
 async def _loop_in_use() -> asyncio.AbstractEventLoop:
     await asyncio.sleep(0)

@@ -24,8 +24,6 @@ from switchyard.selection.snapshot import (
 )
 from switchyard.selection.timeline import BatchSpec, score_plan, validate_requests
 
-pytestmark = pytest.mark.unit
-
 STEP = Penalty(kind="step")
 ALL = window_scheduler_names()
 

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 from switchyard.cli import main
 
-pytestmark = pytest.mark.unit
-
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
 

@@ -27,8 +27,6 @@ from switchyard.sim.request import SimRequest
 
 from loadgen.traces import TraceRequest, resolve_trace, scale_load
 
-pytestmark = pytest.mark.unit
-
 A100 = "a100-80gb/llama-2-7b"
 H100 = "h100-80gb/llama-2-7b"
 

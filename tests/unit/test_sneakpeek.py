@@ -35,8 +35,6 @@ from switchyard.sneakpeek import (
     sneakpeek_accuracy,
 )
 
-pytestmark = pytest.mark.unit
-
 Floats = NDArray[np.float64]
 
 

@@ -23,9 +23,6 @@ from switchyard.selection.command import (
 
 from tests.unit.window_schedulers import MostAccurate
 
-pytestmark = pytest.mark.unit
-
-
 SCHEDULERS = {"test-most-accurate": MostAccurate}
 
 

@@ -26,8 +26,6 @@ from switchyard.selection.views import app_view
 from tests.unit.test_sneakpeek_command import build_small_registry
 from tests.unit.window_schedulers import MostAccurate
 
-pytestmark = pytest.mark.unit
-
 SCHEDULERS = {"test-most-accurate": MostAccurate, "lo-edf": lambda: make_window_scheduler("lo-edf")}
 
 

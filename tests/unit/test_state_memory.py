@@ -11,8 +11,6 @@ from switchyard.config import Settings
 from switchyard.state import MemoryStateStore, state_from_settings
 from switchyard.state.base import format_float
 
-pytestmark = pytest.mark.unit
-
 
 class FakeClock:
     def __init__(self) -> None:

@@ -34,8 +34,6 @@ from tests.support.telemetry import (
     envelope,
 )
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture(autouse=True)
 def _no_ambient_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,6 @@ from switchyard.telemetry import Telemetry, TracingMiddleware, configure_telemet
 
 from tests.support.telemetry import MESSAGE_TYPE, TOPIC, Harness, clear_otel_variables, envelope
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture(autouse=True)
 def _no_ambient_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,8 +35,6 @@ from loadgen.traces import (
 )
 from loadgen.traces.synthetic import bursty_mean_rate_rps
 
-pytestmark = pytest.mark.unit
-
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 GOOD_ROWS = (
     "2023-11-16 18:15:46.6805900,374,44\n"

@@ -23,8 +23,6 @@ from switchyard.sim.window import PlanError, WindowSimConfig, WindowSimulator
 
 from tests.unit.window_schedulers import MostAccurate
 
-pytestmark = pytest.mark.unit
-
 
 class DropsOne(MostAccurate):
     name = "test-drops-one"

@@ -8,8 +8,6 @@ from switchyard.contracts.messages import Assignment, InferenceRequest, LLMPaylo
 from services.worker.batching import admit_continuous, pick_batch
 from services.worker.queue import BatchKey, LocalQueue, WorkItem
 
-pytestmark = pytest.mark.unit
-
 
 def _item(
     request_id: str,

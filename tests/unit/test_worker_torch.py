@@ -77,7 +77,6 @@ def _enqueue(backend: StaticBatchBackend, queue: LocalQueue, assignment: Assignm
 # -- the tiny language model ----------------------------------------------------------------
 
 
-@pytest.mark.unit
 def test_tiny_lm_generates_deterministically_from_real_computation() -> None:
     model = build_tiny_lm(TinyLmConfig(), "cpu")
     assert next(model.parameters()).device.type == "cpu"
@@ -93,7 +92,6 @@ def test_tiny_lm_generates_deterministically_from_real_computation() -> None:
     assert generate(build_tiny_lm(TinyLmConfig(seed=1), "cpu"), prompts, 12) != first
 
 
-@pytest.mark.unit
 def test_resolve_device() -> None:
     assert resolve_device("cpu") == "cpu"
     import torch
@@ -131,7 +129,6 @@ async def test_tiny_lm_backend_batches_and_streams_text() -> None:
     assert not await backend.step(queue, sink, admit=True)
 
 
-@pytest.mark.unit
 def test_tiny_lm_refuses_other_models() -> None:
     runner = TinyLmRunner(ModelCache(50_000_000), "cpu")
     other = _llm("x", "hi", 4).model_copy(

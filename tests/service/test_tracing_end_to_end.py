@@ -70,7 +70,7 @@ async def client(traced: _Traced) -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
-pytestmark = [pytest.mark.unit, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 def _group(span: ReadableSpan) -> str | None:

@@ -42,8 +42,6 @@ import services.monitor
 from services.monitor import MonitorService
 from services.monitor.service import STRANDED_GRACE_S
 
-pytestmark = pytest.mark.unit
-
 HEARTBEAT_INTERVAL_S = 0.05
 WORKER_TIMEOUT_S = 0.3
 CHECK_PERIOD_S = min(HEARTBEAT_INTERVAL_S, WORKER_TIMEOUT_S / 4)

@@ -35,8 +35,6 @@ from services.ingress.service import IngressService
 from services.scheduler.service import SchedulerService
 from tests.support.services import heartbeat, store_worker
 
-pytestmark = pytest.mark.unit
-
 INBOX_PARTITION = 3
 
 

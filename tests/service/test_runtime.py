@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from switchyard.state import StateStore
     from switchyard.telemetry import Telemetry
 
-pytestmark = pytest.mark.unit
 
 WAIT_S = 10.0
 

@@ -390,7 +390,6 @@ def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
         assert fragment in lines[0]
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
@@ -435,14 +434,12 @@ def test_an_unreachable_target_is_one_line_and_exit_2(capsys: pytest.CaptureFixt
     assert out == ""
 
 
-@pytest.mark.unit
 def test_a_malformed_target_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(capsys, "--trace", "azure-conv-sample", "--target", "localhost:8000")
 
     assert_one_line_error(code, err, "--target", "localhost:8000")
 
 
-@pytest.mark.unit
 def test_help_says_multimodel_is_not_served(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--help"]) == 0
     out, _ = capsys.readouterr()

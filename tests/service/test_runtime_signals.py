@@ -1,4 +1,4 @@
-"""A real service process (tests/unit/runtime_demo_service.py, built by the default
+"""A real service process (tests/service/runtime_demo_service.py, built by the default
 builder on the in-memory bus and state): SIGTERM drains it, a drain that overruns its
 timeout exits 1, a second signal forces the stop, bad configuration exits 2.
 
@@ -22,8 +22,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.unit
-
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
 
@@ -45,7 +43,7 @@ class DemoProcess:
             p for p in (str(ROOT / "shared"), str(ROOT), os.environ.get("PYTHONPATH")) if p
         )
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.unit.runtime_demo_service"],
+            [sys.executable, "-m", "tests.service.runtime_demo_service"],
             cwd=ROOT,
             env={
                 **base,

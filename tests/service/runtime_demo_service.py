@@ -5,7 +5,7 @@ and ``finished N`` to the file ``DEMO_WORK_LOG`` as it goes, and ``drain`` when 
 begins. When ``DEMO_DRAIN_GATE`` names a file, the item in hand at a stop finishes only
 once that file exists, so a test can look at the draining process without racing it.
 
-Run as ``python -m tests.unit.runtime_demo_service`` with ``SWITCHYARD_BUS=memory
+Run as ``python -m tests.service.runtime_demo_service`` with ``SWITCHYARD_BUS=memory
 SWITCHYARD_STATE=memory SWITCHYARD_HEALTH_PORT=0``.
 """
 

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 import pytest
 from switchyard.runtime.group_commit import GroupCommit
 
-pytestmark = pytest.mark.unit
-
 
 class Store:
     """A flush that records each batch and answers after the test releases it."""

@@ -40,8 +40,6 @@ from services.monitor import MonitorService
 from services.predictor.model import LivePredictor
 from services.rebalancer import RebalancerService, listed_entries
 
-pytestmark = pytest.mark.unit
-
 A100 = "a100-80gb/llama-2-7b"
 H100 = "h100-80gb/llama-2-7b"
 L40S = "l40s-48gb/llama-2-7b"
