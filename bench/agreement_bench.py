@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.stats import quantile
+from switchyard.traces import resolve_trace
+from switchyard.traces.transform import head
 
 from loadgen.agreement import DEFAULT_TOLERANCE, Agreement, format_table, simulate
-from loadgen.traces import resolve_trace
-from loadgen.traces.transform import head
 from tests.support.agreement import measure
 
 RESULTS = Path(__file__).parent / "results" / "agreement"

@@ -61,12 +61,12 @@ from typing import Any
 
 import httpx
 from switchyard.config import load_settings
+from switchyard.traces import resolve_trace
 
 from bench.proc_cpu import CpuSampler, listener_pid
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
 from loadgen.replay_report import summarize
-from loadgen.traces import resolve_trace
 from tests.support.process_stack import ProcessStack, free_port
 
 RESULTS = Path(__file__).parent / "results" / "stack"

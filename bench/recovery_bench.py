@@ -38,8 +38,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from switchyard.traces import resolve_trace
+
 from loadgen.mixes import build_plan
-from loadgen.traces import resolve_trace
 from tests.support.process_stack import ProcessStack
 from tests.support.recovery import (
     RecoveryReport,

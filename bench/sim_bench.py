@@ -30,8 +30,7 @@ from switchyard.policies import make_llm_policy
 from switchyard.policies.base import DecisionContext
 from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
 from switchyard.sim import SimulationConfig, Simulator
-
-from loadgen.traces import resolve_trace, scale_load
+from switchyard.traces import resolve_trace, scale_load
 
 SIM_POLICIES = ("round-robin", "jsq", "llumnix", "gaps", "oracle")
 DECISION_POLICIES = (

@@ -33,10 +33,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from switchyard.traces import resolve_trace
+
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
 from loadgen.replay_report import summarize
-from loadgen.traces import resolve_trace
 
 RESULTS = Path(__file__).parent / "results" / "stack"
 _URL = re.compile(r"HTTP API at (http://\S+)")

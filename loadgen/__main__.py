@@ -49,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m loadgen`` with its ``replay`` subcommand."""
-    from loadgen.traces import trace_help
+    from switchyard.traces import trace_help
 
     parser = _Parser(prog=PROG, description="Switchyard's load generator.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -181,6 +181,7 @@ async def _run_replay(args: argparse.Namespace, plan: Sequence[PlannedRequest]) 
 def replay_command(args: argparse.Namespace) -> int:
     """The body of ``replay``; returns the exit status (errors propagate)."""
     from switchyard.runtime import loop as event_loop
+    from switchyard.traces import resolve_trace
 
     from loadgen.mixes import build_plan, check_mix_name, parse_app_map
     from loadgen.replay import normalise_target
@@ -192,7 +193,6 @@ def replay_command(args: argparse.Namespace) -> int:
         write_json,
         write_report,
     )
-    from loadgen.traces import resolve_trace
 
     # Every argument is checked before the trace is read: a typo fails at once.
     check_mix_name(args.mix)

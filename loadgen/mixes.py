@@ -1,6 +1,6 @@
 """The request plan of a replay: which HTTP request each trace row becomes.
 
-A trace (:class:`~loadgen.traces.Trace`) gives arrival times and, for LLM rows, prompt
+A trace (:class:`~switchyard.traces.Trace`) gives arrival times and, for LLM rows, prompt
 and output lengths. :func:`build_plan` turns it into a list of :class:`PlannedRequest`,
 one per row, at the row's arrival time:
 
@@ -21,7 +21,7 @@ Multi-model pipelines are not served over HTTP yet, so ``multimodel`` is refused
 
 Example::
 
-    from loadgen.traces import resolve_trace
+    from switchyard.traces import resolve_trace
     plan = build_plan(resolve_trace("azure-conv-sample"), "mixed", limit=200, seed=1)
 """
 
@@ -34,8 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 from switchyard.contracts.messages import WorkloadType
-
-from loadgen.traces import Trace, head
+from switchyard.traces import Trace, head
 
 __all__ = [
     "CLASSIFICATION_APPS",

@@ -20,7 +20,7 @@ Library use (what ``make demo`` calls in-process)::
 
     from loadgen.mixes import build_plan
     from loadgen.replay import replay
-    from loadgen.traces import resolve_trace
+    from switchyard.traces import resolve_trace
 
     plan = build_plan(resolve_trace("azure-conv-sample"), "llm", limit=100)
     result = await replay(plan, "http://127.0.0.1:8000", speedup=10.0, timeout_s=60.0,

@@ -53,8 +53,9 @@ class StackDemoConfig:
 
     def plan(self) -> list[PlannedRequest]:
         """The requests replayed, in arrival order."""
+        from switchyard.traces import resolve_trace
+
         from loadgen.mixes import build_plan
-        from loadgen.traces import resolve_trace
 
         return build_plan(
             resolve_trace(self.trace, seed=self.seed),

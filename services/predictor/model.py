@@ -112,7 +112,7 @@ class LivePredictor:
         service time divided by ``time_scale``.
         """
         if rows is None:
-            from loadgen.traces.azure import bundled_mix
+            from switchyard.traces.azure import bundled_mix
 
             rows = [(r.prompt_tokens, r.output_tokens, r.workload) for r in bundled_mix()]
         rows = list(rows)

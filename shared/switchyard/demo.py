@@ -31,7 +31,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from loadgen.traces.azure import bundled_mix
 from switchyard.bus import Bus, Delivery, MemoryBroker, bus_from_settings
 from switchyard.config import Settings
 from switchyard.contracts.messages import (
@@ -46,6 +45,7 @@ from switchyard.contracts.messages import (
 from switchyard.contracts.topics import ALL_TOPICS, ANSWERS, DEAD_LETTERS, REQUESTS
 from switchyard.state import StateStore, state_from_settings
 from switchyard.telemetry import TracingMiddleware
+from switchyard.traces.azure import bundled_mix
 
 _CLAIM_TTL_S = 3600.0
 _REPORT_PARTITION = 0
@@ -177,6 +177,13 @@ async def run_demo(settings: Settings, *, requests: int = 2000, speedup: float =
         asyncio.create_task(replica_b.run()),
         asyncio.create_task(report_routine()),
     ]
+    # A group that is still forming when the replay starts may leave a partition of a
+    # just-created topic without an owner until its next metadata refresh (Kafka), and
+    # the kill below must hit a replica that owns partitions: wait for both to have some.
+    if not await _both_own_partitions(
+        [replica_a, replica_b], await ingress_bus.partitions_of(REQUESTS)
+    ):
+        print("  the replicas' group did not settle within 30 s; replaying anyway", flush=True)
     started_s = time.time()
     crashed = False
     for index, row in enumerate(trace):
@@ -268,6 +275,19 @@ async def run_demo(settings: Settings, *, requests: int = 2000, speedup: float =
     for label, value in rows:
         print(f"  {label:32}{value}")
     return 0 if missing == 0 and doubled == 0 else 1
+
+
+async def _both_own_partitions(
+    replicas: list[_Replica], partitions: int, timeout_s: float = 30.0
+) -> bool:
+    """Whether the replicas came to own all ``partitions`` between them, each some."""
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        owned = [replica.subscription.assignment() for replica in replicas]
+        if all(owned) and len(frozenset().union(*owned)) == partitions:
+            return True
+        await asyncio.sleep(0.05)
+    return False
 
 
 def _progress(done: int, total: int, completed: int) -> None:

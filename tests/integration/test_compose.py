@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 import yaml
+from switchyard.traces import resolve_trace
 
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
-from loadgen.traces import resolve_trace
 from tests.support.process_stack import REPO_ROOT, ProcessStack
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"

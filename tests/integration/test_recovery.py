@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 from switchyard.contracts.topics import REQUESTS as LLM_REQUESTS
 from switchyard.contracts.topics import WORKER_EVENTS
+from switchyard.traces import resolve_trace
 
 from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.replay import ReplayResult
-from loadgen.traces import resolve_trace
 from tests.support.process_stack import ProcessStack, StackFactory, read_topic
 from tests.support.recovery import (
     RecoveryReport,

@@ -27,10 +27,10 @@ import pytest
 from switchyard.contracts.messages import Assignment, Heartbeat, Migration
 from switchyard.contracts.topics import HEARTBEATS, REQUESTS, WORKER_EVENTS, WORKER_INBOX
 from switchyard.lifecycle import RequestLedger
+from switchyard.traces import resolve_trace
 
 from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.replay import ReplayResult, replay
-from loadgen.traces import resolve_trace
 from tests.support.process_stack import (
     ProcessStack,
     Record,

@@ -8,11 +8,11 @@ prefix of its own.
 from __future__ import annotations
 
 from switchyard.config import load_settings
+from switchyard.traces import resolve_trace
 
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
 from loadgen.replay_report import summarize
-from loadgen.traces import resolve_trace
 from services.embedded import EmbeddedPlan, EmbeddedStack
 
 

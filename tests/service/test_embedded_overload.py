@@ -16,10 +16,10 @@ import time
 
 from switchyard.cluster import read_cluster
 from switchyard.config import load_settings
+from switchyard.traces import resolve_trace
 
 from loadgen.mixes import build_plan
 from loadgen.replay import OK, REJECTED, replay
-from loadgen.traces import resolve_trace
 from services.embedded import EmbeddedPlan, EmbeddedStack
 from tests.support.services import eventually
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from switchyard.contracts.messages import WorkloadType
 from switchyard.perf import performance_model
+from switchyard.traces import resolve_trace
+from switchyard.traces.transform import head
 
 from loadgen.agreement import Agreement, compare, simulate
 from loadgen.mixes import build_plan
 from loadgen.replay import ReplayResult, replay
-from loadgen.traces import resolve_trace
-from loadgen.traces.transform import head
 from tests.support.process_stack import ProcessStack
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 from switchyard.contracts.messages import WorkloadType
+from switchyard.traces.azure import TraceRequest
 
 from loadgen.agreement import (
     AgreementError,
@@ -15,7 +16,6 @@ from loadgen.agreement import (
     simulate,
 )
 from loadgen.replay import OK, REJECTED, RequestRecord
-from loadgen.traces.azure import TraceRequest
 
 A100 = "a100-80gb/llama-2-7b"
 L40S = "l40s-48gb/llama-2-7b"

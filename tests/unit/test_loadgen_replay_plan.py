@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from switchyard.contracts.messages import WorkloadType
+from switchyard.traces import BUNDLED_SAMPLES, resolve_trace
 
 from loadgen.mixes import (
     CLASSIFICATION_APPS,
@@ -15,7 +16,6 @@ from loadgen.mixes import (
     build_plan,
     parse_app_map,
 )
-from loadgen.traces import BUNDLED_SAMPLES, resolve_trace
 
 
 def sample_rows(workload: WorkloadType, n: int) -> list[tuple[int, int]]:

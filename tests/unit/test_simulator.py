@@ -24,8 +24,7 @@ from switchyard.sim import RunMetrics, SimulationConfig, SimulationError, Simula
 from switchyard.sim.experiment import ExperimentConfig, run_experiment
 from switchyard.sim.instance import SimInstance
 from switchyard.sim.request import SimRequest
-
-from loadgen.traces import TraceRequest, resolve_trace, scale_load
+from switchyard.traces import TraceRequest, resolve_trace, scale_load
 
 A100 = "a100-80gb/llama-2-7b"
 H100 = "h100-80gb/llama-2-7b"

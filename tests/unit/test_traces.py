@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 from switchyard.contracts.messages import WorkloadType
-
-from loadgen.traces import (
+from switchyard.traces import (
     BUNDLED_SAMPLES,
     LognormalLengths,
     ResampledLengths,
@@ -33,7 +32,7 @@ from loadgen.traces import (
     trace_names,
     window,
 )
-from loadgen.traces.synthetic import bursty_mean_rate_rps
+from switchyard.traces.synthetic import bursty_mean_rate_rps
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 GOOD_ROWS = (

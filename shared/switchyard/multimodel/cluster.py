@@ -3,8 +3,8 @@
 Where the Alibaba files are read from (:func:`alibaba_trace_dir`): the directory
 ``$SWITCHYARD_TRACE_DIR/alibaba`` when ``SWITCHYARD_TRACE_DIR`` is set (a missing file
 there is an error, not a silent fallback), else ``<repository root>/../shared/traces/alibaba``
-when it exists, else the small samples bundled in ``loadgen/data/`` stand in (see
-``loadgen/data/README.md`` for their source, selection and licence words).
+when it exists, else the small samples bundled in ``shared/switchyard/traces/data/`` stand in (see
+``shared/switchyard/traces/data/README.md`` for their source, selection and licence words).
 
 Worker capacity from a node row (``sn,cpu_milli,memory_mib,gpu,model``):
 ``cpu = cpu_milli / 1000`` cores, ``gpu = gpu`` whole GPUs, ``mem_gib = memory_mib / 1024``;
@@ -20,8 +20,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import loadgen
 from switchyard.multimodel.model import ResourceVector, WorkerSpec
+from switchyard.traces.azure import BUNDLED_DIR
+from switchyard.traces.sources import REPOSITORY_ROOT
 
 __all__ = [
     "ALIBABA_NODE_FILE",
@@ -45,10 +46,9 @@ __all__ = [
 ]
 
 TRACE_DIR_ENV = "SWITCHYARD_TRACE_DIR"
-_LOADGEN_DIR = Path(loadgen.__file__).resolve().parent
-BUNDLED_DATA_DIR = _LOADGEN_DIR / "data"
-# Next to the repository, not in it, as for the Azure traces (loadgen/traces/sources.py).
-SHARED_ALIBABA_DIR = _LOADGEN_DIR.parent.parent / "shared" / "traces" / "alibaba"
+BUNDLED_DATA_DIR = BUNDLED_DIR
+# Next to the repository, not in it, as for the Azure traces (switchyard/traces/sources.py).
+SHARED_ALIBABA_DIR = REPOSITORY_ROOT.parent / "shared" / "traces" / "alibaba"
 ALIBABA_NODE_FILE = "gpu-v2023_openb_node_list_all_node.csv"
 ALIBABA_NODE_SAMPLE = BUNDLED_DATA_DIR / "alibaba_node_sample.csv"
 

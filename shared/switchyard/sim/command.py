@@ -91,13 +91,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from loadgen.traces import head, resolve_trace, scale_load
     from switchyard.perf import performance_model
     from switchyard.policies import make_llm_policy
     from switchyard.prediction import make_predictor
     from switchyard.progress import Progress
     from switchyard.report import format_table, runs_to_json, write_report
     from switchyard.sim.experiment import ExperimentConfig, run_experiment
+    from switchyard.traces import head, resolve_trace, scale_load
 
     # Every name is checked before the trace is read: a typo fails at once, on one line.
     _check_numbers(args)

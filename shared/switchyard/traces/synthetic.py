@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from switchyard.contracts.messages import WorkloadType
-
-from loadgen.traces.azure import Trace, TraceRequest, bundled_sample
+from switchyard.traces.azure import Trace, TraceRequest, bundled_sample
 
 
 class Lengths(NamedTuple):

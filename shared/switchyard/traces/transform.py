@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from loadgen.traces.azure import Trace, merge_by_arrival
+from switchyard.traces.azure import Trace, merge_by_arrival
 
 
 def scale_load(trace: Trace, factor: float) -> Trace:

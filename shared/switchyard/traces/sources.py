@@ -11,7 +11,7 @@ A spec is one of:
 - ``azure-code-sample``, ``azure-conv-sample``: the bundled sample, always.
 - ``azure-mix-sample``: both bundled samples interleaved.
 - ``poisson:KEY=VALUE,...``, ``bursty:...``, ``diurnal:...``: a synthetic trace from
-  :mod:`loadgen.traces.synthetic`; every key has a default, so ``poisson`` alone is
+  :mod:`switchyard.traces.synthetic`; every key has a default, so ``poisson`` alone is
   valid. Besides the generator's own keys all three take ``seed`` (overrides the
   ``seed`` argument), ``lengths`` (a name or path above to resample lengths from, or
   ``lognormal``) and, with ``lengths=lognormal``, ``prompt_median_tokens``,
@@ -31,14 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from switchyard.contracts.messages import WorkloadType
-
-from loadgen.traces.azure import (
+from switchyard.traces.azure import (
     BUNDLED_SAMPLES,
     Trace,
     bundled_sample,
     load_azure_trace,
 )
-from loadgen.traces.synthetic import (
+from switchyard.traces.synthetic import (
     LengthSampler,
     LognormalLengths,
     ResampledLengths,
@@ -46,10 +45,10 @@ from loadgen.traces.synthetic import (
     diurnal,
     poisson,
 )
-from loadgen.traces.transform import interleave
+from switchyard.traces.transform import interleave
 
 TRACE_DIR_ENV = "SWITCHYARD_TRACE_DIR"
-REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+REPOSITORY_ROOT = Path(__file__).resolve().parents[3]  # shared/switchyard/traces/
 # Next to the repository, not in it: the full traces are shared between checkouts and
 # too large to version. A packaged install has no such directory and uses the samples.
 SHARED_AZURE_DIR = REPOSITORY_ROOT.parent / "shared" / "traces" / "azure"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from switchyard.contracts.messages import WorkloadType
 
-BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data"
+BUNDLED_DIR = Path(__file__).resolve().parent / "data"
 BUNDLED_SAMPLES = {
     WorkloadType.CODE: BUNDLED_DIR / "azure_code_sample.csv",
     WorkloadType.CONVERSATION: BUNDLED_DIR / "azure_conv_sample.csv",
