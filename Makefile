@@ -53,6 +53,7 @@ lint: deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_layers.py
 
 format: deps
 	$(BIN)/ruff format .
