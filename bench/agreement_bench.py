@@ -6,7 +6,7 @@ For each trace and policy: the first ``--limit`` rows, replayed at that trace's 
 (``--speedups``: the workers' emulated time runs as much faster, so live latencies times
 the speed-up are trace seconds), on one emulated worker per ``--workers`` profile; the
 simulator runs the same rows on the same profiles in the same order. Admission control
-is off (the simulator has none). :mod:`loadgen.agreement` defines every figure.
+is off (the simulator has none). :mod:`research.llm.agreement` defines every figure.
 
 The speed-up is a trade: the control plane's own delay (a few tens of milliseconds of
 wall time per request on this machine) counts ``speedup`` times over in trace seconds,
@@ -39,8 +39,8 @@ from switchyard.stats import quantile
 from switchyard.traces import resolve_trace
 from switchyard.traces.transform import head
 
-from loadgen.agreement import DEFAULT_TOLERANCE, Agreement, format_table, simulate
-from tests.support.agreement import measure
+from research.llm.agreement import DEFAULT_TOLERANCE, Agreement, format_table, simulate
+from research.llm.agreement_stack import measure
 
 RESULTS = Path(__file__).parent / "results" / "agreement"
 DEFAULT_WORKERS = "a100-80gb/llama-2-7b,l40s-48gb/llama-2-7b,a100-80gb/llama-2-7b"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from switchyard.cli import build_parser
 from switchyard.config import load_settings
+
+from cli.main import build_parser
 
 
 def run_command(argv: Sequence[str]) -> None:

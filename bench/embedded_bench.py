@@ -33,9 +33,9 @@ from typing import Any
 from switchyard.config import Settings
 from switchyard.runtime import loop as event_loop
 
+from cli.stack_demo import StackDemoConfig, send_logs_to_file
 from loadgen.replay import RequestRecord, replay
 from loadgen.replay_report import breakdown
-from services.demo import StackDemoConfig, send_logs_to_file
 from services.embedded import EmbeddedPlan, EmbeddedStack
 
 RESULTS = Path(__file__).parent / "results"

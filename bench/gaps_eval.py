@@ -30,8 +30,9 @@ from switchyard.policies import PolicyOptions, make_llm_policy
 from switchyard.policies.gaps import GapsAssignmentConfig
 from switchyard.policies.registry import PredictionUse, llm_policy_names
 from switchyard.prediction import CalibrationConfig
-from switchyard.sim import SimulationConfig, Simulator
 from switchyard.traces import head, resolve_trace, scale_load
+
+from research.llm import SimulationConfig, Simulator
 
 A100 = "a100-80gb/llama-2-7b"
 L40S = "l40s-48gb/llama-2-7b"

@@ -1,7 +1,7 @@
 """The hot path: what one request costs the live stack, process by process.
 
 The stack runs as separate processes on the local Kafka and Redis, as an operator runs
-it (``tests/support/process_stack.py``): ingress, monitor, predictor, sneakpeek,
+it (``loadgen/harness/process_stack.py``): ingress, monitor, predictor, sneakpeek,
 scheduler, rebalancer and emulated llama-2-7b workers at time scale 100 (so execution
 is a few milliseconds and what is measured is the control plane), admission control
 off. This process generates open-loop Poisson arrivals of short completions (1 to 16
@@ -64,15 +64,15 @@ from switchyard.config import load_settings
 from switchyard.traces import resolve_trace
 
 from bench.proc_cpu import CpuSampler, listener_pid
+from loadgen.harness.process_stack import ProcessStack, free_port
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
 from loadgen.replay_report import summarize
-from tests.support.process_stack import ProcessStack, free_port
 
 RESULTS = Path(__file__).parent / "results" / "stack"
 PROFILE = "a100-80gb/llama-2-7b"
 TIME_SCALE = 100.0
-CONTROL = ("ingress", "monitor", "predictor", "sneakpeek", "scheduler", "rebalancer")
+CONTROL = ("ingress", "monitor", "predictor", "estimator", "scheduler", "rebalancer")
 SUSTAINED_P99_S = 0.050
 SUSTAINED_ANSWERED = 0.999
 SUSTAINED_LAG_S = 0.010
@@ -150,7 +150,7 @@ def running_stack(
 ) -> Iterator[Stack]:
     """The stack under a fresh prefix (``env``: more ``SWITCHYARD_*`` variables for every
     process); stopped and cleaned up on exit."""
-    from tests.support.process_stack import DEFAULT_HEARTBEAT_INTERVAL_S
+    from loadgen.harness.process_stack import DEFAULT_HEARTBEAT_INTERVAL_S
 
     settings = load_settings({})
     prefix = f"hot-{uuid.uuid4().hex[:8]}"

@@ -1,7 +1,7 @@
 """Decision time of one multi-model placement update: ``place()`` at 64 workers and 100
 models.
 
-Snapshots come from :func:`tests.support.multimodel.random_snapshot` (four kinds of
+Snapshots come from :func:`research.multimodel.scenarios.random_snapshot` (four kinds of
 worker, speeds 0.5 to 3, models of varied size, Pareto-skewed demand, a random
 placement that fits with some replicas loading and some queues). ``--snapshots`` (50)
 different snapshots are drawn before the clock starts; each of ``--repeats`` (5) times
@@ -27,7 +27,7 @@ import numpy as np
 from switchyard.multimodel.policy_registry import make_multimodel_policy, multimodel_policy_names
 from switchyard.policies.base import DecisionContext
 
-from tests.support.multimodel import random_snapshot
+from research.multimodel.scenarios import random_snapshot
 
 
 def main(argv: list[str] | None = None) -> int:

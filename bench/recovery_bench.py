@@ -1,11 +1,11 @@
 """Worker-kill recovery on the live stack, every service a separate OS process.
 
 Each run starts the stack as processes over the local Kafka and Redis
-(``tests/support/process_stack.py``: ingress, monitor, scheduler, two emulated LLM
+(``loadgen/harness/process_stack.py``: ingress, monitor, scheduler, two emulated LLM
 workers), replays the first ``--requests`` requests of the Azure conversation sample
 through the ingress at ``--speedup``, and a third of the way in (by requests sent)
 SIGKILLs the worker holding more requests. Then it reads back the bus and the state
-store (``tests/support/recovery.py``) and records:
+store (``loadgen/harness/recovery.py``) and records:
 
 - **detection**: kill to the ``WorkerDown`` on ``switchyard.worker-events`` (the
   broker's timestamp of the record, i.e. when the monitor published it);
@@ -40,15 +40,15 @@ from typing import Any
 
 from switchyard.traces import resolve_trace
 
-from loadgen.mixes import build_plan
-from tests.support.process_stack import ProcessStack
-from tests.support.recovery import (
+from loadgen.harness.process_stack import ProcessStack
+from loadgen.harness.recovery import (
     RecoveryReport,
     analyse,
     busiest_worker,
     replay_with_kill,
     start_stack,
 )
+from loadgen.mixes import build_plan
 
 WORKERS = ("worker-a", "worker-b")
 DEFAULT_OUT = Path("bench/results/recovery")

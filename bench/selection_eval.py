@@ -2,10 +2,10 @@
 
 1. ``switchyard apps build``: train and profile each application's variants (the
    classification variants table; ``apps show`` prints it).
-2. ``switchyard sneakpeek`` at the defaults, then on the x200 / x50 emulated device with
+2. ``switchyard window`` at the defaults, then on the x200 / x50 emulated device with
    the step and the sigmoid penalty (SneakPeek window scheduling tables), three seeds.
 3. The deadline sweep (utility against the deadline).
-4. ``switchyard sneakpeek-accuracy`` (the accuracy-estimation table).
+4. ``switchyard estimates`` (the accuracy-estimation table).
 
 Run ``make bench-selection-eval`` or ``python -m bench.selection_eval [--out DIR]``;
 JSON of every run goes to DIR (default bench/results/selection).
@@ -29,17 +29,17 @@ def main() -> None:
     run_command(["apps", "build", "--out", str(out / "apps")])
     run_command(["apps", "show", str(out / "apps" / "registry.json")])
     common = ["--registry", str(out / "apps" / "registry.json"), "--seeds", "3", "--windows", "100"]
-    run_command(["sneakpeek", *common, "--json", str(out / "default.json")])
+    run_command(["window", *common, "--json", str(out / "default.json")])
     for penalty in ("step", "sigmoid"):
         run_command(
-            ["sneakpeek", *common, *STRESSED, "--penalty", penalty,
+            ["window", *common, *STRESSED, "--penalty", penalty,
              "--json", str(out / f"{penalty}.json")]
         )  # fmt: skip
     run_command(
-        ["sneakpeek", *common, *STRESSED, "--penalty", "step", "--sweep", "deadline",
+        ["window", *common, *STRESSED, "--penalty", "step", "--sweep", "deadline",
          "--json", str(out / "deadline.json"), "--report", str(out / "deadline-report")]
     )  # fmt: skip
-    run_command(["sneakpeek-accuracy", "--registry", str(out / "apps" / "registry.json")])
+    run_command(["estimates", "--registry", str(out / "apps" / "registry.json")])
 
 
 if __name__ == "__main__":

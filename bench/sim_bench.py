@@ -29,8 +29,9 @@ from switchyard.contracts.messages import WorkloadType
 from switchyard.policies import make_llm_policy
 from switchyard.policies.base import DecisionContext
 from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
-from switchyard.sim import SimulationConfig, Simulator
 from switchyard.traces import resolve_trace, scale_load
+
+from research.llm import SimulationConfig, Simulator
 
 SIM_POLICIES = ("round-robin", "jsq", "llumnix", "gaps", "oracle")
 DECISION_POLICIES = (

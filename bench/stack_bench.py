@@ -90,7 +90,7 @@ class Stack:
                 *command,
             ]
         else:
-            self.argv = [sys.executable, "-m", "switchyard", *command]
+            self.argv = [sys.executable, "-m", "cli", *command]
         self.process: subprocess.Popen[str] | None = None
         self.url = ""
 

@@ -42,7 +42,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from switchyard.report.table import ReportError, ensure_out_dir
+from switchyard.figures import ReportError, ensure_out_dir
 from switchyard.stats import quantile
 
 from loadgen.replay import (
@@ -480,7 +480,7 @@ def rolling_quantile(values: Sequence[float], window: int, q: float) -> list[flo
 
 
 def _save(draw: Callable[[Axes], None], path: Path) -> Path:
-    from switchyard.report.plots import new_figure
+    from switchyard.figures import new_figure
 
     figure, axes = new_figure()
     draw(axes)

@@ -1,4 +1,4 @@
-"""Switchyard's services, one subpackage each: ingress, monitor, predictor, sneakpeek,
+"""Switchyard's services, one subpackage each: ingress, monitor, predictor, estimator,
 scheduler, rebalancer and worker.
 
 Each is a thin asyncio shell built on :mod:`switchyard.runtime`: it consumes its topics,

@@ -14,7 +14,7 @@ SERVICE_NAMES: tuple[str, ...] = (
     "ingress",
     "monitor",
     "predictor",
-    "sneakpeek",
+    "estimator",
     "scheduler",
     "rebalancer",
     "worker",
@@ -43,8 +43,8 @@ def _predictor() -> ServiceFactory:
     return create
 
 
-def _sneakpeek() -> ServiceFactory:
-    from services.sneakpeek import create
+def _estimator() -> ServiceFactory:
+    from services.estimator import create
 
     return create
 
@@ -71,7 +71,7 @@ _FACTORIES: dict[str, Callable[[], ServiceFactory]] = {
     "ingress": _ingress,
     "monitor": _monitor,
     "predictor": _predictor,
-    "sneakpeek": _sneakpeek,
+    "estimator": _estimator,
     "scheduler": _scheduler,
     "rebalancer": _rebalancer,
     "worker": _worker,

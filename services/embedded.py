@@ -52,8 +52,8 @@ DEFAULT_LLM_WORKERS: tuple[str, ...] = (
 )
 """The emulated LLM workers of the default embedded stack (performance profiles)."""
 
-_CONTROL_SERVICES = ("monitor", "predictor", "sneakpeek", "scheduler", "rebalancer", "ingress")
-_TAKES_CATALOGUE = frozenset({"ingress", "sneakpeek", "scheduler", "worker"})
+_CONTROL_SERVICES = ("monitor", "predictor", "estimator", "scheduler", "rebalancer", "ingress")
+_TAKES_CATALOGUE = frozenset({"ingress", "estimator", "scheduler", "worker"})
 
 
 class EmbeddedStartError(RuntimeError):

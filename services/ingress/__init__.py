@@ -11,7 +11,7 @@ Modules: :mod:`~services.ingress.api` (the Starlette app), :mod:`~.service` (the
 service shell: uvicorn and the answer routines), :mod:`~.answers` (waiters),
 :mod:`~.records` (request records in the state store), :mod:`~.openai_schema` (request
 validation), :mod:`~.responses` (answer bodies), :mod:`~.openapi`, :mod:`~.tokens`,
-:mod:`~.admission` (drain), :mod:`~.admission_policy` (deadline-aware admission control),
+:mod:`~.drain` (the drain), :mod:`~.load_shedding` (deadline-aware admission control),
 :mod:`~.errors`.
 
 The ingress imports neither torch, scikit-learn nor faiss: it starts fast and its image

@@ -40,11 +40,10 @@ from switchyard.serving import ServingCatalogue, UnknownServedApplicationError
 from switchyard.state.base import StateStore
 from switchyard.telemetry.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
-from services.ingress.admission import Admission, AdmissionMiddleware, unavailable
-from services.ingress.admission_policy import AdmissionGate, Demand
 from services.ingress.answers import AnswerRegistry
 from services.ingress.body import deadline_and_priority, json_body
 from services.ingress.calls import CallOptions, Publish, RequestDesk, status_error
+from services.ingress.drain import Admission, AdmissionMiddleware, unavailable
 from services.ingress.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
@@ -52,6 +51,7 @@ from services.ingress.errors import (
     ApiError,
     bad_request,
 )
+from services.ingress.load_shedding import AdmissionGate, Demand
 from services.ingress.openai_schema import (
     MAX_TOKENS_DEFAULT,
     ChatBody,
@@ -135,7 +135,7 @@ def build_app(
         state: where request records live (``request:{id}``).
         options: limits and timings.
         admission: drain control shared with the service; a fresh one when None.
-        gate: deadline-aware admission control (:mod:`services.ingress.admission_policy`):
+        gate: deadline-aware admission control (:mod:`services.ingress.load_shedding`):
             a request no worker can finish before its deadline is refused with 429, one
             for a model no worker has served for a while with 503, both before anything
             is recorded or published. None: every valid request is accepted.

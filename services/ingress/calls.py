@@ -40,10 +40,10 @@ from switchyard.lifecycle import REQUEST_TTL_S, RequestLedger, RequestRecord, Re
 from switchyard.lifecycle.ledger import Accepted as LedgerAccepted
 from switchyard.runtime.group_commit import GroupCommit
 
-from services.ingress.admission import unavailable
-from services.ingress.admission_policy import AdmissionGate, Decision, Demand, Verdict
 from services.ingress.answers import AnswerRegistry, Waiter
+from services.ingress.drain import unavailable
 from services.ingress.errors import SERVER_ERROR, ApiError
+from services.ingress.load_shedding import AdmissionGate, Decision, Demand, Verdict
 from services.ingress.responses import answer_headers, switchyard_block
 
 log = logging.getLogger("switchyard.ingress")

@@ -34,12 +34,12 @@ from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observa
 from switchyard.bus import Bus
 from switchyard.cluster import ClusterView
 from switchyard.cluster.placer import LlmPlacer
+from switchyard.cluster.published_model import PublishedModelReader
 from switchyard.contracts.messages import InferenceRequest, LLMPayload
 from switchyard.contracts.topics import WORKER_INBOX, requests_topic
 from switchyard.lifecycle import Assign, AssignOutcome, RequestLedger
 from switchyard.policies.base import NoWorkerError
 from switchyard.policies.registry import LlmPolicy
-from switchyard.prediction.published import PublishedModelReader
 from switchyard.runtime.group_commit import GroupCommit
 from switchyard.state.base import StateStore
 from switchyard.telemetry import trace_carrier

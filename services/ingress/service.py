@@ -2,7 +2,7 @@
 to it (:mod:`services.ingress.routing`: this replica leases a partition of
 ``switchyard.answers`` at start and names it in every request, so its answers come to it
 alone), and the one that feeds admission control
-(:mod:`services.ingress.admission_policy`, ``SWITCHYARD_ADMISSION=deadline``) and direct
+(:mod:`services.ingress.load_shedding`, ``SWITCHYARD_ADMISSION=deadline``) and direct
 dispatch (:mod:`services.ingress.dispatch`, ``SWITCHYARD_LLM_DISPATCH=direct``) the
 monitor's worker records (``cluster_routine``).
 """
@@ -28,11 +28,11 @@ from switchyard.runtime.service import Service, ServiceContext
 from switchyard.serving import ServingCatalogue
 from switchyard.telemetry import Telemetry
 
-from services.ingress.admission import Admission
-from services.ingress.admission_policy import AdmissionGate
 from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
 from services.ingress.dispatch import DirectDispatcher
+from services.ingress.drain import Admission
+from services.ingress.load_shedding import AdmissionGate
 from services.ingress.routing import answer_subscription, route_answers, sweep_overdue
 
 _START_TIMEOUT_S = 10.0

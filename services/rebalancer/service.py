@@ -52,13 +52,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from switchyard.cluster import ClusterReader
+from switchyard.cluster.published_model import PublishedModelReader
 from switchyard.contracts.messages import Migration, QueuedEntry
 from switchyard.contracts.topics import WORKER_INBOX
 from switchyard.lifecycle import RECENT_WINDOW
 from switchyard.policies.base import DecisionContext, MigrationPlan, RebalancePolicy
 from switchyard.policies.registry import make_llm_policy
 from switchyard.policies.snapshot import RebalanceSnapshot
-from switchyard.prediction.published import PublishedModelReader
 from switchyard.runtime.service import Service, ServiceContext
 from switchyard.state import keys
 

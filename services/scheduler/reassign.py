@@ -21,36 +21,67 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanKind, Tracer
 from switchyard.bus import Delivery
 from switchyard.cluster import read_assigned
-from switchyard.contracts.messages import LLMPayload, WorkerDown
-from switchyard.lifecycle import RequestRecord, RequestStatus
+from switchyard.contracts.messages import InferenceRequest, LLMPayload, WorkerDown
+from switchyard.lifecycle import RequestLedger, RequestRecord, RequestStatus
+from switchyard.runtime import ServiceContext
 from switchyard.telemetry import context_from_carrier
 
-from services.scheduler.outbox import DecisionOutbox
-
-if TYPE_CHECKING:
-    from services.scheduler.service import SchedulerService
+from services.scheduler.outbox import DecisionOutbox, FlushReport, Origin
 
 log = logging.getLogger(__name__)
+
+
+class Decider(Protocol):
+    """What a re-assignment needs of the scheduler replica it runs in
+    (:class:`services.scheduler.service.SchedulerService`)."""
+
+    ctx: ServiceContext
+    ledger: RequestLedger
+    tracer: Tracer
+
+    def forget_worker(self, worker_id: str) -> None: ...
+
+    def place_llm(
+        self,
+        request: InferenceRequest,
+        now_s: float,
+        epoch: int,
+        exclude: frozenset[str],
+        outbox: DecisionOutbox,
+        origin: Origin | None = None,
+        replaces_worker: str | None = None,
+    ) -> bool: ...
+
+    def decide_window(
+        self,
+        requests: list[InferenceRequest],
+        outbox: DecisionOutbox,
+        origins: Mapping[str, Origin],
+        epoch: int = 0,
+        replaces_worker: str | None = None,
+    ) -> None: ...
+
+    async def flush(self, outbox: DecisionOutbox) -> FlushReport: ...
 
 
 class Reassigner:
     """Handles WorkerDown events for a scheduler replica."""
 
-    def __init__(self, scheduler: SchedulerService) -> None:
+    def __init__(self, scheduler: Decider) -> None:
         self.scheduler = scheduler
         self.reassigned = 0
 
     async def on_worker_down(self, delivery: Delivery[WorkerDown]) -> None:
         scheduler = self.scheduler
         event = delivery.message
-        scheduler.placer.mark_down(event.worker_id)
-        scheduler._classification_workers.pop(event.worker_id, None)
+        scheduler.forget_worker(event.worker_id)
         if event.reason == "draining":
             orphans = list(event.orphaned_request_ids)
         else:

@@ -34,17 +34,8 @@ ingress's PRODUCER span, from the record's headers): its later assignment, or it
 failure, is published in it. Re-assignments continue the request's trace from the
 ``traceparent`` its record keeps.
 
-Metrics:
-
-* ``switchyard.scheduler.decisions`` (counter): by ``policy`` and ``kind``: ``llm`` and
-  ``window`` (first decisions), ``resend`` (a redelivered request's recorded assignment
-  sent again), ``reassign`` (a dead worker's request placed again);
-* ``switchyard.scheduler.decision.latency`` (histogram, seconds): from the request's
-  arrival at the ingress to its assignment, by ``policy`` and ``kind``;
-* ``switchyard.scheduler.hint_timeouts`` (counter): classification requests decided
-  without the estimate they waited for (``kind``: ``estimate``);
-* ``switchyard.scheduler.unplaced`` (observable gauge): requests waiting for a live
-  worker that can serve them.
+Metrics: the ``switchyard.scheduler.*`` instruments made in :class:`SchedulerService`,
+listed for operators in docs/architecture.md, "Telemetry".
 """
 
 from __future__ import annotations
@@ -63,6 +54,7 @@ from switchyard import __version__
 from switchyard.bus import Delivery, Subscription
 from switchyard.cluster import ClusterReader
 from switchyard.cluster.placer import LlmPlacer
+from switchyard.cluster.published_model import PublishedModelReader
 from switchyard.contracts.messages import (
     AccuracyEstimate,
     Assignment,
@@ -82,7 +74,6 @@ from switchyard.contracts.topics import (
 from switchyard.lifecycle import RequestLedger
 from switchyard.policies.base import DecisionContext, NoWorkerError
 from switchyard.policies.registry import LlmPolicy, make_llm_policy
-from switchyard.prediction.published import PublishedModelReader
 from switchyard.runtime import Service, ServiceContext
 from switchyard.selection.base import WindowScheduler
 from switchyard.selection.registry import make_window_scheduler
@@ -212,6 +203,11 @@ class SchedulerService(Service):
                 "for those workers' drain or death",
                 len(report.unaddressed),
             )
+
+    def forget_worker(self, worker_id: str) -> None:
+        """Choose ``worker_id`` no more (it died or drains) until its heartbeats return."""
+        self.placer.mark_down(worker_id)
+        self._classification_workers.pop(worker_id, None)
 
     async def flush(self, outbox: DecisionOutbox) -> FlushReport:
         """Record and publish a round's decisions (:mod:`services.scheduler.outbox`)."""

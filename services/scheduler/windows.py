@@ -32,8 +32,9 @@ from switchyard.policies.base import DecisionContext
 from switchyard.selection.base import WindowPlan, WindowScheduler
 from switchyard.selection.snapshot import AppView, WindowRequest, WindowSnapshot, WorkerSlot
 
-SHORT_CIRCUIT_WORKER = "sneakpeek"
-"""The ``worker_id`` of answers SneakPeek gave itself (the plan short-circuited them)."""
+SHORT_CIRCUIT_WORKER = "estimator"
+"""The ``worker_id``, worker type and variant of an answer the plan short-circuited:
+given by the estimator's own label, no worker ran it."""
 
 
 def serves_classification(heartbeat: Heartbeat, app: str) -> bool:

@@ -12,28 +12,13 @@ Importing this package does not import torch.
 
 from __future__ import annotations
 
-import asyncio
-
-from switchyard.config import Settings
 from switchyard.runtime.service import Service, ServiceContext
 from switchyard.serving import ServingCatalogue
 
-from services.worker.backends import Backend, build_backend
+from services.worker.backends import build_backend_for
 from services.worker.service import WorkerService
 
 __all__ = ["WorkerService", "build_backend_for", "create"]
-
-
-async def build_backend_for(settings: Settings, catalogue: ServingCatalogue | None) -> Backend:
-    """The backend ``settings`` ask for, built off the event loop (importing torch and
-    reading the registry take a while). A torch backend without ``catalogue`` loads it
-    (``SWITCHYARD_REGISTRY``, or the default registry in the cache); an emulated one
-    needs none: it serves its profile's model."""
-    if settings.worker_backend == "torch" and catalogue is None:
-        from switchyard.serving.artifacts import load_catalogue
-
-        catalogue = await asyncio.to_thread(load_catalogue, settings.registry, settings.cache_dir)
-    return await asyncio.to_thread(build_backend, settings, catalogue)
 
 
 async def create(ctx: ServiceContext, catalogue: ServingCatalogue | None = None) -> Service:

@@ -11,7 +11,7 @@ Two shapes of batching share this module:
 - *continuous batching* (:func:`admit_continuous`): the emulated LLM admits waiting
   requests into a running batch between iterations, like vLLM without chunked prefill:
   strictly in queue order (the first that does not fit blocks the rest, as in
-  :mod:`switchyard.sim.instance`), within free slots, KV-cache memory reserved for
+  :mod:`research.llm.instance`), within free slots, KV-cache memory reserved for
   prompt plus the whole output, and a prefill token budget (at least one request).
 """
 

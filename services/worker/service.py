@@ -55,6 +55,7 @@ from switchyard.runtime.service import Service, ServiceContext, backoff_s
 from switchyard.serving import ServingCatalogue
 
 from services.worker.answers import AnswerOutbox
+from services.worker.backends import build_backend_for
 from services.worker.backends.base import Backend
 from services.worker.heartbeat import HeartbeatFacts, build_heartbeat
 from services.worker.holdings import Holdings
@@ -142,8 +143,6 @@ class WorkerService(Service):
 
     async def start(self) -> None:
         if self._backend is None:
-            from services.worker import build_backend_for
-
             self._backend = await build_backend_for(self.ctx.settings, self._catalogue)
         leased = await self.inbox.open()
         # Reading (from the partition's end) before the first heartbeat names the

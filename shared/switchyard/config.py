@@ -189,7 +189,7 @@ class Settings(BaseModel):
     )
     window_policy: str = Field(
         default="sneakpeek",
-        description="Classification window scheduler (a name from `switchyard sneakpeek`).",
+        description="Classification window scheduler (a name from `switchyard window`).",
     )
     window_s: float = Field(
         default=0.02,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.process_stack import ProcessStack, StackFactory
+from loadgen.harness.process_stack import ProcessStack, StackFactory
 
 
 @pytest.fixture

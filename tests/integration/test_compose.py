@@ -26,9 +26,9 @@ import pytest
 import yaml
 from switchyard.traces import resolve_trace
 
+from loadgen.harness.process_stack import REPO_ROOT, ProcessStack
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
-from tests.support.process_stack import REPO_ROOT, ProcessStack
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 REGISTRY_MOUNT = "/var/lib/switchyard/registry"
@@ -95,7 +95,7 @@ def registry(tmp_path: Path) -> Path:
         for a in compose_services()["registry"]["command"]
     ]
     built = subprocess.run(
-        [sys.executable, "-m", "switchyard", *job],
+        [sys.executable, "-m", "cli", *job],
         capture_output=True,
         text=True,
         timeout=300,

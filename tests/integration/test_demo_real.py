@@ -18,7 +18,7 @@ def test_demo_on_kafka_and_redis_answers_every_request_once(
     kafka_bootstrap: str, redis_url: str
 ) -> None:
     demo = subprocess.Popen(
-        [sys.executable, "-m", "switchyard", "demo-bus", "--requests", "300"],
+        [sys.executable, "-m", "cli", "demo-bus", "--requests", "300"],
         env={
             **os.environ,
             "SWITCHYARD_BUS": "kafka",

@@ -1,7 +1,7 @@
 """Failure recovery of the live stack, every service a separate OS process.
 
-The stack runs over the real Kafka broker and Redis (``tests/support/process_stack.py``),
-each service as ``python -m switchyard service NAME``; a trace replay goes through the
+The stack runs over the real Kafka broker and Redis (``loadgen/harness/process_stack.py``),
+each service as ``python -m cli service NAME`` (what the ``switchyard`` console script runs); a trace replay goes through the
 ingress's HTTP API while one process is SIGKILLed:
 
 - a worker: the monitor declares it down after its heartbeats stop
@@ -28,16 +28,16 @@ from switchyard.contracts.topics import REQUESTS as LLM_REQUESTS
 from switchyard.contracts.topics import WORKER_EVENTS
 from switchyard.traces import resolve_trace
 
-from loadgen.mixes import PlannedRequest, build_plan
-from loadgen.replay import ReplayResult
-from tests.support.process_stack import ProcessStack, StackFactory, read_topic
-from tests.support.recovery import (
+from loadgen.harness.process_stack import ProcessStack, StackFactory, read_topic
+from loadgen.harness.recovery import (
     RecoveryReport,
     analyse,
     busiest_worker,
     replay_with_kill,
     start_stack,
 )
+from loadgen.mixes import PlannedRequest, build_plan
+from loadgen.replay import ReplayResult
 
 REQUESTS = 150
 SPEEDUP = 10.0

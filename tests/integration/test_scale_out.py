@@ -1,6 +1,6 @@
 """Scale-out of the live stack, every service a separate OS process.
 
-The stack runs over the real Kafka broker and Redis (``tests/support/process_stack.py``):
+The stack runs over the real Kafka broker and Redis (``loadgen/harness/process_stack.py``):
 
 - two ingress replicas, two scheduler replicas and four workers share the partitioned
   topics (each ingress replica's answers come back to it through ``reply_to`` and a
@@ -29,16 +29,16 @@ from switchyard.contracts.topics import HEARTBEATS, REQUESTS, WORKER_EVENTS, WOR
 from switchyard.lifecycle import RequestLedger
 from switchyard.traces import resolve_trace
 
-from loadgen.mixes import PlannedRequest, build_plan
-from loadgen.replay import ReplayResult, replay
-from tests.support.process_stack import (
+from loadgen.harness.process_stack import (
     ProcessStack,
     Record,
     StackFactory,
     free_port,
     read_topic,
 )
-from tests.support.recovery import analyse, third_of_the_way_s
+from loadgen.harness.recovery import analyse, third_of_the_way_s
+from loadgen.mixes import PlannedRequest, build_plan
+from loadgen.replay import ReplayResult, replay
 
 CLIENT_TIMEOUT_S = 40.0
 STACK_ENV = {"SWITCHYARD_ADMISSION": "off"}

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadgen.agreement import DEFAULT_TOLERANCE
-from tests.support.agreement import measure
+from research.llm.agreement import DEFAULT_TOLERANCE
+from research.llm.agreement_stack import measure
 
 A100 = "a100-80gb/llama-2-7b"
 

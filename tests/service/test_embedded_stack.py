@@ -1,6 +1,6 @@
 """The embedded stack end to end: every service in one process, answering over HTTP.
 
-Real services (ingress, monitor, predictor, sneakpeek, scheduler, rebalancer, workers)
+Real services (ingress, monitor, predictor, estimator, scheduler, rebalancer, workers)
 over the in-memory bus and state: an emulated LLM worker, a torch worker running the
 real classification variants and the tiny language model.
 """
@@ -116,7 +116,7 @@ async def test_a_classification_request_gets_a_label_from_a_real_variant(
         answers.append(answer.json())
     right = sum(a["label"] == int(data.y_test[i]) for i, a in enumerate(answers))
     assert right >= 6  # real models: most of these rows are labelled right
-    assert {a["variant"] for a in answers} <= {"logreg-pca4", "mlp-small", "mlp-large", "sneakpeek"}
+    assert {a["variant"] for a in answers} <= {"logreg-pca4", "mlp-small", "mlp-large", "estimator"}
 
 
 async def test_bad_requests_get_a_4xx_naming_the_problem(client: httpx.AsyncClient) -> None:

@@ -60,9 +60,9 @@ from switchyard.serving import ServingCatalogue
 from switchyard.state.base import StateStore
 from switchyard.state.memory import MemoryStateStore
 
-from services.ingress.admission import Admission
 from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
+from services.ingress.drain import Admission
 from services.ingress.routing import answer_subscription, route_answers
 from services.ingress.tokens import chat_prompt
 

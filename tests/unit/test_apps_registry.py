@@ -20,7 +20,8 @@ from switchyard.apps import (
     load_registry,
     save_registry,
 )
-from switchyard.apps.command import EXIT_BAD_INPUT, add_arguments, run
+
+from cli.apps import EXIT_BAD_INPUT, add_arguments, run
 
 
 def _variant(accuracy: float, classes: int, ms: float) -> dict[str, Any]:

@@ -24,10 +24,11 @@ from switchyard.apps import (
     load_variant,
     sample_stream,
 )
-from switchyard.apps.command import EXIT_BAD_INPUT, add_arguments, run
 from switchyard.apps.datasets import DATASET_SPECS
 from switchyard.apps.profiling import REGISTRY_FILE, evaluate
 from switchyard.apps.variants import LogRegPcaVariant, train_variant
+
+from cli.apps import EXIT_BAD_INPUT, add_arguments, run
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -48,7 +49,7 @@ def test_importing_the_package_loads_neither_torch_nor_sklearn() -> None:
     code = (
         "import sys\n"
         "import switchyard.apps, switchyard.apps.variants, switchyard.apps.profiling\n"
-        "import switchyard.apps.command, switchyard.apps.datasets\n"
+        "import cli.apps, switchyard.apps.datasets\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sklearn'))\n"
         "print(','.join(heavy))\n"
     )

@@ -9,7 +9,7 @@ import sys
 
 def _switchyard(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "switchyard", *args],
+        [sys.executable, "-m", "cli", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

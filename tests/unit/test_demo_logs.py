@@ -17,7 +17,7 @@ import pytest
 from switchyard.config import Settings, load_settings
 from switchyard.telemetry import configure_logging
 
-from services import demo
+from cli import stack_demo as demo
 
 _TOUCHED_LOGGERS = ("httpx", "httpcore", "uvicorn.access", "aiokafka", "kafka")
 
@@ -113,7 +113,7 @@ def test_a_log_file_that_cannot_be_created_is_one_line_and_exit_2(
 def test_switchyard_demo_takes_log_file_and_keeps_json_off_the_terminal(tmp_path: Path) -> None:
     log_file = tmp_path / "demo.log"
     done = subprocess.run(
-        [sys.executable, "-m", "switchyard", "demo", "--limit", "5", "--log-file", str(log_file)],
+        [sys.executable, "-m", "cli", "demo", "--limit", "5", "--log-file", str(log_file)],
         env={
             **os.environ,
             "SWITCHYARD_REGISTRY": str(tmp_path / "missing-registry.yaml"),

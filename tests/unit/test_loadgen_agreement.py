@@ -8,14 +8,14 @@ import pytest
 from switchyard.contracts.messages import WorkloadType
 from switchyard.traces.azure import TraceRequest
 
-from loadgen.agreement import (
+from loadgen.replay import OK, REJECTED, RequestRecord
+from research.llm.agreement import (
     AgreementError,
     SimulatedLatency,
     compare,
     format_table,
     simulate,
 )
-from loadgen.replay import OK, REJECTED, RequestRecord
 
 A100 = "a100-80gb/llama-2-7b"
 L40S = "l40s-48gb/llama-2-7b"

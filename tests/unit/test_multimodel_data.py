@@ -10,15 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from switchyard.apps.registry import Registry, RegistryError, load_registry, save_registry
-from switchyard.multimodel.catalogue import (
+from switchyard.apps.pipelines import (
     InvalidPipelineError,
     UnplaceableModelError,
     catalogue_from_registry,
     check_pipelines,
     check_placeable,
 )
-from switchyard.multimodel.cluster import (
+from switchyard.apps.registry import Registry, RegistryError, load_registry, save_registry
+from switchyard.multimodel.dag import critical_path_s, find_cycle
+from switchyard.multimodel.model import ModelSpec, PipelineSpec, ResourceVector, Stage, WorkerSpec
+
+from research.multimodel.cluster import (
     ALIBABA_NODE_SAMPLE,
     GPU_SPEEDS,
     TRACE_DIR_ENV,
@@ -27,9 +30,7 @@ from switchyard.multimodel.cluster import (
     read_alibaba_nodes,
     synthetic_cluster,
 )
-from switchyard.multimodel.dag import critical_path_s, find_cycle
-from switchyard.multimodel.model import ModelSpec, PipelineSpec, ResourceVector, Stage, WorkerSpec
-from switchyard.multimodel.workload import LORA_SAMPLE, lora_workload, synthetic_workload
+from research.multimodel.workload import LORA_SAMPLE, lora_workload, synthetic_workload
 
 
 def _model(cpu: float, gpu: float, mem: float, exec_s: float = 0.5) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from switchyard.multimodel.routing import (
 from switchyard.multimodel.snapshot import PlacementPlan, PlacementSnapshot, WorkerState
 from switchyard.policies.base import DecisionContext
 
-from tests.support.multimodel import (
+from research.multimodel.scenarios import (
     advance,
     apply_plan,
     model,

@@ -9,16 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from switchyard.multimodel import command
-from switchyard.multimodel.metrics import (
-    coefficient_of_variation,
-    percentile,
-    responsiveness_s,
-    stability,
-    steady_stability,
-    summarize,
-    windowed_means,
-)
 from switchyard.multimodel.model import (
     ModelSpec,
     MultiModelRequest,
@@ -30,7 +20,18 @@ from switchyard.multimodel.model import (
 )
 from switchyard.multimodel.snapshot import PlacementPlan, PlacementSnapshot
 from switchyard.policies.base import DecisionContext
-from switchyard.sim.multimodel import (
+
+from research.multimodel import command
+from research.multimodel.metrics import (
+    coefficient_of_variation,
+    percentile,
+    responsiveness_s,
+    stability,
+    steady_stability,
+    summarize,
+    windowed_means,
+)
+from research.multimodel.simulator import (
     MultiModelSimConfig,
     PlanError,
     SimulationInputError,

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from switchyard.report import (
+
+from research.report import (
     ReportError,
     aggregate,
     check_runs,
@@ -337,7 +338,7 @@ def test_a_missing_matplotlib_asks_for_the_report_extra(
 
 
 def test_importing_the_reports_does_not_import_matplotlib() -> None:
-    code = "import sys, switchyard.report; print('matplotlib' in sys.modules)"
+    code = "import sys, research.report; print('matplotlib' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
 

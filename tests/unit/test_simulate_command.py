@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from switchyard.cli import main
+
+from cli.main import main
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 

@@ -20,11 +20,12 @@ from switchyard.policies.snapshot import (
     RequestView,
     WorkerRole,
 )
-from switchyard.sim import RunMetrics, SimulationConfig, SimulationError, Simulator
-from switchyard.sim.experiment import ExperimentConfig, run_experiment
-from switchyard.sim.instance import SimInstance
-from switchyard.sim.request import SimRequest
 from switchyard.traces import TraceRequest, resolve_trace, scale_load
+
+from research.llm import RunMetrics, SimulationConfig, SimulationError, Simulator
+from research.llm.experiment import ExperimentConfig, run_experiment
+from research.llm.instance import SimInstance
+from research.llm.request import SimRequest
 
 A100 = "a100-80gb/llama-2-7b"
 H100 = "h100-80gb/llama-2-7b"

@@ -19,8 +19,8 @@ from switchyard.selection.base import WindowPlan
 from switchyard.selection.registry import make_window_scheduler, window_scheduler_names
 from switchyard.selection.snapshot import WindowSnapshot
 from switchyard.selection.views import app_view
-from switchyard.sim.window import PlanError, WindowSimConfig, WindowSimulator
 
+from research.window.simulator import PlanError, WindowSimConfig, WindowSimulator
 from tests.unit.window_schedulers import MostAccurate
 
 

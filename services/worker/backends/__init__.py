@@ -11,6 +11,7 @@ imported by :func:`build_backend` only when a torch backend is asked for.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from switchyard.config import Settings
@@ -41,6 +42,7 @@ __all__ = [
     "UnsupportedWorkError",
     "WorkSpec",
     "build_backend",
+    "build_backend_for",
     "build_torch_backend",
 ]
 
@@ -80,3 +82,15 @@ def build_backend(settings: Settings, catalogue: ServingCatalogue | None) -> Bac
     if catalogue is None:
         raise ValueError("a torch worker needs the serving catalogue")
     return build_torch_backend(settings, catalogue)
+
+
+async def build_backend_for(settings: Settings, catalogue: ServingCatalogue | None) -> Backend:
+    """The backend ``settings`` ask for, built off the event loop (importing torch and
+    reading the registry take a while). A torch backend without ``catalogue`` loads it
+    (``SWITCHYARD_REGISTRY``, or the default registry in the cache); an emulated one
+    needs none: it serves its profile's model."""
+    if settings.worker_backend == "torch" and catalogue is None:
+        from switchyard.serving.artifacts import load_catalogue
+
+        catalogue = await asyncio.to_thread(load_catalogue, settings.registry, settings.cache_dir)
+    return await asyncio.to_thread(build_backend, settings, catalogue)

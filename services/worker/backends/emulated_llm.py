@@ -2,7 +2,7 @@
 
 It runs no model. It plays a vLLM-like engine (no chunked prefill) for one performance
 profile (``GPU/model``, :mod:`switchyard.perf`) exactly as the simulator's instance
-(:mod:`switchyard.sim.instance`) does, but in real time:
+(:mod:`research.llm.instance`) does, but in real time:
 
 - between iterations it admits waiting requests in queue order while a slot is free and
   the KV cache can reserve the request's prompt plus its whole output, within the

@@ -11,7 +11,7 @@ measured profile so that a scheduler can pick one per request.
   data, and request streams with a chosen class mix;
 - :mod:`~switchyard.apps.variants`: train, predict with, save and load the variants;
 - :mod:`~switchyard.apps.profiling`: measure variants, build the registry;
-- :mod:`~switchyard.apps.command`: the ``switchyard apps`` command.
+- :mod:`~cli.apps`: the ``switchyard apps`` command.
 
 Importing this package loads neither torch nor scikit-learn: they are imported inside
 the functions that train, load or profile a variant.

@@ -48,7 +48,7 @@ every problem into one :class:`RegistryError` line naming the file and the field
     less than or equal to 1
 
 The registry stores the prior's *specification* only; the estimation lives in
-``switchyard.sneakpeek``.
+``switchyard.estimation``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The cluster as the monitor recorded it: worker records, and the policies' views of them."""
+"""What the services read back from the shared store: the workers as the monitor recorded
+them (and the policies' views of them), and the model the predictor published."""
 
 from switchyard.cluster.records import (
     ClusterReader,

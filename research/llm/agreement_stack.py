@@ -1,0 +1,107 @@
+"""One trace slice through the live stack (services as processes) and the simulator.
+
+What the agreement test asserts and ``bench/agreement_bench.py`` records: the stack runs
+on the real Kafka broker and Redis, each service a process of its own, with one emulated
+worker per profile (started in the order given, as the simulator numbers its workers),
+the scheduler running ``policy`` and the workers' time scale equal to the replay's
+speed-up. Admission control is off: the simulator has none, and a refusal would take a
+request out of one side of the comparison only.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from switchyard.contracts.messages import WorkloadType
+from switchyard.perf import performance_model
+from switchyard.traces import resolve_trace
+from switchyard.traces.transform import head
+
+from loadgen.harness.process_stack import ProcessStack
+from loadgen.mixes import build_plan
+from loadgen.replay import ReplayResult, replay
+from research.llm.agreement import Agreement, compare, simulate
+
+
+async def run_live(
+    stack: ProcessStack,
+    trace: str,
+    limit: int,
+    *,
+    speedup: float,
+    profiles: Sequence[str],
+    timeout_s: float = 300.0,
+) -> ReplayResult:
+    """Start ``stack``'s services (one worker per profile) and replay the first ``limit``
+    rows of ``trace`` at ``speedup`` through its ingress."""
+    stack.start_service("monitor")
+    stack.start_service("predictor")
+    stack.start_service("scheduler")
+    # The policy's rebalancer (GAPS has one), as the simulator runs it; idle for JSQ.
+    stack.start_service("rebalancer")
+    for number, profile in enumerate(profiles):
+        stack.start_worker(f"w{number:02d}", profile)
+    stack.start_service("ingress")
+    await stack.wait_ready(workers=len(profiles))
+    # The simulated cluster serves one model; every workload of the slice goes to it.
+    model = performance_model(profiles[0]).model
+    plan = build_plan(
+        resolve_trace(trace), "llm", limit, 0, app_map=dict.fromkeys(WorkloadType, model)
+    )
+    return await replay(plan, stack.url, speedup=speedup, timeout_s=timeout_s, progress=False)
+
+
+def agreement_stack(
+    prefix: str, log_dir: Path, *, policy: str, speedup: float, kafka: str, redis: str
+) -> ProcessStack:
+    """The stack :func:`run_live` runs on: the policy under test, no admission control,
+    emulated time ``speedup`` times faster than modelled."""
+    return ProcessStack(
+        kafka,
+        redis,
+        prefix,
+        log_dir,
+        time_scale=speedup,
+        llm_policy=policy,
+        extra_env={"SWITCHYARD_ADMISSION": "off"},
+    )
+
+
+async def measure(
+    trace: str,
+    limit: int,
+    *,
+    policy: str,
+    speedup: float,
+    profiles: Sequence[str],
+    log_dir: Path,
+    kafka: str | None = None,
+    redis: str | None = None,
+) -> tuple[Agreement, ReplayResult]:
+    """The live run and the simulation of one slice, compared."""
+    stack = agreement_stack(
+        f"agree-{uuid.uuid4().hex[:8]}",
+        log_dir,
+        policy=policy,
+        speedup=speedup,
+        kafka=kafka or os.environ.get("SWITCHYARD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+        redis=redis or os.environ.get("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    )
+    try:
+        result = await run_live(stack, trace, limit, speedup=speedup, profiles=profiles)
+    finally:
+        await stack.close()
+    rows = head(resolve_trace(trace), limit).requests
+    simulated = simulate(rows, policy=policy, profiles=profiles)
+    agreement = compare(
+        result.records,
+        simulated,
+        speedup=speedup,
+        trace=trace,
+        policy=policy,
+        workers=profiles,
+    )
+    return agreement, result

@@ -1,0 +1,156 @@
+"""``switchyard simulate``: compare LLM scheduling policies on a trace, in virtual time.
+
+Prints a table (one row per policy and setting), writes the runs as JSON (``--json``)
+and plots with an HTML page (``--report``). Every bad input (trace, policy, profile,
+number) ends the command with one line naming it and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from switchyard.policies.registry import llm_policy_names
+
+from research.args import comma_list
+
+EXIT_BAD_INPUT = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trace",
+        default="azure-conv-sample",
+        help="azure-code, azure-conv (full traces), azure-code-sample, azure-conv-sample, "
+        "azure-mix-sample (bundled), poisson:..., bursty:..., diurnal:..., or a CSV path "
+        "in the Azure format (default azure-conv-sample)",
+    )
+    parser.add_argument(
+        "--workers", type=comma_list(int, "--workers"), default=(8,),
+        help="cluster size, or a comma-separated list to sweep (default 8)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--policies", type=comma_list(str, "--policies"), default=tuple(llm_policy_names()),
+        help=f"comma-separated policies (default all: {', '.join(llm_policy_names())})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpu", type=comma_list(str, "--gpu"), default=("a100-80gb/llama-2-7b",),
+        help="performance profile GPU/MODEL; several (comma-separated) make a mixed cluster, "
+        "assigned to workers in turn (default a100-80gb/llama-2-7b)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--load-scale", type=comma_list(float, "--load-scale"), default=(1.0,),
+        help="divide inter-arrival times by this (2 = twice the rate); a list sweeps (default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slo-scale", type=float, default=5.0,
+        help="SLO: latency at most this times the service time on an idle worker (default 5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--predictor-error", type=comma_list(float, "--predictor-error"), default=(0.0,),
+        help="multiplicative error injected into predictions, 0..1 (0.4 = 40 %%); a list sweeps",
+    )  # fmt: skip
+    parser.add_argument(
+        "--predictor", default="linear", help="service-time predictor: linear or mlp"
+    )
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (default 1)")
+    parser.add_argument("--requests", type=int, default=None, help="use the first N requests")
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
+    parser.add_argument(
+        "--report", type=Path, default=None, metavar="DIR", help="write plots and index.html"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    if args.requests is not None and args.requests < 1:
+        raise ValueError(f"--requests must be at least 1, got {args.requests}")
+    for scale in args.load_scale:
+        if scale <= 0:
+            raise ValueError(f"--load-scale must be > 0, got {scale:g}")
+    for workers in args.workers:
+        if workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {workers}")
+    for error in args.predictor_error:
+        if not 0.0 <= error <= 1.0:
+            raise ValueError(f"--predictor-error must be within [0, 1], got {error:g}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command's body; returns the exit status."""
+    try:
+        return _run(args)
+    except (ValueError, OSError) as exc:
+        print(f"switchyard simulate: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run(args: argparse.Namespace) -> int:
+    from switchyard.perf import performance_model
+    from switchyard.policies import make_llm_policy
+    from switchyard.prediction import make_predictor
+    from switchyard.progress import Progress
+    from switchyard.traces import head, resolve_trace, scale_load
+
+    from research.llm.experiment import ExperimentConfig, run_experiment
+    from research.report import format_table, runs_to_json, write_report
+
+    # Every name is checked before the trace is read: a typo fails at once, on one line.
+    _check_numbers(args)
+    for name in args.policies:
+        make_llm_policy(name)
+    for profile in args.gpu:
+        performance_model(profile)
+    make_predictor(args.predictor)
+    trace = resolve_trace(args.trace)
+    if args.requests is not None:
+        trace = head(trace, args.requests)
+    config = ExperimentConfig(
+        trace=trace.name,
+        policies=args.policies,
+        workers=args.workers,
+        profiles=args.gpu,
+        load_scales=args.load_scale,
+        predictor_errors=args.predictor_error,
+        slo_scale=args.slo_scale,
+        predictor=args.predictor,
+        seeds=args.seeds,
+    )
+
+    def trace_at(scale: float) -> Sequence[Any]:
+        return scale_load(trace, scale).requests
+
+    print(
+        f"trace {trace.name}: {len(trace)} requests over {trace.duration_s:.0f} s "
+        f"({trace.mean_rate_rps:.2f} req/s) from {trace.source}",
+        file=sys.stderr,
+    )
+    with Progress(config.runs(), "simulate", enabled=False if args.quiet else None) as progress:
+
+        def on_run(run: dict[str, Any]) -> None:
+            progress.advance(postfix=f"{run['policy']} w{run['workers']} p99 {run['p99_s']:.2f}s")
+
+        runs = run_experiment(config, trace_at, on_run=on_run)
+    print(format_table(runs))
+    described: dict[str, Any] = {**config.to_json(), "trace_source": trace.source}
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        document = {"config": described, "runs": json.loads(runs_to_json(runs))}
+        args.json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+        print(f"runs written to {args.json}", file=sys.stderr)
+    if args.report is not None:
+        page = write_report(runs, described, args.report)
+        print(f"report written to {page}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="switchyard simulate")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

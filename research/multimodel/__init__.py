@@ -1,0 +1,3 @@
+"""The multi-model simulator over :mod:`switchyard.multimodel`'s placement policies:
+heterogeneous clusters, workloads from the Alibaba traces, metrics, and the
+``switchyard multimodel`` command."""

@@ -1,0 +1,519 @@
+"""``switchyard multimodel``: compare placement policies for multi-model pipelines on
+heterogeneous workers, in the multi-model simulator (:mod:`research.multimodel.simulator`).
+
+Without ``--sweep`` every policy runs once per seed on one setting; with ``--sweep`` one
+parameter takes each of ``--values`` (defaults below) and every run in the JSON carries
+``sweep`` and ``value``. Prints a table (means over seeds), writes the runs as JSON
+(``--json``) and PNG plots of each metric against the swept value with an
+``index.html`` (``--report``). Every bad input ends the command with one line naming it
+and exit status 2.
+
+The sweeps:
+
+* ``update-frequency``: placement updates per second (0.2, 0.5, 1, 2, 4 Hz), each
+  update's cost charged in virtual time (see :mod:`research.multimodel.simulator`).
+* ``fluctuation``: load fluctuation intensity of the synthetic workload (0 .. 1).
+* ``heterogeneity``: share of slow workers in the cluster (0 .. 1).
+* ``invocation-ratio``: model invocation ratio of the synthetic workload (0 .. 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from switchyard.errors import SwitchyardError
+
+from research.args import comma_list
+from research.report.table import json_ready
+
+EXIT_BAD_INPUT = 2
+
+SWEEP_DEFAULTS: dict[str, tuple[float, ...]] = {
+    "update-frequency": (0.2, 0.5, 1.0, 2.0, 4.0),
+    "fluctuation": (0.0, 0.25, 0.5, 0.75, 1.0),
+    "heterogeneity": (0.0, 0.25, 0.5, 0.75, 1.0),
+    "invocation-ratio": (0.0, 0.25, 0.5, 0.75, 1.0),
+}
+SWEEP_LABELS = {
+    "update-frequency": "placement update frequency (Hz)",
+    "fluctuation": "load fluctuation intensity",
+    "heterogeneity": "cluster heterogeneity ratio (share of slow workers)",
+    "invocation-ratio": "model invocation ratio",
+}
+WORKLOADS = ("lora", "synthetic")
+
+# (run key, column title, axis label, format)
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("utilization", "util %", "resource utilisation (%)"),
+    ("load_cov", "load CoV", "load balance: CoV of worker load (lower is better)"),
+    ("stability", "stability", "stability (1 - CoV of windowed latency, steady segments)"),
+    ("responsiveness_s", "resp s", "adaptation responsiveness (s, lower is better)"),
+    ("p99_s", "P99 s", "P99 latency (s)"),
+    ("slo_violation_rate", "SLO viol", "SLO violation rate"),
+    ("decision_ms_p99", "dec ms P99", "decision time per update, P99 (ms)"),
+    ("placement_changes", "changes", "placement changes (loads + evictions)"),
+)
+
+
+class CommandError(SwitchyardError):
+    """A bad argument, reported as one line."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``switchyard multimodel``."""
+    parser.add_argument(
+        "--workload", default="lora",
+        help="lora (the Alibaba GenAI LoRA trace mix) or synthetic (default lora)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cluster", default=None,
+        help="alibaba (GPU nodes of the Alibaba node list) or synthetic (two speeds); "
+        "default alibaba for --workload lora, synthetic otherwise",
+    )  # fmt: skip
+    parser.add_argument("--workers", type=int, default=16, help="cluster size (default 16)")
+    parser.add_argument(
+        "--models", type=int, default=None,
+        help="lora: keep the N most requested base models; synthetic: N models "
+        "(default: the workload's own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rate-rps", type=float, default=None,
+        help="synthetic: mean arrival rate (default 2 per worker)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--step-factor", type=float, default=2.0,
+        help="synthetic: the rate is multiplied by this from half the duration on "
+        "(responsiveness); 1 means no step (default 2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--time-scale", type=float, default=None,
+        help="lora: trace seconds per simulated second (default the workload's own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sweep", default=None, choices=tuple(SWEEP_DEFAULTS),
+        help="the parameter to sweep (default: none, one setting)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--values", type=comma_list(float, "--values"), default=None,
+        help="comma-separated values of the swept parameter (defaults: update-frequency "
+        "0.2,0.5,1,2,4; the others 0,0.25,0.5,0.75,1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--policies", type=comma_list(str, "--policies"), default=None,
+        help="comma-separated placement policies (default all registered)",
+    )  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (default 1)")
+    parser.add_argument(
+        "--duration-s", type=float, default=300.0, help="workload length in seconds (default 300)"
+    )
+    parser.add_argument(
+        "--update-hz", type=float, default=1.0,
+        help="placement updates per second when not swept (default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--decision-base-s", type=float, default=0.05,
+        help="routing pause charged per update, virtual seconds (default 0.05)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--decision-per-change-s", type=float, default=0.01,
+        help="extra routing pause per load or eviction (default 0.01)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--large-change", type=float, default=0.5,
+        help="relative demand change of a model that triggers an extra update; 0 turns "
+        "it off (default 0.5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--window-s", type=float, default=5.0, help="latency window of the metrics (default 5)"
+    )
+    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
+    parser.add_argument(
+        "--report", type=Path, default=None, metavar="DIR", help="write PNG plots and index.html"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command's body; returns the exit status (2 for bad input, one line)."""
+    try:
+        return _run(args)
+    except (ValueError, OSError, SwitchyardError, ImportError, KeyError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"switchyard multimodel: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+# --------------------------------------------------------------------------- the data side
+
+
+def policy_names() -> tuple[str, ...]:
+    from switchyard.multimodel.policy_registry import multimodel_policy_names
+
+    return tuple(multimodel_policy_names())
+
+
+def make_policy(name: str) -> Any:
+    """The registered policy ``name``: an object with ``.name``, ``.placement``, ``.router``."""
+    from switchyard.multimodel.policy_registry import make_multimodel_policy
+
+    return make_multimodel_policy(name)
+
+
+def build_workers(
+    args: argparse.Namespace, sweep: str | None, value: float | None, seed: int
+) -> Any:
+    from research.multimodel.cluster import alibaba_cluster, synthetic_cluster
+
+    cluster = args.cluster or ("alibaba" if args.workload == "lora" else "synthetic")
+    heterogeneity = value if sweep == "heterogeneity" else None
+    if cluster == "alibaba":
+        return alibaba_cluster(args.workers, seed, heterogeneity)
+    return synthetic_cluster(
+        args.workers, heterogeneity if heterogeneity is not None else 0.5, seed
+    )
+
+
+def build_workload(
+    args: argparse.Namespace, sweep: str | None, value: float | None, seed: int
+) -> Any:
+    """The workload of one setting: the LoRA trace mix cut at ``--duration-s``, or the
+    synthetic mix (a step of ``--step-factor`` at half the duration, for responsiveness)."""
+    from switchyard.multimodel.model import Workload
+
+    from research.multimodel.workload import lora_workload, synthetic_workload
+
+    if args.workload == "lora":
+        kwargs: dict[str, Any] = {"seed": seed}
+        if args.models is not None:
+            kwargs["models"] = args.models
+        if args.time_scale is not None:
+            kwargs["time_scale"] = args.time_scale
+        full = lora_workload(**kwargs)
+        requests = tuple(r for r in full.requests if r.arrival_s < args.duration_s)
+        return Workload(
+            name=full.name,
+            models=full.models,
+            pipelines=full.pipelines,
+            requests=requests,
+            step_at_s=full.step_at_s
+            if full.step_at_s is None or full.step_at_s < args.duration_s
+            else None,
+        )
+    kwargs = {
+        "seed": seed,
+        "duration_s": args.duration_s,
+        "rate_rps": args.rate_rps if args.rate_rps is not None else 2.0 * args.workers,
+    }
+    if args.models is not None:
+        kwargs["models"] = args.models
+    if args.step_factor != 1.0:
+        kwargs["step_factor"] = args.step_factor
+        kwargs["step_at_s"] = args.duration_s / 2
+    if sweep == "fluctuation" and value is not None:
+        kwargs["fluctuation"] = value
+    if sweep == "invocation-ratio" and value is not None:
+        kwargs["invocation_ratio"] = value
+    return synthetic_workload(**kwargs)
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+def _check(args: argparse.Namespace) -> tuple[tuple[float | None, ...], tuple[str, ...]]:
+    if args.workload not in WORKLOADS:
+        raise CommandError(
+            f"--workload must be one of {', '.join(WORKLOADS)}, got {args.workload!r}"
+        )
+    if args.cluster not in (None, "alibaba", "synthetic"):
+        raise CommandError(f"--cluster must be alibaba or synthetic, got {args.cluster!r}")
+    if args.workers < 1:
+        raise CommandError(f"--workers must be at least 1, got {args.workers}")
+    if args.seeds < 1:
+        raise CommandError(f"--seeds must be at least 1, got {args.seeds}")
+    positive = {
+        "--duration-s": args.duration_s,
+        "--update-hz": args.update_hz,
+        "--window-s": args.window_s,
+    }
+    for name, number in positive.items():
+        if not (math.isfinite(number) and number > 0):
+            raise CommandError(f"{name} must be a number > 0, got {number:g}")
+    for name, optional in {
+        "--models": args.models,
+        "--rate-rps": args.rate_rps,
+        "--time-scale": args.time_scale,
+    }.items():
+        if optional is not None and not (math.isfinite(optional) and optional > 0):
+            raise CommandError(f"{name} must be a number > 0, got {optional:g}")
+    if not (math.isfinite(args.step_factor) and args.step_factor > 0):
+        raise CommandError(f"--step-factor must be a number > 0, got {args.step_factor:g}")
+    for name, number in {
+        "--decision-base-s": args.decision_base_s,
+        "--decision-per-change-s": args.decision_per_change_s,
+        "--large-change": args.large_change,
+    }.items():
+        if not (math.isfinite(number) and number >= 0):
+            raise CommandError(f"{name} must be a number >= 0, got {number:g}")
+    if args.sweep is not None and args.sweep not in SWEEP_DEFAULTS:
+        raise CommandError(
+            f"--sweep must be one of {', '.join(SWEEP_DEFAULTS)}, got {args.sweep!r}"
+        )
+    if args.sweep is None:
+        if args.values is not None:
+            raise CommandError("--values needs --sweep")
+        values: tuple[float | None, ...] = (None,)
+    else:
+        values = tuple(args.values) if args.values is not None else SWEEP_DEFAULTS[args.sweep]
+        for value in values:
+            assert value is not None
+            if args.sweep == "update-frequency":
+                if not (math.isfinite(value) and value > 0):
+                    raise CommandError(
+                        f"--values: an update frequency must be > 0 Hz, got {value:g}"
+                    )
+            elif not 0.0 <= value <= 1.0:
+                raise CommandError(f"--values: {args.sweep} must be within [0, 1], got {value:g}")
+    if args.workload == "lora" and args.sweep in ("fluctuation", "invocation-ratio"):
+        raise CommandError(f"--sweep {args.sweep} needs --workload synthetic")
+    known = policy_names()
+    policies = tuple(args.policies) if args.policies is not None else known
+    for name in policies:
+        if name not in known:
+            raise CommandError(f"unknown policy {name!r}; known: {', '.join(known)}")
+    return values, policies
+
+
+def _run(args: argparse.Namespace) -> int:
+    from research.multimodel.metrics import summarize
+    from research.multimodel.simulator import MultiModelSimConfig, simulate_multimodel
+
+    values, policies = _check(args)
+    config = {
+        "workload": args.workload,
+        "cluster": args.cluster or ("alibaba" if args.workload == "lora" else "synthetic"),
+        "workers": args.workers,
+        "models": args.models,
+        "rate_rps": args.rate_rps,
+        "step_factor": args.step_factor,
+        "time_scale": args.time_scale,
+        "sweep": args.sweep,
+        "values": list(values),
+        "policies": list(policies),
+        "seeds": args.seeds,
+        "duration_s": args.duration_s,
+        "update_hz": args.update_hz,
+        "decision_base_s": args.decision_base_s,
+        "decision_per_change_s": args.decision_per_change_s,
+        "large_change": args.large_change,
+        "window_s": args.window_s,
+    }
+    runs: list[dict[str, Any]] = []
+    for value in values:
+        for seed in range(args.seeds):
+            workers = build_workers(args, args.sweep, value, seed)
+            workload = build_workload(args, args.sweep, value, seed)
+            hz = value if args.sweep == "update-frequency" and value is not None else args.update_hz
+            sim_config = MultiModelSimConfig(
+                update_hz=hz,
+                decision_base_s=args.decision_base_s,
+                decision_per_change_s=args.decision_per_change_s,
+                large_change=args.large_change or None,
+                window_s=args.window_s,
+                seed=seed,
+            )
+            for name in policies:
+                policy = make_policy(name)
+                result = simulate_multimodel(
+                    workload, workers, policy.placement, policy.router, sim_config
+                )
+                metrics = summarize(result).as_dict()
+                run = {
+                    "policy": getattr(policy, "name", name),
+                    "sweep": args.sweep,
+                    "value": value,
+                    "seed": seed,
+                    **metrics,
+                }
+                runs.append(run)
+                print(
+                    f"  {run['policy']} {args.sweep or ''} {'' if value is None else f'{value:g}'} "
+                    f"seed {seed}: util {run['utilization']:.1f}% p99 {run['p99_s']:.2f}s",
+                    file=sys.stderr,
+                )
+    table = format_table(runs)
+    print(table)
+    document = {"config": config, "runs": runs}
+    if args.json is not None:
+        try:
+            args.json.write_text(json.dumps(json_ready(document), indent=2) + "\n")
+        except OSError as exc:
+            raise CommandError(f"cannot write {args.json}: {exc.strerror or exc}") from None
+        print(f"runs written to {args.json}", file=sys.stderr)
+    if args.report is not None:
+        page = write_report(runs, config, table, args.report)
+        print(f"report written to {page}", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- table
+
+
+def aggregate(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Means over seeds, one row per (policy, value), in first-seen order. A metric that
+    is ``None`` in some seeds (responsiveness without a step) averages the others."""
+    groups: dict[tuple[str, Any], list[Mapping[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["policy"], run["value"]), []).append(run)
+    rows = []
+    for (policy, value), members in groups.items():
+        row: dict[str, Any] = {"policy": policy, "value": value, "seeds": len(members)}
+        for key, _, _ in METRICS:
+            numbers = [
+                float(m[key])
+                for m in members
+                if m.get(key) is not None and math.isfinite(float(m[key]))
+            ]
+            row[key] = sum(numbers) / len(numbers) if numbers else None
+        rows.append(row)
+    return rows
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "slo_violation_rate":
+        return f"{100 * value:.1f}%"
+    if key == "placement_changes":
+        return f"{value:.0f}"
+    if key in ("utilization",):
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def format_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    """A plain-text table of :func:`aggregate`'s rows."""
+    rows = aggregate(runs)
+    sweep = next((run["sweep"] for run in runs if run.get("sweep")), None)
+    head = ["policy", *([sweep] if sweep else []), *(title for _, title, _ in METRICS)]
+    body = [
+        [
+            row["policy"],
+            *([f"{row['value']:g}"] if sweep else []),
+            *(_cell(key, row[key]) for key, _, _ in METRICS),
+        ]
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in body)])
+
+
+# --------------------------------------------------------------------------- report
+
+
+def write_report(
+    runs: Sequence[Mapping[str, Any]], config: Mapping[str, Any], table: str, out_dir: Path
+) -> Path:
+    """One PNG per metric (against the swept value, or a bar per policy without a sweep)
+    and ``index.html``; returns the page's path."""
+    from switchyard.figures import (
+        INSTALL_HINT,
+        SERIES_COLOURS,
+        SERIES_MARKERS,
+        ReportError,
+        ensure_out_dir,
+        new_figure,
+    )
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ReportError(
+            f"plots need matplotlib, which is not installed; install the report extra: {INSTALL_HINT}"
+        ) from None
+    ensure_out_dir(out_dir)
+    rows = aggregate(runs)
+    policies = list(dict.fromkeys(row["policy"] for row in rows))
+    sweep = config.get("sweep")
+    images: list[tuple[str, str]] = []
+    for key, _, label in METRICS:
+        figure, axes = new_figure()
+        drawn = False
+        for index, policy in enumerate(policies):
+            colour = SERIES_COLOURS[index % len(SERIES_COLOURS)]
+            marker = SERIES_MARKERS[(index // len(SERIES_COLOURS)) % len(SERIES_MARKERS)]
+            points = [
+                (row["value"], row[key])
+                for row in rows
+                if row["policy"] == policy and row[key] is not None
+            ]
+            if not points:
+                continue
+            drawn = True
+            if sweep:
+                points.sort()
+                axes.plot(
+                    [x for x, _ in points],
+                    [y for _, y in points],
+                    label=policy,
+                    color=colour,
+                    marker=marker,
+                    linewidth=1.6,
+                )
+            else:
+                axes.bar([index], [points[0][1]], color=colour, label=policy)
+        if not drawn:
+            continue
+        if sweep:
+            axes.set_xlabel(SWEEP_LABELS.get(str(sweep), str(sweep)))
+            if sweep == "update-frequency":
+                axes.set_xscale("log")
+        else:
+            axes.set_xticks(range(len(policies)), policies, rotation=20, fontsize=8)
+        axes.set_ylabel(label, fontsize=9)
+        axes.set_title(
+            f"{label} ({config.get('workload')}, {config.get('workers')} workers)", fontsize=10
+        )
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=8)
+        name = f"{sweep or 'policies'}_{key}.png"
+        try:
+            figure.savefig(out_dir / name, format="png")
+        except OSError as exc:
+            raise ReportError(f"cannot write {out_dir / name}: {exc.strerror or exc}") from None
+        images.append((name, label))
+    config_rows = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+        for k, v in config.items()
+    )
+    figures = "".join(
+        f'<figure><img src="{html.escape(name)}" alt="{html.escape(label)}">'
+        f"<figcaption>{html.escape(label)}</figcaption></figure>"
+        for name, label in images
+    )
+    page = out_dir / "index.html"
+    text = (
+        "<!doctype html>\n<html><head><meta charset='utf-8'><title>switchyard multimodel</title>"
+        "<style>body{font-family:sans-serif;margin:2em}figure{display:inline-block;margin:1em}"
+        "table{border-collapse:collapse}th,td{text-align:left;padding:2px 8px}</style></head>"
+        f"<body><h1>Multi-model placement policies</h1><h2>Configuration</h2><table>{config_rows}"
+        f"</table><h2>Results (means over seeds)</h2><pre>{html.escape(table)}</pre>"
+        f"<h2>Plots</h2>{figures}</body></html>\n"
+    )
+    try:
+        page.write_text(text)
+    except OSError as exc:
+        raise ReportError(f"cannot write {page}: {exc.strerror or exc}") from None
+    return page

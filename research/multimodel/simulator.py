@@ -1,0 +1,893 @@
+"""The multi-model simulator: pipelines of model stages on heterogeneous workers, in
+virtual time, under a placement policy and a router (:mod:`switchyard.multimodel.snapshot`).
+
+What it models
+--------------
+* A request runs its pipeline's DAG. A stage becomes *ready* when every stage in its
+  ``after`` has finished; a stage whose output feeds two later stages runs once (the
+  intermediate result is shared). A request's latency is the end of its last stage
+  minus its arrival.
+* A ready stage is handed to the :class:`~switchyard.multimodel.snapshot.Router`, which
+  picks a worker where the model is placed. While no replica of the model is ready (or
+  the router answers ``None``), the stage waits in that model's *pending* queue; pending
+  stages are routed again when a replica of the model becomes ready, when a stage of the
+  model finishes, and after every placement update.
+* A replica (one model resident on one worker) serves one stage at a time, FIFO. Service
+  time = ``model.exec_s * request.exec_scale / worker.speed``. Replicas on one worker run
+  side by side: each owns its resource vector.
+* Every ``1 / update_hz`` seconds, and on a large demand change, the shell builds a
+  :class:`~switchyard.multimodel.snapshot.PlacementSnapshot` and carries out the policy's
+  :class:`~switchyard.multimodel.snapshot.PlacementPlan`: evictions first, then loads.
+  A plan whose loads would not fit after its evictions (or that loads a model twice on a
+  worker, evicts one that is not there, or names an unknown worker or model) is refused
+  whole with a :class:`PlanError` naming the worker and the models.
+
+What an update costs (the overhead of too-frequent updates)
+-----------------------------------------------------------
+Three costs are charged in virtual time, so a high ``update_hz`` shows its overhead:
+
+1. **Decision pause.** Each update pauses routing cluster-wide for
+   ``decision_base_s + decision_per_change_s * changes`` seconds (collecting the state,
+   deciding, and telling the workers; ``changes`` = loads + evictions of the plan).
+   Stages that become ready meanwhile wait in the pending queues; replicas keep serving
+   what they already hold.
+2. **Loading.** A loaded replica serves nothing until ``ready_at = now + model.load_s``.
+   With ``load_blocks_worker`` (off by default) a load also blocks its whole worker: no
+   replica on it *starts* a stage until every load there is done, as when a weights
+   transfer saturates a worker's only memory bus; stages already in service finish.
+   Off by default because the workers here hold several GPUs, and loading onto one
+   leaves the others serving.
+3. **Eviction.** An evicted replica finishes the stage it serves; its queued stages go
+   back to the router (they lose their place in line). Its resources count as free at
+   once.
+
+Plan churn therefore costs pauses, blocked workers and re-queued work; a policy that
+re-places on every noisy demand reading at 4 Hz pays all three.
+
+Demand estimate
+---------------
+``demand_rps[m]`` is a continuous-time exponentially weighted moving average of stage
+invocations of model ``m`` (a stage is *invoked* when it becomes ready): a counter that
+decays as ``exp(-dt / demand_tau_s)`` and gains 1 per invocation, divided by
+``demand_tau_s``. At a constant rate of ``r`` invocations per second it reads ``r``.
+
+Large change trigger: when an invocation moves a model's estimate ``r`` away from its
+value ``r0`` at the last update by more than ``large_change * r0`` (``large_change`` a
+fraction, 0.5 = 50 %) *and* by more than three standard deviations of the estimate's
+Poisson noise, ``3 * sqrt(max(r0, 1 / demand_tau_s) / demand_tau_s)``, an extra update
+runs at once, but no sooner than ``large_change_min_gap_s`` after the previous update.
+Example: ``tau = 5 s``, ``r0 = 4/s``: noise sd ``sqrt(4 / 5) = 0.89``, so an extra update
+needs ``|r - 4| > max(2, 2.68) = 2.68`` per second.
+
+Routing snapshots
+-----------------
+The router gets a :class:`PlacementSnapshot` too. To keep routing cheap, a worker's
+state is rebuilt only when something it shows changed (a stage queued, started or
+finished, a model loaded or evicted) and, between updates, only for the workers that
+hold the routed model; so the queues and residents of the candidates are exact, but
+``queued_work_s`` counts a running stage's remaining time as of the worker's last change
+(it overstates the work of a worker that has been serving one long stage undisturbed),
+and ``utilization`` is the value of the last update.
+``demand_rps`` and ``waiting`` in a routing snapshot are read-only views of live tables,
+valid during the call.
+
+Determinism: for one workload, workers, policy, router and config (seed included) a run
+gives the same result every time; the only randomness is the ``DecisionContext`` rngs
+seeded from ``seed``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from switchyard.errors import SwitchyardError
+from switchyard.multimodel.model import (
+    ModelSpec,
+    PipelineSpec,
+    ResourceVector,
+    WorkerSpec,
+    Workload,
+)
+from switchyard.multimodel.snapshot import (
+    PlacementPlan,
+    PlacementPolicy,
+    PlacementSnapshot,
+    ResidentModel,
+    Router,
+    WorkerState,
+)
+from switchyard.policies.base import DecisionContext
+
+__all__ = [
+    "MultiModelResult",
+    "MultiModelSimConfig",
+    "MultiModelSimulator",
+    "PlanError",
+    "RoutingError",
+    "SimulationInputError",
+    "UpdateRecord",
+    "simulate_multimodel",
+]
+
+
+class PlanError(SwitchyardError):
+    """A placement plan was refused (overflow, duplicate load, unknown names)."""
+
+
+class RoutingError(SwitchyardError):
+    """A router chose a worker that does not hold the model."""
+
+
+class SimulationInputError(SwitchyardError, ValueError):
+    """The workload or workers cannot be simulated (cycle, unknown model, bad config)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MultiModelSimConfig:
+    """How a multi-model run is carried out (all times in virtual seconds)."""
+
+    update_hz: float = 1.0
+    """Periodic placement updates per second."""
+    decision_base_s: float = 0.05
+    """Routing pause charged for every update."""
+    decision_per_change_s: float = 0.01
+    """Extra routing pause per load or eviction of the update's plan."""
+    load_blocks_worker: bool = False
+    """A load blocks its worker from starting stages until it is done."""
+    large_change: float | None = 0.5
+    """Relative demand change that triggers an extra update; ``None`` turns it off."""
+    large_change_min_gap_s: float = 1.0
+    """No extra update sooner than this after the previous update."""
+    demand_tau_s: float = 5.0
+    """Time constant of the demand EWMA."""
+    window_s: float = 5.0
+    """Width of the latency windows of the metrics (stability, responsiveness)."""
+    max_drain_s: float = 600.0
+    """The run stops this long after the last arrival even if requests are unfinished."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = {
+            "update_hz": self.update_hz,
+            "demand_tau_s": self.demand_tau_s,
+            "window_s": self.window_s,
+        }
+        for name, value in positive.items():
+            if not (math.isfinite(value) and value > 0):
+                raise SimulationInputError(f"{name} must be a finite number > 0, got {value!r}")
+        non_negative = {
+            "decision_base_s": self.decision_base_s,
+            "decision_per_change_s": self.decision_per_change_s,
+            "large_change_min_gap_s": self.large_change_min_gap_s,
+            "max_drain_s": self.max_drain_s,
+        }
+        for name, value in non_negative.items():
+            if not (math.isfinite(value) and value >= 0):
+                raise SimulationInputError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.large_change is not None and not (
+            math.isfinite(self.large_change) and self.large_change > 0
+        ):
+            raise SimulationInputError(
+                f"large_change must be > 0 or None, got {self.large_change!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateRecord:
+    """One placement update."""
+
+    at_s: float
+    extra: bool
+    """Triggered by a large demand change rather than the period."""
+    loads: int
+    evictions: int
+    decision_wall_s: float
+    """Wall-clock seconds the policy's ``place`` took (measured, not simulated)."""
+    pause_s: float
+    """Routing pause charged in virtual time."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MultiModelResult:
+    """What a run produced; :mod:`research.multimodel.metrics` turns it into figures.
+
+    Per-request tuples follow the workload's request order. An unfinished request (the run
+    stopped ``max_drain_s`` after the last arrival) has ``finished`` False and a censored
+    latency: end of run minus arrival.
+    """
+
+    workload: str
+    policy: str
+    config: MultiModelSimConfig
+    arrivals_s: tuple[float, ...]
+    latencies_s: tuple[float, ...]
+    slo_s: tuple[float, ...]
+    finished: tuple[bool, ...]
+    end_s: float
+    """Virtual time the run ended (the last completion, or the drain cutoff)."""
+    worker_ids: tuple[str, ...]
+    worker_busy_s: tuple[float, ...]
+    """Per worker: seconds with at least one stage in service."""
+    worker_share_s: tuple[float, ...]
+    """Per worker: integral over time of the dominant share of the resources of the
+    replicas serving a stage (capped at 1), in share-seconds."""
+    updates: tuple[UpdateRecord, ...]
+    stages_run: int
+    step_at_s: float | None
+
+    @property
+    def placement_changes(self) -> int:
+        """Loads plus evictions carried out over the run."""
+        return sum(u.loads + u.evictions for u in self.updates)
+
+
+# ---------------------------------------------------------------------- internal state
+
+
+class _Pipeline:
+    __slots__ = ("dependents", "indegree", "models", "name", "roots", "slo_s")
+
+    def __init__(self, spec: PipelineSpec, models: Mapping[str, ModelSpec]) -> None:
+        self.name = spec.name
+        self.slo_s = spec.slo_s
+        if not spec.stages:
+            raise SimulationInputError(f"pipeline {spec.name!r} has no stages")
+        index: dict[str, int] = {}
+        for i, stage in enumerate(spec.stages):
+            if stage.name in index:
+                raise SimulationInputError(f"pipeline {spec.name!r}: stage {stage.name!r} twice")
+            if stage.model not in models:
+                raise SimulationInputError(
+                    f"pipeline {spec.name!r}: stage {stage.name!r} names unknown model {stage.model!r}"
+                )
+            index[stage.name] = i
+        dependents: list[list[int]] = [[] for _ in spec.stages]
+        indegree = [0] * len(spec.stages)
+        for i, stage in enumerate(spec.stages):
+            for before in dict.fromkeys(stage.after):
+                if before not in index:
+                    raise SimulationInputError(
+                        f"pipeline {spec.name!r}: stage {stage.name!r} runs after unknown stage {before!r}"
+                    )
+                dependents[index[before]].append(i)
+                indegree[i] += 1
+        # Kahn's algorithm: every stage must be reachable in topological order.
+        left = list(indegree)
+        queue = [i for i, d in enumerate(left) if d == 0]
+        seen = 0
+        while queue:
+            i = queue.pop()
+            seen += 1
+            for j in dependents[i]:
+                left[j] -= 1
+                if left[j] == 0:
+                    queue.append(j)
+        if seen != len(spec.stages):
+            raise SimulationInputError(f"pipeline {spec.name!r} has a cycle among its stages")
+        self.models = tuple(stage.model for stage in spec.stages)
+        self.dependents = tuple(tuple(d) for d in dependents)
+        self.indegree = tuple(indegree)
+        self.roots = tuple(i for i, d in enumerate(indegree) if d == 0)
+
+
+class _Request:
+    __slots__ = ("arrival_s", "deps", "index", "left", "pipeline", "scale")
+
+    def __init__(self, index: int, arrival_s: float, pipeline: _Pipeline, scale: float) -> None:
+        self.index = index
+        self.arrival_s = arrival_s
+        self.pipeline = pipeline
+        self.scale = scale
+        self.deps = list(pipeline.indegree)
+        self.left = len(pipeline.indegree)
+
+
+# A stage of a request: (request, stage index).
+_Task = tuple[_Request, int]
+
+
+class _Replica:
+    __slots__ = (
+        "current",
+        "current_end",
+        "current_svc",
+        "gone",
+        "model",
+        "queue",
+        "queued_s",
+        "ready_at",
+        "resources",
+        "spec",
+        "worker",
+    )
+
+    def __init__(self, worker: _Worker, spec: ModelSpec, ready_at: float) -> None:
+        self.worker = worker
+        self.spec = spec
+        self.model = spec.name
+        self.resources = spec.resources
+        self.ready_at = ready_at
+        self.queue: deque[tuple[_Request, int, float]] = deque()
+        self.queued_s = 0.0
+        self.current: _Task | None = None
+        self.current_end = 0.0
+        self.current_svc = 0.0
+        self.gone = False
+
+
+class _Worker:
+    __slots__ = (
+        "built",
+        "busy",
+        "busy_cpu",
+        "busy_gpu",
+        "busy_mem",
+        "busy_s",
+        "cap",
+        "free_vec",
+        "index",
+        "last_s",
+        "loading",
+        "replicas",
+        "share_at_update",
+        "share_s",
+        "spec",
+        "utilization",
+        "version",
+    )
+
+    def __init__(self, index: int, spec: WorkerSpec) -> None:
+        self.index = index
+        self.spec = spec
+        self.cap = spec.capacity
+        self.replicas: dict[str, _Replica] = {}
+        self.loading = 0
+        self.busy = 0
+        self.busy_cpu = 0.0
+        self.busy_gpu = 0.0
+        self.busy_mem = 0.0
+        self.busy_s = 0.0
+        self.share_s = 0.0
+        self.last_s = 0.0
+        self.share_at_update = 0.0
+        self.utilization = 0.0
+        # Bumped on every change of what its state shows; ``built`` is the version its
+        # cached WorkerState was built at.
+        self.version = 0
+        self.built = -1
+        self.free_vec = spec.capacity
+
+    def share(self) -> float:
+        cap = self.cap
+        best = 0.0
+        for used, total in (
+            (self.busy_cpu, cap.cpu),
+            (self.busy_gpu, cap.gpu),
+            (self.busy_mem, cap.mem_gib),
+        ):
+            if total > 0:
+                best = max(best, used / total)
+            elif used > 1e-12:
+                best = 1.0
+        return min(1.0, best)
+
+    def advance(self, now: float) -> None:
+        dt = now - self.last_s
+        if dt > 0:
+            if self.busy:
+                self.busy_s += dt
+                self.share_s += self.share() * dt
+            self.last_s = now
+
+    def refresh_free(self) -> None:
+        used_cpu = used_gpu = used_mem = 0.0
+        for replica in self.replicas.values():
+            r = replica.resources
+            used_cpu += r.cpu
+            used_gpu += r.gpu
+            used_mem += r.mem_gib
+        self.free_vec = self.cap - ResourceVector(used_cpu, used_gpu, used_mem)
+
+
+# Event kinds, in the heap as (time, sequence, kind, payload).
+_DONE = 0
+_READY = 1
+_UPDATE = 2
+_EXTRA_UPDATE = 3
+_RESUME = 4
+
+
+class MultiModelSimulator:
+    """One run of a workload on workers under a placement policy and a router.
+
+    Example::
+
+        result = MultiModelSimulator(workload, workers, policy, router).run()
+        metrics = summarize(result)  # research.multimodel.metrics
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        workers: Sequence[WorkerSpec],
+        placement: PlacementPolicy,
+        router: Router,
+        config: MultiModelSimConfig | None = None,
+    ) -> None:
+        self.config = config or MultiModelSimConfig()
+        self.workload = workload
+        self.placement = placement
+        self.router = router
+        if not workers:
+            raise SimulationInputError("no workers to simulate")
+        ids = [w.worker_id for w in workers]
+        if len(set(ids)) != len(ids):
+            raise SimulationInputError("worker ids must be unique")
+        for w in workers:
+            if not (math.isfinite(w.speed) and w.speed > 0):
+                raise SimulationInputError(f"worker {w.worker_id}: speed must be > 0")
+        self.models: Mapping[str, ModelSpec] = workload.models
+        self.pipelines: dict[str, _Pipeline] = {
+            name: _Pipeline(spec, workload.models) for name, spec in workload.pipelines.items()
+        }
+        for request in workload.requests:
+            if request.pipeline not in self.pipelines:
+                raise SimulationInputError(
+                    f"request {request.request_id} names unknown pipeline {request.pipeline!r}"
+                )
+        self.workers = [_Worker(i, spec) for i, spec in enumerate(workers)]
+        self.by_id = {w.spec.worker_id: w for w in self.workers}
+
+    # ----------------------------------------------------------------- the run
+
+    def run(self) -> MultiModelResult:
+        cfg = self.config
+        self._now = 0.0
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._paused_until = -1.0
+        self._pending: dict[str, deque[_Task]] = {m: deque() for m in self.models}
+        self._waiting_counts: dict[str, int] = dict.fromkeys(self.models, 0)
+        self._holders: dict[str, list[_Replica]] = {m: [] for m in self.models}
+        self._demand_v: dict[str, float] = dict.fromkeys(self.models, 0.0)
+        self._demand_t: dict[str, float] = dict.fromkeys(self.models, 0.0)
+        self._demand_rps: dict[str, float] = dict.fromkeys(self.models, 0.0)
+        self._demand_base: dict[str, float] = dict.fromkeys(self.models, 0.0)
+        self._last_update_s = -math.inf
+        self._extra_pending = False
+        self._updates: list[UpdateRecord] = []
+        self._stages_run = 0
+        self._route_rng = random.Random(f"route:{cfg.seed}")
+        self._place_rng = random.Random(f"place:{cfg.seed}")
+        self._route_seq = 0
+        self._place_seq = 0
+        self._states: list[WorkerState] = [self._worker_state(w) for w in self.workers]
+        self._demand_view = MappingProxyType(self._demand_rps)
+        self._waiting_view = MappingProxyType(self._waiting_counts)
+
+        requests = self.workload.requests
+        n = len(requests)
+        latencies = [0.0] * n
+        finished = [False] * n
+        self._latencies = latencies
+        self._finished = finished
+        self._done = 0
+        last_arrival = requests[-1].arrival_s if requests else 0.0
+        cutoff = last_arrival + cfg.max_drain_s
+
+        self._push(0.0, _UPDATE, None)
+        heap = self._heap
+        next_i = 0
+        end_s = 0.0
+        while True:
+            next_arrival = requests[next_i].arrival_s if next_i < n else math.inf
+            if heap and heap[0][0] <= next_arrival:
+                at, _, kind, payload = heapq.heappop(heap)
+                if at > cutoff or (next_i >= n and self._done == n):
+                    break
+                self._now = at
+                if kind == _DONE:
+                    assert isinstance(payload, _Replica)
+                    self._on_done(payload)
+                    end_s = at
+                elif kind == _READY:
+                    assert isinstance(payload, _Replica)
+                    self._on_ready(payload)
+                elif kind == _UPDATE:
+                    self._update(extra=False)
+                    self._push(at + 1.0 / cfg.update_hz, _UPDATE, None)
+                elif kind == _EXTRA_UPDATE:
+                    self._extra_pending = False
+                    if at - self._last_update_s >= cfg.large_change_min_gap_s:
+                        self._update(extra=True)
+                else:  # _RESUME
+                    if at >= self._paused_until:
+                        self._retry_all_pending()
+            elif next_i < n:
+                req = requests[next_i]
+                self._now = req.arrival_s
+                pipeline = self.pipelines[req.pipeline]
+                run = _Request(next_i, req.arrival_s, pipeline, req.exec_scale)
+                next_i += 1
+                for stage in pipeline.roots:
+                    self._stage_ready(run, stage)
+            else:
+                break
+        if self._done < n:
+            end_s = max(end_s, min(cutoff, self._now))
+        for w in self.workers:
+            w.advance(end_s)
+        for i, req in enumerate(requests):
+            if not finished[i]:
+                latencies[i] = max(0.0, end_s - req.arrival_s)
+        return MultiModelResult(
+            workload=self.workload.name,
+            policy=self.placement.name,
+            config=cfg,
+            arrivals_s=tuple(r.arrival_s for r in requests),
+            latencies_s=tuple(latencies),
+            slo_s=tuple(self.pipelines[r.pipeline].slo_s for r in requests),
+            finished=tuple(finished),
+            end_s=end_s,
+            worker_ids=tuple(w.spec.worker_id for w in self.workers),
+            worker_busy_s=tuple(w.busy_s for w in self.workers),
+            worker_share_s=tuple(w.share_s for w in self.workers),
+            updates=tuple(self._updates),
+            stages_run=self._stages_run,
+            step_at_s=self.workload.step_at_s,
+        )
+
+    def _push(self, at: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, kind, payload))
+
+    # ----------------------------------------------------------------- stages
+
+    def _stage_ready(self, run: _Request, stage: int) -> None:
+        model = run.pipeline.models[stage]
+        now = self._now
+        # Demand EWMA: decay, then count this invocation.
+        tau = self.config.demand_tau_s
+        v = self._demand_v[model] * math.exp((self._demand_t[model] - now) / tau) + 1.0
+        self._demand_v[model] = v
+        self._demand_t[model] = now
+        rate = v / tau
+        self._demand_rps[model] = rate
+        threshold = self.config.large_change
+        if threshold is not None and not self._extra_pending:
+            base = self._demand_base[model]
+            change = abs(rate - base)
+            # Large: past the relative threshold and past three standard deviations of
+            # the estimate's own Poisson noise (sqrt(rate / tau)), so that a rarely used
+            # model's jitter does not set off an update on every invocation.
+            if change > threshold * base and change > 3.0 * math.sqrt(max(base, 1.0 / tau) / tau):
+                at = max(now, self._last_update_s + self.config.large_change_min_gap_s)
+                self._extra_pending = True
+                self._push(at, _EXTRA_UPDATE, None)
+        self._route(model, (run, stage))
+
+    def _route(self, model: str, task: _Task) -> None:
+        if self._now < self._paused_until or not self._has_ready(model):
+            self._wait(model, task)
+            return
+        worker_id = self.router.route(model, self._routing_snapshot(model), self._route_ctx())
+        if worker_id is None:
+            self._wait(model, task)
+            return
+        worker = self.by_id.get(worker_id)
+        replica = worker.replicas.get(model) if worker is not None else None
+        if replica is None:
+            raise RoutingError(
+                f"router sent a stage of model {model!r} to worker {worker_id!r}, "
+                "which does not hold it"
+            )
+        self._enqueue(replica, task)
+
+    def _has_ready(self, model: str) -> bool:
+        now = self._now
+        return any(r.ready_at <= now for r in self._holders[model])
+
+    def _wait(self, model: str, task: _Task) -> None:
+        self._pending[model].append(task)
+        self._waiting_counts[model] += 1
+
+    def _retry_pending(self, model: str) -> None:
+        pending = self._pending[model]
+        if not pending or self._now < self._paused_until or not self._has_ready(model):
+            return
+        tasks = list(pending)
+        pending.clear()
+        self._waiting_counts[model] = 0
+        for i, task in enumerate(tasks):
+            before = len(pending)
+            self._route(model, task)
+            if len(pending) > before:
+                # The router keeps this model's stages waiting: keep the rest, in order.
+                pending.extend(tasks[i + 1 :])
+                self._waiting_counts[model] = len(pending)
+                return
+
+    def _retry_all_pending(self) -> None:
+        for model, pending in self._pending.items():
+            if pending:
+                self._retry_pending(model)
+
+    def _enqueue(self, replica: _Replica, task: _Task) -> None:
+        run, stage = task
+        svc = replica.spec.exec_s * run.scale / replica.worker.spec.speed
+        replica.worker.version += 1
+        if replica.current is None and self._can_start(replica):
+            self._start(replica, run, stage, svc)
+        else:
+            replica.queue.append((run, stage, svc))
+            replica.queued_s += svc
+
+    def _can_start(self, replica: _Replica) -> bool:
+        if replica.gone or replica.ready_at > self._now:
+            return False
+        return not (self.config.load_blocks_worker and replica.worker.loading)
+
+    def _start(self, replica: _Replica, run: _Request, stage: int, svc: float) -> None:
+        now = self._now
+        worker = replica.worker
+        worker.advance(now)
+        worker.busy += 1
+        r = replica.resources
+        worker.busy_cpu += r.cpu
+        worker.busy_gpu += r.gpu
+        worker.busy_mem += r.mem_gib
+        replica.current = (run, stage)
+        replica.current_svc = svc
+        replica.current_end = now + svc
+        self._push(now + svc, _DONE, replica)
+
+    def _start_next(self, replica: _Replica) -> None:
+        if replica.queue and replica.current is None and self._can_start(replica):
+            run, stage, svc = replica.queue.popleft()
+            replica.queued_s -= svc
+            replica.worker.version += 1
+            self._start(replica, run, stage, svc)
+
+    def _on_done(self, replica: _Replica) -> None:
+        now = self._now
+        worker = replica.worker
+        worker.version += 1
+        worker.advance(now)
+        worker.busy -= 1
+        r = replica.resources
+        worker.busy_cpu -= r.cpu
+        worker.busy_gpu -= r.gpu
+        worker.busy_mem -= r.mem_gib
+        if worker.busy == 0:  # wipe float drift
+            worker.busy_cpu = worker.busy_gpu = worker.busy_mem = 0.0
+        assert replica.current is not None
+        run, stage = replica.current
+        replica.current = None
+        self._stages_run += 1
+        self._start_next(replica)
+        run.left -= 1
+        deps = run.deps
+        for j in run.pipeline.dependents[stage]:
+            deps[j] -= 1
+            if deps[j] == 0:
+                self._stage_ready(run, j)
+        if run.left == 0:
+            self._latencies[run.index] = now - run.arrival_s
+            self._finished[run.index] = True
+            self._done += 1
+        if self._pending[replica.model]:
+            self._retry_pending(replica.model)
+
+    def _on_ready(self, replica: _Replica) -> None:
+        worker = replica.worker
+        worker.loading -= 1
+        if replica.gone:
+            return
+        if self.config.load_blocks_worker:
+            if worker.loading == 0:
+                for other in worker.replicas.values():
+                    self._start_next(other)
+        else:
+            self._start_next(replica)
+        self._retry_pending(replica.model)
+
+    # ----------------------------------------------------------------- snapshots
+
+    def _route_ctx(self) -> DecisionContext:
+        self._route_seq += 1
+        return DecisionContext(rng=self._route_rng, sequence=self._route_seq - 1)
+
+    def _worker_state(self, worker: _Worker) -> WorkerState:
+        now = self._now
+        resident = []
+        work_s = 0.0
+        for replica in worker.replicas.values():
+            running = 1 if replica.current is not None else 0
+            if running:
+                work_s += max(0.0, replica.current_end - now)
+            work_s += replica.queued_s
+            resident.append(
+                ResidentModel(
+                    model=replica.model,
+                    ready_at_s=replica.ready_at,
+                    queued=len(replica.queue),
+                    running=running,
+                )
+            )
+        worker.built = worker.version
+        return WorkerState(
+            spec=worker.spec,
+            resident=tuple(resident),
+            free=worker.free_vec,
+            queued_work_s=work_s,
+            utilization=worker.utilization,
+        )
+
+    def _routing_snapshot(self, model: str) -> PlacementSnapshot:
+        states = self._states
+        for replica in self._holders[model]:
+            holder = replica.worker
+            if holder.version != holder.built:
+                states[holder.index] = self._worker_state(holder)
+        return PlacementSnapshot(
+            now_s=self._now,
+            workers=tuple(states),
+            models=self.models,
+            pipelines=self.workload.pipelines,
+            demand_rps=self._demand_view,
+            waiting=self._waiting_view,
+        )
+
+    # ----------------------------------------------------------------- placement
+
+    def _update(self, *, extra: bool) -> None:
+        now = self._now
+        cfg = self.config
+        interval = now - self._last_update_s if math.isfinite(self._last_update_s) else 0.0
+        tau = cfg.demand_tau_s
+        for model in self.models:
+            self._demand_rps[model] = (
+                self._demand_v[model] * math.exp((self._demand_t[model] - now) / tau) / tau
+            )
+        for worker in self.workers:
+            worker.advance(now)
+            if interval > 0:
+                worker.utilization = min(1.0, (worker.share_s - worker.share_at_update) / interval)
+            worker.share_at_update = worker.share_s
+            self._states[worker.index] = self._worker_state(worker)
+        snapshot = PlacementSnapshot(
+            now_s=now,
+            workers=tuple(self._states),
+            models=self.models,
+            pipelines=self.workload.pipelines,
+            demand_rps=dict(self._demand_rps),
+            waiting=dict(self._waiting_counts),
+        )
+        ctx = DecisionContext(rng=self._place_rng, sequence=self._place_seq)
+        self._place_seq += 1
+        started = time.perf_counter()
+        plan = self.placement.place(snapshot, ctx)
+        wall_s = time.perf_counter() - started
+        self._apply(plan)
+        changes = len(plan.load) + len(plan.evict)
+        pause_s = cfg.decision_base_s + cfg.decision_per_change_s * changes
+        self._last_update_s = now
+        self._demand_base.update(self._demand_rps)
+        self._updates.append(
+            UpdateRecord(
+                at_s=now,
+                extra=extra,
+                loads=len(plan.load),
+                evictions=len(plan.evict),
+                decision_wall_s=wall_s,
+                pause_s=pause_s,
+            )
+        )
+        if pause_s > 0:
+            self._paused_until = max(self._paused_until, now + pause_s)
+            self._push(self._paused_until, _RESUME, None)
+        else:
+            self._retry_all_pending()
+
+    def _check_plan(self, plan: PlacementPlan) -> None:
+        """Refuse the whole plan, naming the worker and models, if any part is wrong."""
+        free: dict[str, ResourceVector] = {}
+        placed: dict[str, set[str]] = {}
+        evicted: dict[str, list[str]] = {}
+        for worker_id, model in plan.evict:
+            worker = self.by_id.get(worker_id)
+            if worker is None:
+                raise PlanError(f"plan evicts {model!r} from unknown worker {worker_id!r}")
+            names = placed.setdefault(worker_id, set(worker.replicas))
+            if model not in names:
+                raise PlanError(
+                    f"plan evicts {model!r} from worker {worker_id}, which does not hold it"
+                )
+            names.discard(model)
+            evicted.setdefault(worker_id, []).append(model)
+            free[worker_id] = (
+                free.get(worker_id, worker.free_vec) + worker.replicas[model].resources
+            )
+        loads: dict[str, list[str]] = {}
+        for worker_id, model in plan.load:
+            worker = self.by_id.get(worker_id)
+            if worker is None:
+                raise PlanError(f"plan loads {model!r} onto unknown worker {worker_id!r}")
+            spec = self.models.get(model)
+            if spec is None:
+                raise PlanError(f"plan loads unknown model {model!r} onto worker {worker_id}")
+            names = placed.setdefault(worker_id, set(worker.replicas))
+            if model in names:
+                raise PlanError(
+                    f"plan loads {model!r} onto worker {worker_id}, which already holds it"
+                )
+            names.add(model)
+            loads.setdefault(worker_id, []).append(model)
+            room = free.get(worker_id, worker.free_vec)
+            if not spec.resources.fits_in(room):
+                gone = evicted.get(worker_id, [])
+                after = f" after evicting {', '.join(gone)}" if gone else ""
+                raise PlanError(
+                    f"plan overflows worker {worker_id}: loading {', '.join(loads[worker_id])} "
+                    f"does not fit in its capacity {_vec(worker.cap)}{after} "
+                    f"({model} needs {_vec(spec.resources)}, {_vec(room)} free)"
+                )
+            free[worker_id] = room - spec.resources
+
+    def _apply(self, plan: PlacementPlan) -> None:
+        if not plan.load and not plan.evict:
+            return
+        self._check_plan(plan)
+        now = self._now
+        for worker_id, model in plan.evict:
+            worker = self.by_id[worker_id]
+            replica = worker.replicas.pop(model)
+            replica.gone = True
+            self._holders[model].remove(replica)
+            requeue = [(run, stage) for run, stage, _ in replica.queue]
+            replica.queue.clear()
+            replica.queued_s = 0.0
+            worker.refresh_free()
+            worker.version += 1
+            self._states[worker.index] = self._worker_state(worker)
+            for task in requeue:
+                self._wait(model, task)
+        for worker_id, model in plan.load:
+            worker = self.by_id[worker_id]
+            spec = self.models[model]
+            replica = _Replica(worker, spec, now + spec.load_s)
+            worker.replicas[model] = replica
+            self._holders[model].append(replica)
+            worker.loading += 1
+            worker.refresh_free()
+            worker.version += 1
+            self._push(replica.ready_at, _READY, replica)
+            self._states[worker.index] = self._worker_state(worker)
+
+
+def _vec(v: ResourceVector) -> str:
+    return f"[cpu {v.cpu:g}, gpu {v.gpu:g}, mem {v.mem_gib:g} GiB]"
+
+
+def simulate_multimodel(
+    workload: Workload,
+    workers: Sequence[WorkerSpec],
+    placement: PlacementPolicy,
+    router: Router,
+    config: MultiModelSimConfig | None = None,
+) -> MultiModelResult:
+    """Run ``workload`` on ``workers`` under ``placement`` and ``router``.
+
+    Raises:
+        SimulationInputError: a pipeline with a cycle or an unknown model, bad workers.
+        PlanError: the policy produced a plan that overflows a worker (or is malformed).
+        RoutingError: the router chose a worker that does not hold the model.
+    """
+    return MultiModelSimulator(workload, workers, placement, router, config).run()
