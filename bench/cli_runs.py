@@ -13,7 +13,7 @@ from cli.main import build_parser
 def run_command(argv: Sequence[str]) -> None:
     """Run ``switchyard ARGV...``; raise ``SystemExit`` when the command fails."""
     print(f"\n$ switchyard {' '.join(argv)}", flush=True)
-    args = build_parser().parse_args(list(argv))
+    args = build_parser(argv).parse_args(list(argv))
     status = args.func(load_settings(), args)
     if status != 0:
         raise SystemExit(f"switchyard {argv[0]} exited with {status}")

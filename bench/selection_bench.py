@@ -37,18 +37,23 @@ from switchyard.selection.snapshot import (
     WorkerSlot,
 )
 
-# Measured CPU profiles of the bundled variants (ms per batch of 1..32; load ms), x100.
-_SHAPES: tuple[tuple[str, dict[int, float], float, float], ...] = (
+# Measured CPU profiles of the bundled variants, x100 (ms per batch of 1..32; load ms):
+# turned into seconds below.
+_SHAPES_MS: tuple[tuple[str, dict[int, float], float, float], ...] = (
     ("logreg-pca4", {1: 0.6, 2: 0.6, 4: 0.6, 8: 0.7, 16: 0.7, 32: 0.8}, 5.0, 0.85),
     ("mlp-small", {1: 1.8, 2: 1.8, 4: 1.9, 8: 2.0, 16: 2.1, 32: 2.3}, 60.0, 0.95),
     ("mlp-large", {1: 5.0, 2: 6.0, 4: 8.0, 8: 10.0, 16: 15.0, 32: 24.0}, 200.0, 0.97),
+)
+_SHAPES: tuple[tuple[str, dict[int, float], float, float], ...] = tuple(
+    (name, {size: ms / 1e3 for size, ms in latency_ms.items()}, load_ms / 1e3, accuracy)
+    for name, latency_ms, load_ms, accuracy in _SHAPES_MS
 )
 
 
 def synthetic_apps(count: int, rng: np.random.Generator) -> dict[str, AppView]:
     """``count`` applications of 3 variants, accuracies and recalls jittered per app."""
     apps: dict[str, AppView] = {}
-    penalty = Penalty(kind="sigmoid", steepness_per_ms=0.1, midpoint_ms=50.0)
+    penalty = Penalty(kind="sigmoid", steepness_per_s=100.0, midpoint_s=0.05)
     for a in range(count):
         classes = int(rng.integers(2, 11))
         variants = []
@@ -58,8 +63,8 @@ def synthetic_apps(count: int, rng: np.random.Generator) -> dict[str, AppView]:
             variants.append(
                 VariantView(
                     name=name,
-                    latency_ms={"cpu": dict(latency)},
-                    load_ms=load,
+                    latency_s={"cpu": dict(latency)},
+                    load_s=load,
                     accuracy=acc,
                     recall=recall,
                 )
@@ -72,31 +77,31 @@ def synthetic_apps(count: int, rng: np.random.Generator) -> dict[str, AppView]:
 
 
 def synthetic_window(
-    apps: dict[str, AppView], requests: int, now_ms: float, rng: np.random.Generator
+    apps: dict[str, AppView], requests: int, now_s: float, rng: np.random.Generator
 ) -> WindowSnapshot:
     names = list(apps)
     items = []
     for i in range(requests):
         app = apps[names[i % len(names)]]
-        arrival = now_ms - float(rng.uniform(0, 100.0))
+        arrival = now_s - float(rng.uniform(0, 0.1))
         theta = rng.dirichlet(np.full(app.num_classes, 0.5) + np.eye(app.num_classes)[0] * 4)
         expected = {v.name: float(np.dot(theta, v.recall)) for v in app.variants}
         items.append(
             WindowRequest(
                 request_id=f"r{i}",
                 app=app.name,
-                arrival_ms=arrival,
-                deadline_ms=arrival + max(1.0, float(rng.normal(150.0, 30.0))),
+                arrival_s=arrival,
+                deadline_s=arrival + max(0.001, float(rng.normal(0.15, 0.03))),
                 theta=tuple(float(t) for t in theta),
                 expected_accuracy=expected,
             )
         )
-    items.sort(key=lambda r: r.arrival_ms)
+    items.sort(key=lambda r: r.arrival_s)
     worker = WorkerSlot(
-        worker_id="w0", worker_type="cpu", free_at_ms=now_ms + float(rng.uniform(0, 20)),
+        worker_id="w0", worker_type="cpu", free_at_s=now_s + float(rng.uniform(0, 0.02)),
         loaded=(names[0], "mlp-small"),
     )  # fmt: skip
-    return WindowSnapshot(now_ms=now_ms, requests=tuple(items), apps=apps, workers=(worker,))
+    return WindowSnapshot(now_s=now_s, requests=tuple(items), apps=apps, workers=(worker,))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,7 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     apps = synthetic_apps(args.apps, rng)
     windows = [
-        synthetic_window(apps, args.requests, 100.0 * (i + 1), rng) for i in range(args.windows)
+        synthetic_window(apps, args.requests, 0.1 * (i + 1), rng) for i in range(args.windows)
     ]
     results: dict[str, dict[str, float]] = {}
     for name in names:

@@ -69,8 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument("registry", type=Path, metavar="REGISTRY", help="a registry file")
 
 
-def _latency_text(by_batch: dict[int, float], batch_size: int) -> str:
-    return f"{by_batch[batch_size]:.3f}" if batch_size in by_batch else "-"
+def _latency_text(by_batch_s: dict[int, float], batch_size: int) -> str:
+    """A profiled batch time, in milliseconds (the registry holds seconds)."""
+    return f"{by_batch_s[batch_size] * 1e3:.3f}" if batch_size in by_batch_s else "-"
 
 
 def _memory_text(memory_bytes: int) -> str:
@@ -87,7 +88,7 @@ def format_registry(registry: Registry) -> str:
     rows: list[tuple[str, ...]] = [header]
     for app in registry.applications:
         for name, profile in app.variants.items():
-            for worker_type, by_batch in profile.latency_ms.items():
+            for worker_type, by_batch in profile.latency_s.items():
                 rows.append(
                     (
                         app.name,

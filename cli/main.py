@@ -104,19 +104,22 @@ def _research_missing(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_CONFIG
 
 
-def _add_research_commands(add: AddCommand) -> None:
+def _add_research_commands(add: AddCommand, chosen: str | None) -> None:
+    """The research commands. Only the one ``chosen`` imports its module (for its
+    arguments): the others cost a service's start-up nothing."""
     for name, help_text, module_name, arguments_name, run_name in RESEARCH_COMMANDS:
+        command = _research_command(module_name, run_name)
+        if name != chosen:
+            add(name, command, help_text)
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if not (exc.name or "").startswith("research"):
                 raise
-            sub = add(name, _research_missing, f"{help_text} (not installed here)")
-            sub.add_argument("ignored", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            add(name, _research_missing, f"{help_text} (not installed here)")
             continue
-        getattr(module, arguments_name)(
-            add(name, _research_command(module_name, run_name), help_text)
-        )
+        getattr(module, arguments_name)(add(name, command, help_text))
 
 
 def _cmd_apps(settings: Settings, args: argparse.Namespace) -> int:
@@ -125,7 +128,11 @@ def _cmd_apps(settings: Settings, args: argparse.Namespace) -> int:
     return run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv`` (default: this process's arguments), whose command alone
+    has its research module imported."""
+    words = sys.argv[1:] if argv is None else argv
+    chosen = next((word for word in words if not word.startswith("-")), None)
     parser = argparse.ArgumentParser(
         prog="switchyard",
         description="Switchyard: a scheduling control plane for multi-model inference.",
@@ -198,13 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Replay the bundled trace sample through the bus and state store (the foundation demo).",
     )
     demo_bus.add_argument("--requests", type=int, default=2000, help="requests to replay")
-    _add_research_commands(add)
+    _add_research_commands(add, chosen)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser = build_parser(argv)
+    # A research command that is not installed takes any arguments: it only says so.
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.func is not _research_missing:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         settings = load_settings()
     except ConfigError as exc:

@@ -84,13 +84,10 @@ import random
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 
-from switchyard.errors import SwitchyardError
 from switchyard.multimodel.model import (
     ModelSpec,
-    PipelineSpec,
     ResourceVector,
     WorkerSpec,
     Workload,
@@ -105,6 +102,10 @@ from switchyard.multimodel.snapshot import (
 )
 from switchyard.policies.base import DecisionContext
 
+from research.multimodel.errors import PlanError, RoutingError, SimulationInputError
+from research.multimodel.run import MultiModelResult, MultiModelSimConfig, UpdateRecord
+from research.multimodel.sim_state import PipelineRun, Replica, RequestRun, Task, WorkerRun
+
 __all__ = [
     "MultiModelResult",
     "MultiModelSimConfig",
@@ -117,286 +118,6 @@ __all__ = [
 ]
 
 
-class PlanError(SwitchyardError):
-    """A placement plan was refused (overflow, duplicate load, unknown names)."""
-
-
-class RoutingError(SwitchyardError):
-    """A router chose a worker that does not hold the model."""
-
-
-class SimulationInputError(SwitchyardError, ValueError):
-    """The workload or workers cannot be simulated (cycle, unknown model, bad config)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MultiModelSimConfig:
-    """How a multi-model run is carried out (all times in virtual seconds)."""
-
-    update_hz: float = 1.0
-    """Periodic placement updates per second."""
-    decision_base_s: float = 0.05
-    """Routing pause charged for every update."""
-    decision_per_change_s: float = 0.01
-    """Extra routing pause per load or eviction of the update's plan."""
-    load_blocks_worker: bool = False
-    """A load blocks its worker from starting stages until it is done."""
-    large_change: float | None = 0.5
-    """Relative demand change that triggers an extra update; ``None`` turns it off."""
-    large_change_min_gap_s: float = 1.0
-    """No extra update sooner than this after the previous update."""
-    demand_tau_s: float = 5.0
-    """Time constant of the demand EWMA."""
-    window_s: float = 5.0
-    """Width of the latency windows of the metrics (stability, responsiveness)."""
-    max_drain_s: float = 600.0
-    """The run stops this long after the last arrival even if requests are unfinished."""
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        positive = {
-            "update_hz": self.update_hz,
-            "demand_tau_s": self.demand_tau_s,
-            "window_s": self.window_s,
-        }
-        for name, value in positive.items():
-            if not (math.isfinite(value) and value > 0):
-                raise SimulationInputError(f"{name} must be a finite number > 0, got {value!r}")
-        non_negative = {
-            "decision_base_s": self.decision_base_s,
-            "decision_per_change_s": self.decision_per_change_s,
-            "large_change_min_gap_s": self.large_change_min_gap_s,
-            "max_drain_s": self.max_drain_s,
-        }
-        for name, value in non_negative.items():
-            if not (math.isfinite(value) and value >= 0):
-                raise SimulationInputError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.large_change is not None and not (
-            math.isfinite(self.large_change) and self.large_change > 0
-        ):
-            raise SimulationInputError(
-                f"large_change must be > 0 or None, got {self.large_change!r}"
-            )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class UpdateRecord:
-    """One placement update."""
-
-    at_s: float
-    extra: bool
-    """Triggered by a large demand change rather than the period."""
-    loads: int
-    evictions: int
-    decision_wall_s: float
-    """Wall-clock seconds the policy's ``place`` took (measured, not simulated)."""
-    pause_s: float
-    """Routing pause charged in virtual time."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MultiModelResult:
-    """What a run produced; :mod:`research.multimodel.metrics` turns it into figures.
-
-    Per-request tuples follow the workload's request order. An unfinished request (the run
-    stopped ``max_drain_s`` after the last arrival) has ``finished`` False and a censored
-    latency: end of run minus arrival.
-    """
-
-    workload: str
-    policy: str
-    config: MultiModelSimConfig
-    arrivals_s: tuple[float, ...]
-    latencies_s: tuple[float, ...]
-    slo_s: tuple[float, ...]
-    finished: tuple[bool, ...]
-    end_s: float
-    """Virtual time the run ended (the last completion, or the drain cutoff)."""
-    worker_ids: tuple[str, ...]
-    worker_busy_s: tuple[float, ...]
-    """Per worker: seconds with at least one stage in service."""
-    worker_share_s: tuple[float, ...]
-    """Per worker: integral over time of the dominant share of the resources of the
-    replicas serving a stage (capped at 1), in share-seconds."""
-    updates: tuple[UpdateRecord, ...]
-    stages_run: int
-    step_at_s: float | None
-
-    @property
-    def placement_changes(self) -> int:
-        """Loads plus evictions carried out over the run."""
-        return sum(u.loads + u.evictions for u in self.updates)
-
-
-# ---------------------------------------------------------------------- internal state
-
-
-class _Pipeline:
-    __slots__ = ("dependents", "indegree", "models", "name", "roots", "slo_s")
-
-    def __init__(self, spec: PipelineSpec, models: Mapping[str, ModelSpec]) -> None:
-        self.name = spec.name
-        self.slo_s = spec.slo_s
-        if not spec.stages:
-            raise SimulationInputError(f"pipeline {spec.name!r} has no stages")
-        index: dict[str, int] = {}
-        for i, stage in enumerate(spec.stages):
-            if stage.name in index:
-                raise SimulationInputError(f"pipeline {spec.name!r}: stage {stage.name!r} twice")
-            if stage.model not in models:
-                raise SimulationInputError(
-                    f"pipeline {spec.name!r}: stage {stage.name!r} names unknown model {stage.model!r}"
-                )
-            index[stage.name] = i
-        dependents: list[list[int]] = [[] for _ in spec.stages]
-        indegree = [0] * len(spec.stages)
-        for i, stage in enumerate(spec.stages):
-            for before in dict.fromkeys(stage.after):
-                if before not in index:
-                    raise SimulationInputError(
-                        f"pipeline {spec.name!r}: stage {stage.name!r} runs after unknown stage {before!r}"
-                    )
-                dependents[index[before]].append(i)
-                indegree[i] += 1
-        # Kahn's algorithm: every stage must be reachable in topological order.
-        left = list(indegree)
-        queue = [i for i, d in enumerate(left) if d == 0]
-        seen = 0
-        while queue:
-            i = queue.pop()
-            seen += 1
-            for j in dependents[i]:
-                left[j] -= 1
-                if left[j] == 0:
-                    queue.append(j)
-        if seen != len(spec.stages):
-            raise SimulationInputError(f"pipeline {spec.name!r} has a cycle among its stages")
-        self.models = tuple(stage.model for stage in spec.stages)
-        self.dependents = tuple(tuple(d) for d in dependents)
-        self.indegree = tuple(indegree)
-        self.roots = tuple(i for i, d in enumerate(indegree) if d == 0)
-
-
-class _Request:
-    __slots__ = ("arrival_s", "deps", "index", "left", "pipeline", "scale")
-
-    def __init__(self, index: int, arrival_s: float, pipeline: _Pipeline, scale: float) -> None:
-        self.index = index
-        self.arrival_s = arrival_s
-        self.pipeline = pipeline
-        self.scale = scale
-        self.deps = list(pipeline.indegree)
-        self.left = len(pipeline.indegree)
-
-
-# A stage of a request: (request, stage index).
-_Task = tuple[_Request, int]
-
-
-class _Replica:
-    __slots__ = (
-        "current",
-        "current_end",
-        "current_svc",
-        "gone",
-        "model",
-        "queue",
-        "queued_s",
-        "ready_at",
-        "resources",
-        "spec",
-        "worker",
-    )
-
-    def __init__(self, worker: _Worker, spec: ModelSpec, ready_at: float) -> None:
-        self.worker = worker
-        self.spec = spec
-        self.model = spec.name
-        self.resources = spec.resources
-        self.ready_at = ready_at
-        self.queue: deque[tuple[_Request, int, float]] = deque()
-        self.queued_s = 0.0
-        self.current: _Task | None = None
-        self.current_end = 0.0
-        self.current_svc = 0.0
-        self.gone = False
-
-
-class _Worker:
-    __slots__ = (
-        "built",
-        "busy",
-        "busy_cpu",
-        "busy_gpu",
-        "busy_mem",
-        "busy_s",
-        "cap",
-        "free_vec",
-        "index",
-        "last_s",
-        "loading",
-        "replicas",
-        "share_at_update",
-        "share_s",
-        "spec",
-        "utilization",
-        "version",
-    )
-
-    def __init__(self, index: int, spec: WorkerSpec) -> None:
-        self.index = index
-        self.spec = spec
-        self.cap = spec.capacity
-        self.replicas: dict[str, _Replica] = {}
-        self.loading = 0
-        self.busy = 0
-        self.busy_cpu = 0.0
-        self.busy_gpu = 0.0
-        self.busy_mem = 0.0
-        self.busy_s = 0.0
-        self.share_s = 0.0
-        self.last_s = 0.0
-        self.share_at_update = 0.0
-        self.utilization = 0.0
-        # Bumped on every change of what its state shows; ``built`` is the version its
-        # cached WorkerState was built at.
-        self.version = 0
-        self.built = -1
-        self.free_vec = spec.capacity
-
-    def share(self) -> float:
-        cap = self.cap
-        best = 0.0
-        for used, total in (
-            (self.busy_cpu, cap.cpu),
-            (self.busy_gpu, cap.gpu),
-            (self.busy_mem, cap.mem_gib),
-        ):
-            if total > 0:
-                best = max(best, used / total)
-            elif used > 1e-12:
-                best = 1.0
-        return min(1.0, best)
-
-    def advance(self, now: float) -> None:
-        dt = now - self.last_s
-        if dt > 0:
-            if self.busy:
-                self.busy_s += dt
-                self.share_s += self.share() * dt
-            self.last_s = now
-
-    def refresh_free(self) -> None:
-        used_cpu = used_gpu = used_mem = 0.0
-        for replica in self.replicas.values():
-            r = replica.resources
-            used_cpu += r.cpu
-            used_gpu += r.gpu
-            used_mem += r.mem_gib
-        self.free_vec = self.cap - ResourceVector(used_cpu, used_gpu, used_mem)
-
-
-# Event kinds, in the heap as (time, sequence, kind, payload).
 _DONE = 0
 _READY = 1
 _UPDATE = 2
@@ -434,15 +155,15 @@ class MultiModelSimulator:
             if not (math.isfinite(w.speed) and w.speed > 0):
                 raise SimulationInputError(f"worker {w.worker_id}: speed must be > 0")
         self.models: Mapping[str, ModelSpec] = workload.models
-        self.pipelines: dict[str, _Pipeline] = {
-            name: _Pipeline(spec, workload.models) for name, spec in workload.pipelines.items()
+        self.pipelines: dict[str, PipelineRun] = {
+            name: PipelineRun(spec, workload.models) for name, spec in workload.pipelines.items()
         }
         for request in workload.requests:
             if request.pipeline not in self.pipelines:
                 raise SimulationInputError(
                     f"request {request.request_id} names unknown pipeline {request.pipeline!r}"
                 )
-        self.workers = [_Worker(i, spec) for i, spec in enumerate(workers)]
+        self.workers = [WorkerRun(i, spec) for i, spec in enumerate(workers)]
         self.by_id = {w.spec.worker_id: w for w in self.workers}
 
     # ----------------------------------------------------------------- the run
@@ -453,9 +174,9 @@ class MultiModelSimulator:
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._paused_until = -1.0
-        self._pending: dict[str, deque[_Task]] = {m: deque() for m in self.models}
+        self._pending: dict[str, deque[Task]] = {m: deque() for m in self.models}
         self._waiting_counts: dict[str, int] = dict.fromkeys(self.models, 0)
-        self._holders: dict[str, list[_Replica]] = {m: [] for m in self.models}
+        self._holders: dict[str, list[Replica]] = {m: [] for m in self.models}
         self._demand_v: dict[str, float] = dict.fromkeys(self.models, 0.0)
         self._demand_t: dict[str, float] = dict.fromkeys(self.models, 0.0)
         self._demand_rps: dict[str, float] = dict.fromkeys(self.models, 0.0)
@@ -494,11 +215,11 @@ class MultiModelSimulator:
                     break
                 self._now = at
                 if kind == _DONE:
-                    assert isinstance(payload, _Replica)
+                    assert isinstance(payload, Replica)
                     self._on_done(payload)
                     end_s = at
                 elif kind == _READY:
-                    assert isinstance(payload, _Replica)
+                    assert isinstance(payload, Replica)
                     self._on_ready(payload)
                 elif kind == _UPDATE:
                     self._update(extra=False)
@@ -514,7 +235,7 @@ class MultiModelSimulator:
                 req = requests[next_i]
                 self._now = req.arrival_s
                 pipeline = self.pipelines[req.pipeline]
-                run = _Request(next_i, req.arrival_s, pipeline, req.exec_scale)
+                run = RequestRun(next_i, req.arrival_s, pipeline, req.exec_scale)
                 next_i += 1
                 for stage in pipeline.roots:
                     self._stage_ready(run, stage)
@@ -550,7 +271,7 @@ class MultiModelSimulator:
 
     # ----------------------------------------------------------------- stages
 
-    def _stage_ready(self, run: _Request, stage: int) -> None:
+    def _stage_ready(self, run: RequestRun, stage: int) -> None:
         model = run.pipeline.models[stage]
         now = self._now
         # Demand EWMA: decay, then count this invocation.
@@ -573,7 +294,7 @@ class MultiModelSimulator:
                 self._push(at, _EXTRA_UPDATE, None)
         self._route(model, (run, stage))
 
-    def _route(self, model: str, task: _Task) -> None:
+    def _route(self, model: str, task: Task) -> None:
         if self._now < self._paused_until or not self._has_ready(model):
             self._wait(model, task)
             return
@@ -594,7 +315,7 @@ class MultiModelSimulator:
         now = self._now
         return any(r.ready_at <= now for r in self._holders[model])
 
-    def _wait(self, model: str, task: _Task) -> None:
+    def _wait(self, model: str, task: Task) -> None:
         self._pending[model].append(task)
         self._waiting_counts[model] += 1
 
@@ -619,7 +340,7 @@ class MultiModelSimulator:
             if pending:
                 self._retry_pending(model)
 
-    def _enqueue(self, replica: _Replica, task: _Task) -> None:
+    def _enqueue(self, replica: Replica, task: Task) -> None:
         run, stage = task
         svc = replica.spec.exec_s * run.scale / replica.worker.spec.speed
         replica.worker.version += 1
@@ -629,12 +350,12 @@ class MultiModelSimulator:
             replica.queue.append((run, stage, svc))
             replica.queued_s += svc
 
-    def _can_start(self, replica: _Replica) -> bool:
+    def _can_start(self, replica: Replica) -> bool:
         if replica.gone or replica.ready_at > self._now:
             return False
         return not (self.config.load_blocks_worker and replica.worker.loading)
 
-    def _start(self, replica: _Replica, run: _Request, stage: int, svc: float) -> None:
+    def _start(self, replica: Replica, run: RequestRun, stage: int, svc: float) -> None:
         now = self._now
         worker = replica.worker
         worker.advance(now)
@@ -648,14 +369,14 @@ class MultiModelSimulator:
         replica.current_end = now + svc
         self._push(now + svc, _DONE, replica)
 
-    def _start_next(self, replica: _Replica) -> None:
+    def _start_next(self, replica: Replica) -> None:
         if replica.queue and replica.current is None and self._can_start(replica):
             run, stage, svc = replica.queue.popleft()
             replica.queued_s -= svc
             replica.worker.version += 1
             self._start(replica, run, stage, svc)
 
-    def _on_done(self, replica: _Replica) -> None:
+    def _on_done(self, replica: Replica) -> None:
         now = self._now
         worker = replica.worker
         worker.version += 1
@@ -685,7 +406,7 @@ class MultiModelSimulator:
         if self._pending[replica.model]:
             self._retry_pending(replica.model)
 
-    def _on_ready(self, replica: _Replica) -> None:
+    def _on_ready(self, replica: Replica) -> None:
         worker = replica.worker
         worker.loading -= 1
         if replica.gone:
@@ -704,7 +425,7 @@ class MultiModelSimulator:
         self._route_seq += 1
         return DecisionContext(rng=self._route_rng, sequence=self._route_seq - 1)
 
-    def _worker_state(self, worker: _Worker) -> WorkerState:
+    def _worker_state(self, worker: WorkerRun) -> WorkerState:
         now = self._now
         resident = []
         work_s = 0.0
@@ -862,7 +583,7 @@ class MultiModelSimulator:
         for worker_id, model in plan.load:
             worker = self.by_id[worker_id]
             spec = self.models[model]
-            replica = _Replica(worker, spec, now + spec.load_s)
+            replica = Replica(worker, spec, now + spec.load_s)
             worker.replicas[model] = replica
             self._holders[model].append(replica)
             worker.loading += 1

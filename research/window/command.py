@@ -113,15 +113,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated window schedulers (default: every registered one)",
     )
     parser.add_argument("--requests-per-window", type=int, default=12, help="default 12")
-    parser.add_argument("--window-ms", type=float, default=100.0, help="default 100")
     parser.add_argument(
-        "--deadline-ms", type=float, default=150.0, help="mean relative deadline (default 150)"
+        "--window-s", type=float, default=0.1, help="window length, seconds (default 0.1)"
     )
     parser.add_argument(
-        "--deadline-std-ms",
+        "--deadline-s",
+        type=float,
+        default=0.15,
+        help="mean relative deadline, seconds (default 0.15)",
+    )
+    parser.add_argument(
+        "--deadline-std-s",
         type=float,
         default=0.0,
-        help="standard deviation of the deadline (default 0)",
+        help="standard deviation of the deadline, seconds (default 0)",
     )
     parser.add_argument(
         "--apps",
@@ -185,7 +190,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--values",
         default=None,
         metavar="V1,V2,...",
-        help="the sweep's values (default per sweep, e.g. deadline 50,100,150,200,300)",
+        help="the sweep's values (default per sweep, e.g. deadline 0.05,0.1,0.15,0.2,0.3)",
     )
     _registry_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
@@ -237,12 +242,12 @@ def _config(args: argparse.Namespace, seed: int) -> Any:
         raise _BadInputError(f"--heterogeneity: must be a finite number > 0, got {heterogeneity}")
     try:
         return WindowSimConfig(
-            window_ms=args.window_ms,
+            window_s=args.window_s,
             requests_per_window=args.requests_per_window,
             apps=args.apps,
             windows=args.windows,
-            deadline_ms=args.deadline_ms,
-            deadline_std_ms=args.deadline_std_ms,
+            deadline_s=args.deadline_s,
+            deadline_std_s=args.deadline_std_s,
             penalty=args.penalty,
             workers=args.workers,
             latency_scale=(
@@ -381,15 +386,17 @@ def _emulation(latency_scale: float, load_scale: float) -> str:
     )
 
 
-_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("utility", "utility", "{:.3f}"),
-    ("accuracy", "accuracy", "{:.3f}"),
-    ("deadline_violation_rate", "violations %", "{:.1%}"),
-    ("mean_violation_ms", "mean viol ms", "{:.1f}"),
-    ("sched_overhead_ms_p50", "ovh P50 ms", "{:.3f}"),
-    ("sched_overhead_ms_p99", "ovh P99 ms", "{:.3f}"),
-    ("short_circuited", "short-circ", "{:.1f}"),
-    ("rejected", "rejected", "{:.1f}"),
+# (key, header, format, scale): a column shows ``format.format(value * scale)``; times
+# are seconds in the runs and milliseconds on screen.
+_COLUMNS: tuple[tuple[str, str, str, float], ...] = (
+    ("utility", "utility", "{:.3f}", 1.0),
+    ("accuracy", "accuracy", "{:.3f}", 1.0),
+    ("deadline_violation_rate", "violations %", "{:.1%}", 1.0),
+    ("mean_violation_s", "mean viol ms", "{:.1f}", 1e3),
+    ("sched_overhead_p50_s", "ovh P50 ms", "{:.3f}", 1e3),
+    ("sched_overhead_p99_s", "ovh P99 ms", "{:.3f}", 1e3),
+    ("short_circuited", "short-circ", "{:.1f}", 1.0),
+    ("rejected", "rejected", "{:.1f}", 1.0),
 )
 
 
@@ -404,7 +411,7 @@ def _aggregate(
         for name in names:
             mine = [r for r in runs if r["scheduler"] == name and r.get("value") == value]
             row: dict[str, Any] = {"scheduler": name, "value": value, "seeds": len(mine)}
-            for key, _, _ in _COLUMNS:
+            for key, _, _, _ in _COLUMNS:
                 column = [float(r[key]) for r in mine]
                 row[key] = statistics.fmean(column)
                 row[f"{key}_min"] = min(column)
@@ -427,9 +434,10 @@ def format_sweep_table(rows: Sequence[Mapping[str, Any]], sweep: Sweep | None) -
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """One line per scheduler: the means over seeds (violations as a percentage)."""
-    header = ["scheduler", *(title for _, title, _ in _COLUMNS)]
+    header = ["scheduler", *(title for _, title, _, _ in _COLUMNS)]
     body = [
-        [str(row["scheduler"]), *(fmt.format(row[key]) for key, _, fmt in _COLUMNS)] for row in rows
+        [str(row["scheduler"]), *(fmt.format(row[key] * scale) for key, _, fmt, scale in _COLUMNS)]
+        for row in rows
     ]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = []

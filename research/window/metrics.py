@@ -32,7 +32,7 @@ Outcome = Literal["batch", "short-circuit", "rejected"]
 class RequestOutcome:
     """One request's fate.
 
-    ``finish_ms`` is ``None`` for a rejected request; ``variant`` is the variant that
+    ``finish_s`` is ``None`` for a rejected request; ``variant`` is the variant that
     answered (``None`` unless ``how == "batch"``); ``reason`` is the rejection's.
     """
 
@@ -40,24 +40,24 @@ class RequestOutcome:
     app: str
     window: int
     label: int
-    arrival_ms: float
-    deadline_ms: float
+    arrival_s: float
+    deadline_s: float
     how: Outcome
-    finish_ms: float | None
+    finish_s: float | None
     correct: bool
     utility: float
     variant: str | None = None
     reason: str | None = None
 
     @property
-    def lateness_ms(self) -> float | None:
+    def lateness_s(self) -> float | None:
         """``finish - deadline`` (``<= 0`` on time), ``None`` when rejected."""
-        return None if self.finish_ms is None else self.finish_ms - self.deadline_ms
+        return None if self.finish_s is None else self.finish_s - self.deadline_s
 
     @property
     def late(self) -> bool:
         """Answered after the deadline, or never answered."""
-        return self.finish_ms is None or self.finish_ms > self.deadline_ms
+        return self.finish_s is None or self.finish_s > self.deadline_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,12 +71,12 @@ class WindowSimResult:
         utility: mean utility per request.
         accuracy: share of requests answered right (rejected ones count as wrong).
         deadline_violation_rate: share answered late or not at all.
-        mean_violation_ms: mean lateness of the requests answered late (0 if none).
-        sched_overhead_ms_p50, sched_overhead_ms_p99: wall-clock milliseconds of the
+        mean_violation_s: mean lateness of the requests answered late (0 if none).
+        sched_overhead_p50_s, sched_overhead_p99_s: wall-clock seconds of the
             scheduler's ``schedule`` calls (one per window; the only wall clock read).
         short_circuited, rejected: how many requests ended that way.
         swaps: batches that began with a model swap.
-        plan_drift_ms: the largest gap between a batch's planned end and its end as
+        plan_drift_s: the largest gap between a batch's planned end and its end as
             executed from the profiles (0 for a scheduler whose arithmetic is right).
         outcomes: every request's :class:`RequestOutcome`, in arrival order.
     """
@@ -87,13 +87,13 @@ class WindowSimResult:
     utility: float
     accuracy: float
     deadline_violation_rate: float
-    mean_violation_ms: float
-    sched_overhead_ms_p50: float
-    sched_overhead_ms_p99: float
+    mean_violation_s: float
+    sched_overhead_p50_s: float
+    sched_overhead_p99_s: float
     short_circuited: int
     rejected: int
     swaps: int
-    plan_drift_ms: float
+    plan_drift_s: float
     outcomes: tuple[RequestOutcome, ...]
 
     def metrics(self) -> dict[str, Any]:
@@ -105,13 +105,13 @@ class WindowSimResult:
             "utility": self.utility,
             "accuracy": self.accuracy,
             "deadline_violation_rate": self.deadline_violation_rate,
-            "mean_violation_ms": self.mean_violation_ms,
-            "sched_overhead_ms_p50": self.sched_overhead_ms_p50,
-            "sched_overhead_ms_p99": self.sched_overhead_ms_p99,
+            "mean_violation_s": self.mean_violation_s,
+            "sched_overhead_p50_s": self.sched_overhead_p50_s,
+            "sched_overhead_p99_s": self.sched_overhead_p99_s,
             "short_circuited": self.short_circuited,
             "rejected": self.rejected,
             "swaps": self.swaps,
-            "plan_drift_ms": self.plan_drift_ms,
+            "plan_drift_s": self.plan_drift_s,
         }
 
 
@@ -123,14 +123,14 @@ def summarise(
     scheduler: str,
     seed: int,
     outcomes: Sequence[RequestOutcome],
-    overhead_ms: Sequence[float],
+    overhead_s: Sequence[float],
     *,
     swaps: int = 0,
-    plan_drift_ms: float = 0.0,
+    plan_drift_s: float = 0.0,
 ) -> WindowSimResult:
-    """Average ``outcomes`` into a :class:`WindowSimResult` (``overhead_ms``: one per window)."""
+    """Average ``outcomes`` into a :class:`WindowSimResult` (``overhead_s``: one per window)."""
     count = len(outcomes)
-    late = [o.lateness_ms for o in outcomes if o.finish_ms is not None and o.late]
+    late = [o.lateness_s for o in outcomes if o.finish_s is not None and o.late]
     violations = sum(1 for o in outcomes if o.late)
     return WindowSimResult(
         scheduler=scheduler,
@@ -139,12 +139,12 @@ def summarise(
         utility=sum(o.utility for o in outcomes) / count if count else 0.0,
         accuracy=sum(1 for o in outcomes if o.correct) / count if count else 0.0,
         deadline_violation_rate=violations / count if count else 0.0,
-        mean_violation_ms=sum(x for x in late if x is not None) / len(late) if late else 0.0,
-        sched_overhead_ms_p50=_percentile(overhead_ms, 50.0),
-        sched_overhead_ms_p99=_percentile(overhead_ms, 99.0),
+        mean_violation_s=sum(x for x in late if x is not None) / len(late) if late else 0.0,
+        sched_overhead_p50_s=_percentile(overhead_s, 50.0),
+        sched_overhead_p99_s=_percentile(overhead_s, 99.0),
         short_circuited=sum(1 for o in outcomes if o.how == "short-circuit"),
         rejected=sum(1 for o in outcomes if o.how == "rejected"),
         swaps=swaps,
-        plan_drift_ms=plan_drift_ms,
+        plan_drift_s=plan_drift_s,
         outcomes=tuple(outcomes),
     )

@@ -3,18 +3,18 @@
 The shell around a :class:`~switchyard.selection.base.WindowScheduler`, in virtual time:
 
 1. Workload (from the seed alone, so every scheduler sees the same requests): each
-   window of ``window_ms`` receives ``requests_per_window`` requests, split evenly over
+   window of ``window_s`` receives ``requests_per_window`` requests, split evenly over
    the ``apps`` applications taking part (12 over 3: 4 each; a remainder goes to the
    first applications). An application's requests are real held-out rows of its test
    split whose labels follow its stream class mix
    (:func:`~switchyard.apps.datasets.sample_stream`); they arrive uniformly over the
-   window; each has a relative deadline drawn from ``Normal(deadline_ms,
-   deadline_std_ms)``, clipped to at least 1 ms.
+   window; each has a relative deadline drawn from ``Normal(deadline_s,
+   deadline_std_s)``, clipped to at least 1 ms (0.001 s).
 2. SneakPeek: one :class:`~switchyard.estimation.NeighbourIndex` per dataset over its
    training split (built once per simulator), a Dirichlet prior (``prior``, or each
    application's own) and the variants' profiled recalls give every request ``theta``
    and each variant's expected accuracy. A *data-aware* scheduler receives them.
-3. At each window's end (``now_ms``) the scheduler gets every request that arrived in
+3. At each window's end (``now_s``) the scheduler gets every request that arrived in
    the window, the applications' views (:func:`~switchyard.selection.views.app_view`:
    profiles x the emulated-device scale) and the workers (when each is free, which
    variant is loaded, carried over from earlier windows). ``schedule`` is timed with
@@ -26,8 +26,8 @@ The shell around a :class:`~switchyard.selection.base.WindowScheduler`, in virtu
    batches run in planned order, each from ``max(planned start, worker free, now)``,
    plus the variant's load time when another (application, variant) was resident (a
    worker starts with none), plus the profiled batch latency x scale. With a scheduler
-   whose arithmetic matches the profiles this is exactly the planned ``end_ms``; any gap
-   is reported as ``plan_drift_ms``. Short-circuited requests are answered at ``now_ms``
+   whose arithmetic matches the profiles this is exactly the planned ``end_s``; any gap
+   is reported as ``plan_drift_s``. Short-circuited requests are answered at ``now_s``
    with SneakPeek's label; rejected requests earn nothing.
 
 Emulated edge device: the profiled CPU latencies (0.01 to 0.25 ms a batch) are
@@ -64,7 +64,7 @@ from switchyard.estimation import (
 )
 from switchyard.estimation.application import estimator_for_application
 from switchyard.policies.base import DecisionContext
-from switchyard.selection.base import WindowPlan, WindowScheduler, batch_latency_ms
+from switchyard.selection.base import WindowPlan, WindowScheduler, batch_latency_s
 from switchyard.selection.snapshot import (
     AppView,
     VariantView,
@@ -86,8 +86,8 @@ __all__ = [
 
 DEFAULT_PENALTIES: Mapping[str, Penalty] = {
     "step": Penalty(kind="step"),
-    "linear": Penalty(kind="linear", span_ms=100.0),
-    "sigmoid": Penalty(kind="sigmoid", steepness_per_ms=0.1, midpoint_ms=50.0),
+    "linear": Penalty(kind="linear", span_s=0.1),
+    "sigmoid": Penalty(kind="sigmoid", steepness_per_s=100.0, midpoint_s=0.05),
 }
 """``--penalty`` overrides: worthless when late; linearly worthless 100 ms after the
 deadline; half the value 50 ms after it (the registry's default sigmoid)."""
@@ -113,13 +113,13 @@ class WindowSimConfig:
     the field for a bad one.
 
     Attributes:
-        window_ms: length of a scheduling window.
+        window_s: length of a scheduling window.
         requests_per_window: requests arriving in each window (all applications).
         apps: applications taking part, ``None`` for every one of the registry. More
             than the registry holds runs copies side by side (``digits#2``: the same
             data and models, its own requests and its own resident-model slot).
         windows: windows simulated.
-        deadline_ms, deadline_std_ms: mean and standard deviation of the relative
+        deadline_s, deadline_std_s: mean and standard deviation of the relative
             deadline (normal, clipped to >= 1 ms; std 0: every deadline is the mean).
         penalty: ``step``, ``linear`` or ``sigmoid`` (:data:`DEFAULT_PENALTIES`) for
             every application, ``None`` for each application's own.
@@ -139,12 +139,12 @@ class WindowSimConfig:
             scheduled as usual. Fault injection for robustness runs; 0 by default.
     """
 
-    window_ms: float = 100.0
+    window_s: float = 0.1
     requests_per_window: int = 12
     apps: int | None = None
     windows: int = 50
-    deadline_ms: float = 150.0
-    deadline_std_ms: float = 0.0
+    deadline_s: float = 0.15
+    deadline_std_s: float = 0.0
     penalty: str | None = None
     workers: int = 1
     latency_scale: float = DEFAULT_LATENCY_SCALE
@@ -157,17 +157,17 @@ class WindowSimConfig:
     malformed_fraction: float = 0.0
 
     def __post_init__(self) -> None:
-        _positive("window_ms", self.window_ms)
+        _positive("window_s", self.window_s)
         _at_least_one("requests_per_window", self.requests_per_window)
         if self.apps is not None:
             _at_least_one("apps", self.apps)
         _at_least_one("windows", self.windows)
-        _positive("deadline_ms", self.deadline_ms)
-        if isinstance(self.deadline_std_ms, bool) or not (
-            math.isfinite(self.deadline_std_ms) and self.deadline_std_ms >= 0
+        _positive("deadline_s", self.deadline_s)
+        if isinstance(self.deadline_std_s, bool) or not (
+            math.isfinite(self.deadline_std_s) and self.deadline_std_s >= 0
         ):
             raise ValueError(
-                f"deadline_std_ms: must be a finite number >= 0, got {self.deadline_std_ms!r}"
+                f"deadline_std_s: must be a finite number >= 0, got {self.deadline_std_s!r}"
             )
         if self.penalty is not None and self.penalty not in PENALTY_KINDS:
             raise ValueError(
@@ -212,8 +212,8 @@ class _Request:
     request_id: str
     app: str
     window: int
-    arrival_ms: float
-    deadline_ms: float
+    arrival_s: float
+    deadline_s: float
     features: NDArray[np.float32]
     label: int
     theta: tuple[float, ...]
@@ -268,7 +268,7 @@ class WindowSimulator:
             copy = position // len(registry.applications)
             name = application.name if copy == 0 else f"{application.name}#{copy + 1}"
             for variant_name, profile in application.variants.items():
-                if config.worker_type not in profile.latency_ms:
+                if config.worker_type not in profile.latency_s:
                     raise ValueError(
                         f"worker_type: application {application.name!r} variant "
                         f"{variant_name!r} has no profile for {config.worker_type!r}"
@@ -341,12 +341,12 @@ class WindowSimulator:
             features, labels = sample_stream(
                 app.dataset, app.application.stream_class_mix, total, rng
             )
-            offsets = rng.uniform(0.0, config.window_ms, size=total)
-            if config.deadline_std_ms > 0:
-                relative = rng.normal(config.deadline_ms, config.deadline_std_ms, size=total)
+            offsets = rng.uniform(0.0, config.window_s, size=total)
+            if config.deadline_std_s > 0:
+                relative = rng.normal(config.deadline_s, config.deadline_std_s, size=total)
             else:
-                relative = np.full(total, config.deadline_ms)
-            relative = np.maximum(relative, 1.0)
+                relative = np.full(total, config.deadline_s)
+            relative = np.maximum(relative, 0.001)
             # Drawn after everything else, so a fraction of 0 leaves the workload as is.
             corrupt = (
                 rng.random(total) < config.malformed_fraction
@@ -356,13 +356,13 @@ class WindowSimulator:
             estimates = app.estimator.estimate(features)
             for n in range(total):
                 window = n // count
-                arrival = window * config.window_ms + float(offsets[n])
+                arrival = window * config.window_s + float(offsets[n])
                 request = _Request(
                     request_id=f"w{window}/{app.name}/{n % count}",
                     app=app.name,
                     window=window,
-                    arrival_ms=arrival,
-                    deadline_ms=arrival + float(relative[n]),
+                    arrival_s=arrival,
+                    deadline_s=arrival + float(relative[n]),
                     features=features[n],
                     label=int(labels[n]),
                     theta=tuple(float(t) for t in estimates.theta[n]),
@@ -375,7 +375,7 @@ class WindowSimulator:
                     request = _corrupted(request, n, app.dataset.x_train.shape[1])
                 windows[window].append(request)
         return tuple(
-            tuple(sorted(requests, key=lambda r: (r.arrival_ms, r.request_id)))
+            tuple(sorted(requests, key=lambda r: (r.arrival_s, r.request_id)))
             for requests in windows
         )
 
@@ -394,11 +394,11 @@ class WindowSimulator:
         loaded: list[tuple[str, str] | None] = [None] * config.workers
         worker_ids = tuple(f"w{i}" for i in range(config.workers))
         outcomes: list[RequestOutcome] = []
-        overhead_ms: list[float] = []
+        overhead_s: list[float] = []
         swaps = 0
         drift = 0.0
         for window, all_requests in enumerate(self.workload(seed)):
-            now = (window + 1) * config.window_ms
+            now = (window + 1) * config.window_s
             # Malformed requests never reach the scheduler: refused here, the rest goes on.
             requests = []
             for r in all_requests:
@@ -407,14 +407,14 @@ class WindowSimulator:
                 else:
                     outcomes.append(_rejected(r, r.problem))
             snapshot = WindowSnapshot(
-                now_ms=now,
+                now_s=now,
                 requests=tuple(_view(r, data_aware) for r in requests),
                 apps=self._views,
                 workers=tuple(
                     WorkerSlot(
                         worker_id=worker_ids[i],
                         worker_type=config.worker_type,
-                        free_at_ms=free_at[i],
+                        free_at_s=free_at[i],
                         loaded=loaded[i],
                     )
                     for i in range(config.workers)
@@ -423,7 +423,7 @@ class WindowSimulator:
             ctx = DecisionContext(rng=random.Random(seed * 1_000_003 + window), sequence=window)
             started = time.perf_counter()
             plan = scheduler.schedule(snapshot, ctx)
-            overhead_ms.append((time.perf_counter() - started) * 1000.0)
+            overhead_s.append(time.perf_counter() - started)
             by_id = {r.request_id: r for r in requests}
             _check_plan(name, plan, by_id, self._views, worker_ids)
             for request_id in plan.short_circuited:
@@ -433,20 +433,20 @@ class WindowSimulator:
                 outcomes.append(_rejected(by_id[request_id], reason))
             order = sorted(
                 range(len(plan.batches)),
-                key=lambda i: (plan.batches[i].start_ms, plan.batches[i].end_ms, i),
+                key=lambda i: (plan.batches[i].start_s, plan.batches[i].end_s, i),
             )
             for i in order:
                 batch = plan.batches[i]
                 w = worker_ids.index(batch.worker_id)
                 variant = _variant(self._views[batch.app], batch.variant)
-                swap = 0.0 if loaded[w] == (batch.app, batch.variant) else variant.load_ms
-                start = max(batch.start_ms, free_at[w], now)
+                swap = 0.0 if loaded[w] == (batch.app, batch.variant) else variant.load_s
+                start = max(batch.start_s, free_at[w], now)
                 end = (
                     start
                     + swap
-                    + batch_latency_ms(variant, config.worker_type, len(batch.request_ids))
+                    + batch_latency_s(variant, config.worker_type, len(batch.request_ids))
                 )
-                drift = max(drift, abs(end - batch.end_ms))
+                drift = max(drift, abs(end - batch.end_s))
                 swaps += 1 if swap > 0 else 0
                 free_at[w] = end
                 loaded[w] = (batch.app, batch.variant)
@@ -456,8 +456,8 @@ class WindowSimulator:
                 predicted = np.argmax(proba, axis=1)
                 for r, p in zip(batch_requests, predicted, strict=True):
                     outcomes.append(self._outcome(r, "batch", end, int(p), batch.variant))
-        outcomes.sort(key=lambda o: (o.window, o.arrival_ms, o.request_id))
-        return summarise(name, seed, outcomes, overhead_ms, swaps=swaps, plan_drift_ms=drift)
+        outcomes.sort(key=lambda o: (o.window, o.arrival_s, o.request_id))
+        return summarise(name, seed, outcomes, overhead_s, swaps=swaps, plan_drift_s=drift)
 
     def _app(self, name: str) -> _App:
         for app in self._apps:
@@ -469,16 +469,16 @@ class WindowSimulator:
         self,
         r: _Request,
         how: Outcome,
-        finish_ms: float,
+        finish_s: float,
         answer: int,
         variant: str | None = None,
     ) -> RequestOutcome:
         correct = answer == r.label
-        factor = self._views[r.app].penalty.factor(finish_ms - r.deadline_ms)
+        factor = self._views[r.app].penalty.factor(finish_s - r.deadline_s)
         return _record(
             r,
             how=how,
-            finish_ms=finish_ms,
+            finish_s=finish_s,
             correct=correct,
             utility=factor if correct else 0.0,
             variant=variant,
@@ -486,14 +486,14 @@ class WindowSimulator:
 
 
 def _rejected(r: _Request, reason: str) -> RequestOutcome:
-    return _record(r, how="rejected", finish_ms=None, correct=False, utility=0.0, reason=reason)
+    return _record(r, how="rejected", finish_s=None, correct=False, utility=0.0, reason=reason)
 
 
 def _record(
     r: _Request,
     *,
     how: Outcome,
-    finish_ms: float | None,
+    finish_s: float | None,
     correct: bool,
     utility: float,
     variant: str | None = None,
@@ -504,10 +504,10 @@ def _record(
         app=r.app,
         window=r.window,
         label=r.label,
-        arrival_ms=r.arrival_ms,
-        deadline_ms=r.deadline_ms,
+        arrival_s=r.arrival_s,
+        deadline_s=r.deadline_s,
         how=how,
-        finish_ms=finish_ms,
+        finish_s=finish_s,
         correct=correct,
         utility=utility,
         variant=variant,
@@ -532,13 +532,13 @@ def _corrupted(request: _Request, n: int, dim: int) -> _Request:
 def _view(r: _Request, data_aware: bool) -> WindowRequest:
     if not data_aware:
         return WindowRequest(
-            request_id=r.request_id, app=r.app, arrival_ms=r.arrival_ms, deadline_ms=r.deadline_ms
+            request_id=r.request_id, app=r.app, arrival_s=r.arrival_s, deadline_s=r.deadline_s
         )
     return WindowRequest(
         request_id=r.request_id,
         app=r.app,
-        arrival_ms=r.arrival_ms,
-        deadline_ms=r.deadline_ms,
+        arrival_s=r.arrival_s,
+        deadline_s=r.deadline_s,
         theta=r.theta,
         expected_accuracy=r.expected_accuracy,
     )
@@ -582,7 +582,7 @@ def _check_plan(
             fail(f"{where} names unknown variant {batch.variant!r} of {batch.app!r}")
         if not batch.request_ids:
             fail(f"{where} holds no request")
-        if not (math.isfinite(batch.start_ms) and math.isfinite(batch.end_ms)):
+        if not (math.isfinite(batch.start_s) and math.isfinite(batch.end_s)):
             fail(f"{where} has a non-finite start or end")
         for request_id in batch.request_ids:
             take(request_id, where)

@@ -6,8 +6,8 @@ runs every selected scheduler for every seed, the rest of the configuration unch
 =====================  ======================  =========================================
 sweep                  setting                 default values
 =====================  ======================  =========================================
-``deadline``           ``--deadline-ms``       50, 100, 150, 200, 300 (mean, ms)
-``deadline-std``       ``--deadline-std-ms``   0, 25, 50, 75 (ms)
+``deadline``           ``--deadline-s``        0.05, 0.1, 0.15, 0.2, 0.3 (mean, s)
+``deadline-std``       ``--deadline-std-s``    0, 0.025, 0.05, 0.075 (s)
 ``apps``               ``--apps``              1, 2, 3, 4, 6 (copies past the registry)
 ``requests-per-window``  ``--requests-per-window``  6, 12, 18, 24, 36
 ``penalty``            ``--penalty``           step, linear, sigmoid
@@ -113,16 +113,16 @@ SWEEPS: Mapping[str, Sweep] = {
     for sweep in (
         Sweep(
             "deadline",
-            "deadline_ms",
-            "mean deadline (ms)",
-            ("50", "100", "150", "200", "300"),
+            "deadline_s",
+            "mean deadline (s)",
+            ("0.05", "0.1", "0.15", "0.2", "0.3"),
             lambda t: _number(t, minimum=0.0, strict=True),
         ),
         Sweep(
             "deadline-std",
-            "deadline_std_ms",
-            "deadline standard deviation (ms)",
-            ("0", "25", "50", "75"),
+            "deadline_std_s",
+            "deadline standard deviation (s)",
+            ("0", "0.025", "0.05", "0.075"),
             lambda t: _number(t, minimum=0.0, strict=False),
         ),
         Sweep("apps", "apps", "applications", ("1", "2", "3", "4", "6"), _integer),
@@ -201,7 +201,7 @@ def heterogeneity_factors(
     """Each variant's latency factor ``h ** r`` (see the module docstring).
 
     Args:
-        latencies: variant name -> {worker type: {batch size: ms}}, every ms > 0.
+        latencies: variant name -> {worker type: {batch size: seconds}}, every one > 0.
         h: the heterogeneity, finite and > 0.
 
     Example: three variants, fastest ``a``, then ``b``, slowest ``c``, ``h = 2``:
@@ -212,7 +212,7 @@ def heterogeneity_factors(
     """
     h = _check_h(h)
     speed = {
-        name: _geometric_mean([ms for by_size in by_type.values() for ms in by_size.values()])
+        name: _geometric_mean([s for by_size in by_type.values() for s in by_size.values()])
         for name, by_type in latencies.items()
     }
     ranked = sorted(speed, key=lambda name: (speed[name], name))
@@ -221,11 +221,11 @@ def heterogeneity_factors(
 
 
 def _scaled(
-    latency_ms: Mapping[str, Mapping[int, float]], factor: float
+    latency_s: Mapping[str, Mapping[int, float]], factor: float
 ) -> dict[str, dict[int, float]]:
     return {
-        worker_type: {size: ms * factor for size, ms in by_size.items()}
-        for worker_type, by_size in latency_ms.items()
+        worker_type: {size: s * factor for size, s in by_size.items()}
+        for worker_type, by_size in latency_s.items()
     }
 
 
@@ -235,11 +235,11 @@ def spread_view(view: AppView, h: float) -> AppView:
     Raises:
         ValueError: naming ``heterogeneity`` when ``h`` is not a finite number > 0.
     """
-    factors = heterogeneity_factors({v.name: v.latency_ms for v in view.variants}, h)
+    factors = heterogeneity_factors({v.name: v.latency_s for v in view.variants}, h)
     return replace(
         view,
         variants=tuple(
-            replace(v, latency_ms=_scaled(v.latency_ms, factors[v.name])) for v in view.variants
+            replace(v, latency_s=_scaled(v.latency_s, factors[v.name])) for v in view.variants
         ),
     )
 
@@ -247,10 +247,10 @@ def spread_view(view: AppView, h: float) -> AppView:
 def spread_application(application: Application, h: float) -> Application:
     """``application`` with its variants' profiled batch latencies x ``h ** r``."""
     factors = heterogeneity_factors(
-        {name: p.latency_ms for name, p in application.variants.items()}, h
+        {name: p.latency_s for name, p in application.variants.items()}, h
     )
     variants = {
-        name: profile.model_copy(update={"latency_ms": _scaled(profile.latency_ms, factors[name])})
+        name: profile.model_copy(update={"latency_s": _scaled(profile.latency_s, factors[name])})
         for name, profile in application.variants.items()
     }
     return application.model_copy(update={"variants": variants})

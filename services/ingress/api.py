@@ -253,9 +253,9 @@ class _Api:
         if name not in self._classification_service_s:
             app = self.catalogue.classification_application(name)
             found = [
-                by_batch[min(by_batch)] / 1000.0
+                by_batch[min(by_batch)]
                 for variant in app.spec.variants.values()
-                for by_batch in variant.latency_ms.values()
+                for by_batch in variant.latency_s.values()
                 if by_batch
             ]
             self._classification_service_s[name] = min(found) if found else None

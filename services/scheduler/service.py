@@ -141,7 +141,7 @@ class SchedulerService(Service):
             name: app_view(app.spec) for name, app in catalogue.classification.items()
         }
         self._classification_workers: dict[str, Heartbeat] = {}
-        self._busy_until_ms: dict[str, float] = {}
+        self._busy_until_s: dict[str, float] = {}
         self._unplaced: list[_Unplaced] = []
         self.decided = 0
         self.failed_unplaced = 0
@@ -394,23 +394,23 @@ class SchedulerService(Service):
             for r in requests
             if (e := self.estimates.take(r.request_id)) is not None
         }
-        now_ms = time.time() * 1000.0
+        now_s = time.time()
         snapshot = window_snapshot(
             requests,
             estimates,
             self.app_views,
             list(self._classification_workers.values()),
-            self._busy_until_ms,
-            now_ms,
+            self._busy_until_s,
+            now_s,
             data_aware=self.window_scheduler.data_aware,
         )
         ctx = DecisionContext(self._window_rng, self._window_sequence)
         self._window_sequence += 1
-        decision, busy_until_ms = decide_window(
+        decision, busy_until_s = decide_window(
             self.window_scheduler, snapshot, requests, estimates, ctx
         )
-        for worker_id, until_ms in busy_until_ms.items():
-            self._busy_until_ms[worker_id] = max(self._busy_until_ms.get(worker_id, 0.0), until_ms)
+        for worker_id, until_s in busy_until_s.items():
+            self._busy_until_s[worker_id] = max(self._busy_until_s.get(worker_id, 0.0), until_s)
         assigned_at_s = time.time()
         for planned in decision.assignments:
             assignment = Assignment(

@@ -7,9 +7,9 @@ which worker, in what order. This module is pure: it builds the
 :class:`~switchyard.selection.snapshot.WindowSnapshot` from heartbeats and estimates,
 and turns the plan into assignments and direct answers.
 
-Times inside a window are epoch milliseconds. Workers are the torch workers (those whose
+Times inside a window are epoch seconds. Workers are the torch workers (those whose
 heartbeat lists classification applications among its servable models); their
-``free_at_ms`` is when their queued work ends by their own estimate, plus what this
+``free_at_s`` is when their queued work ends by their own estimate, plus what this
 scheduler planned on them since.
 """
 
@@ -76,8 +76,8 @@ def window_snapshot(
     estimates: Mapping[str, AccuracyEstimate],
     apps: Mapping[str, AppView],
     workers: Sequence[Heartbeat],
-    busy_until_ms: Mapping[str, float],
-    now_ms: float,
+    busy_until_s: Mapping[str, float],
+    now_s: float,
     *,
     data_aware: bool,
 ) -> WindowSnapshot:
@@ -90,8 +90,8 @@ def window_snapshot(
             WindowRequest(
                 request_id=request.request_id,
                 app=request.app,
-                arrival_ms=request.arrival_s * 1000.0,
-                deadline_ms=deadline_s * 1000.0,
+                arrival_s=request.arrival_s,
+                deadline_s=deadline_s,
                 theta=tuple(estimate.theta) if estimate is not None else None,
                 expected_accuracy=dict(estimate.expected_accuracy)
                 if estimate is not None
@@ -100,24 +100,24 @@ def window_snapshot(
         )
     # Variants are profiled on some worker types (``cpu`` on this machine); a worker of
     # an unprofiled type is planned with the first profiled type's figures.
-    profiled = {t for app in apps.values() for v in app.variants for t in v.latency_ms}
+    profiled = {t for app in apps.values() for v in app.variants for t in v.latency_s}
     fallback = min(profiled) if profiled else "cpu"
     slots = []
     for heartbeat in workers:
-        reported_ms = now_ms + heartbeat.queued_work_s * 1000.0
+        reported_s = now_s + heartbeat.queued_work_s
         slots.append(
             WorkerSlot(
                 worker_id=heartbeat.worker_id,
                 worker_type=heartbeat.worker_type
                 if heartbeat.worker_type in profiled
                 else fallback,
-                free_at_ms=max(reported_ms, busy_until_ms.get(heartbeat.worker_id, now_ms)),
+                free_at_s=max(reported_s, busy_until_s.get(heartbeat.worker_id, now_s)),
                 loaded=loaded_pair(heartbeat),
             )
         )
     used = {request.app for request in requests}
     return WindowSnapshot(
-        now_ms=now_ms,
+        now_s=now_s,
         requests=tuple(views),
         apps={name: view for name, view in apps.items() if name in used},
         workers=tuple(slots),
@@ -132,26 +132,26 @@ def decide_window(
     ctx: DecisionContext,
 ) -> tuple[WindowDecision, dict[str, float]]:
     """Run ``scheduler`` on ``snapshot``; the assignments, direct answers, and when each
-    worker's planned work ends (epoch ms)."""
+    worker's planned work ends (epoch seconds)."""
     plan: WindowPlan = scheduler.schedule(snapshot, ctx)
     by_id = {request.request_id: request for request in requests}
     assignments: list[PlannedAssignment] = []
-    busy_until_ms: dict[str, float] = {}
+    busy_until_s: dict[str, float] = {}
     for batch in plan.batches:
         # Batches run in plan order on each worker: the start time orders the queue.
-        duration_s = max(0.0, batch.end_ms - batch.start_ms) / 1000.0
+        duration_s = max(0.0, batch.end_s - batch.start_s)
         for position, request_id in enumerate(batch.request_ids):
             assignments.append(
                 PlannedAssignment(
                     request=by_id[request_id],
                     worker_id=batch.worker_id,
                     variant=batch.variant,
-                    order=batch.start_ms / 1000.0 + position * 1e-9,
+                    order=batch.start_s + position * 1e-9,
                     predicted_s=duration_s,
                 )
             )
-        busy_until_ms[batch.worker_id] = max(busy_until_ms.get(batch.worker_id, 0.0), batch.end_ms)
-    now_s = snapshot.now_ms / 1000.0
+        busy_until_s[batch.worker_id] = max(busy_until_s.get(batch.worker_id, 0.0), batch.end_s)
+    now_s = snapshot.now_s
     answers: list[Completion] = []
     for request_id in plan.short_circuited:
         request = by_id[request_id]
@@ -183,7 +183,7 @@ def decide_window(
         answers.append(_failed(by_id[request_id], now_s, f"rejected by the scheduler: {reason}"))
     return (
         WindowDecision(tuple(assignments), tuple(answers), plan.expected_utility),
-        busy_until_ms,
+        busy_until_s,
     )
 
 

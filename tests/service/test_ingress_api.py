@@ -96,16 +96,16 @@ def make_catalogue() -> ServingCatalogue:
                 {
                     "name": "wine",
                     "classes": ["class_0", "class_1", "class_2"],
-                    "deadline_ms": 150,
+                    "deadline_s": 0.15,
                     "penalty": {"kind": "step"},
                     "stream_class_mix": [0.8, 0.1, 0.1],
                     "dataset": "wine-dominant",
                     "feature_dim": WINE_FEATURES,
                     "variants": {
                         "mlp-small": {
-                            "latency_ms": {"cpu": {"1": 0.1}},
+                            "latency_s": {"cpu": {"1": 0.0001}},
                             "memory_bytes": 1000,
-                            "load_ms": 1.0,
+                            "load_s": 0.001,
                             "accuracy": 0.9,
                             "recall": [0.9, 0.9, 0.9],
                             "model_file": "wine/mlp-small.json",

@@ -24,11 +24,11 @@ from switchyard.apps import (
 from cli.apps import EXIT_BAD_INPUT, add_arguments, run
 
 
-def _variant(accuracy: float, classes: int, ms: float) -> dict[str, Any]:
+def _variant(accuracy: float, classes: int, latency_s: float) -> dict[str, Any]:
     return {
-        "latency_ms": {"cpu": {"1": ms, "32": ms * 4}},
+        "latency_s": {"cpu": {"1": latency_s, "32": latency_s * 4}},
         "memory_bytes": 4096,
-        "load_ms": 1.5,
+        "load_s": 0.0015,
         "accuracy": accuracy,
         "recall": [accuracy] * classes,
         "model_file": "models/fast.pkl",
@@ -41,23 +41,23 @@ def _valid() -> dict[str, Any]:
             {
                 "name": "fraud",
                 "classes": ["benign", "malignant"],
-                "deadline_ms": 150,
-                "penalty": {"kind": "linear", "span_ms": 100},
+                "deadline_s": 0.15,
+                "penalty": {"kind": "linear", "span_s": 0.1},
                 "prior": {"kind": "strong", "concentration": 20},
                 "stream_class_mix": [0.95, 0.05],
                 "dataset": "fraud-like",
                 "feature_dim": 30,
-                "variants": {"fast": _variant(0.9, 2, 0.1), "slow": _variant(0.97, 2, 2.0)},
+                "variants": {"fast": _variant(0.9, 2, 0.0001), "slow": _variant(0.97, 2, 0.002)},
             },
             {
                 "name": "wine",
                 "classes": ["a", "b", "c"],
-                "deadline_ms": 80.5,
-                "penalty": {"kind": "sigmoid", "steepness_per_ms": 0.1, "midpoint_ms": 50},
+                "deadline_s": 0.0805,
+                "penalty": {"kind": "sigmoid", "steepness_per_s": 100, "midpoint_s": 0.05},
                 "stream_class_mix": [0.8, 0.1, 0.1],
                 "dataset": "wine-dominant",
                 "feature_dim": 13,
-                "variants": {"mlp-small": _variant(0.95, 3, 0.2)},
+                "variants": {"mlp-small": _variant(0.95, 3, 0.0002)},
             },
         ]
     }
@@ -76,24 +76,24 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     again = load_registry(out)
     assert again == registry
     app = again.application("fraud")
-    assert app.variants["slow"].latency_at("cpu", 32) == pytest.approx(8.0)
+    assert app.variants["slow"].latency_at("cpu", 32) == pytest.approx(0.008)
     assert app.prior.kind == "strong"
     assert app.prior.concentration == 20
-    assert app.penalty_function().utility(0.8, lateness_ms=50.0) == pytest.approx(0.4)
+    assert app.penalty_function().utility(0.8, lateness_s=0.05) == pytest.approx(0.4)
     assert again.application("wine").prior.kind == "jeffreys"  # the default
     assert app.variants["fast"].model_path(tmp_path) == tmp_path / "models" / "fast.pkl"
     # Batch sizes are JSON object keys, so strings on disk, ints in memory.
     on_disk = json.loads(out.read_text(encoding="utf-8"))
-    assert on_disk["applications"][0]["variants"]["fast"]["latency_ms"]["cpu"] == {
-        "1": 0.1,
-        "32": 0.4,
+    assert on_disk["applications"][0]["variants"]["fast"]["latency_s"]["cpu"] == {
+        "1": 0.0001,
+        "32": 0.0004,
     }
 
 
 def test_registry_models_are_frozen(tmp_path: Path) -> None:
     registry = load_registry(_write(tmp_path, _valid()))
     with pytest.raises(ValueError, match="frozen"):
-        registry.applications[0].deadline_ms = 1.0  # type: ignore[misc]
+        registry.applications[0].deadline_s = 1.0  # type: ignore[misc]
 
 
 def _set(path: tuple[str | int, ...], value: Any) -> Callable[[dict[str, Any]], None]:
@@ -171,8 +171,8 @@ BAD_FIELDS = [
         id="feature-dim",
     ),
     pytest.param(
-        _set((*APP0, "deadline_ms"), 0),
-        "applications[0].deadline_ms: Input should be greater than 0",
+        _set((*APP0, "deadline_s"), 0),
+        "applications[0].deadline_s: Input should be greater than 0",
         id="deadline",
     ),
     pytest.param(
@@ -187,7 +187,7 @@ BAD_FIELDS = [
     ),
     pytest.param(
         _set((*APP0, "penalty"), {"kind": "linear"}),
-        "applications[0].penalty.span_ms: a linear penalty needs span_ms",
+        "applications[0].penalty.span_s: a linear penalty needs span_s",
         id="penalty-missing-param",
     ),
     pytest.param(
@@ -206,13 +206,13 @@ BAD_FIELDS = [
         id="prior-kind",
     ),
     pytest.param(
-        _set((*APP0, "variants", "fast", "latency_ms", "cpu", "1"), -2.0),
-        "applications[0].variants.fast.latency_ms.cpu.1: Input should be greater than 0",
+        _set((*APP0, "variants", "fast", "latency_s", "cpu", "1"), -2.0),
+        "applications[0].variants.fast.latency_s.cpu.1: Input should be greater than 0",
         id="latency-negative",
     ),
     pytest.param(
-        _set((*APP0, "variants", "fast", "latency_ms", "cpu"), {"big": 1.0}),
-        "applications[0].variants.fast.latency_ms.cpu.big (key): Input should be a valid integer",
+        _set((*APP0, "variants", "fast", "latency_s", "cpu"), {"big": 1.0}),
+        "applications[0].variants.fast.latency_s.cpu.big (key): Input should be a valid integer",
         id="batch-size-key",
     ),
     pytest.param(
@@ -226,8 +226,8 @@ BAD_FIELDS = [
         id="absolute-model-file",
     ),
     pytest.param(
-        _remove((*APP0, "variants", "fast", "load_ms")),
-        "applications[0].variants.fast.load_ms: Field required",
+        _remove((*APP0, "variants", "fast", "load_s")),
+        "applications[0].variants.fast.load_s: Field required",
         id="missing-field",
     ),
     pytest.param(
@@ -279,6 +279,20 @@ def test_missing_file_is_a_registry_error(tmp_path: Path) -> None:
         load_registry(tmp_path / "absent.json")
 
 
+def test_a_registry_in_milliseconds_is_named_as_the_earlier_format(tmp_path: Path) -> None:
+    data = _valid()
+    app = data["applications"][0]
+    app["deadline_ms"] = app.pop("deadline_s") * 1e3
+    variant = app["variants"]["fast"]
+    variant["latency_ms"] = variant.pop("latency_s")
+    with pytest.raises(RegistryError) as caught:
+        load_registry(_write(tmp_path, data))
+    message = str(caught.value)
+    assert message.startswith(f"registry {tmp_path / 'apps.json'}: deadline_ms, latency_ms: ")
+    assert "earlier format, in milliseconds" in message
+    assert "rebuild it with `switchyard apps build`" in message
+
+
 def test_yaml_round_trip(tmp_path: Path) -> None:
     registry = load_registry(_write(tmp_path, _valid()))
     save_registry(registry, tmp_path / "apps.yaml")
@@ -303,26 +317,26 @@ def test_building_a_registry_in_code_validates_too() -> None:
 
 def test_step_penalty_keeps_everything_on_time_and_nothing_late() -> None:
     step = Penalty(kind="step")
-    assert step.utility(0.9, lateness_ms=-10.0) == 0.9
-    assert step.utility(0.9, lateness_ms=0.0) == 0.9
-    assert step.utility(0.9, lateness_ms=0.001) == 0.0
+    assert step.utility(0.9, lateness_s=-0.01) == 0.9
+    assert step.utility(0.9, lateness_s=0.0) == 0.9
+    assert step.utility(0.9, lateness_s=1e-6) == 0.0
 
 
 def test_linear_penalty_falls_to_zero_over_its_span() -> None:
-    linear = Penalty(kind="linear", span_ms=100.0)
-    assert linear.utility(0.8, lateness_ms=0.0) == 0.8
-    assert linear.utility(0.8, lateness_ms=25.0) == pytest.approx(0.6)
-    assert linear.utility(0.8, lateness_ms=100.0) == 0.0
-    assert linear.utility(0.8, lateness_ms=1e9) == 0.0
+    linear = Penalty(kind="linear", span_s=0.1)
+    assert linear.utility(0.8, lateness_s=0.0) == 0.8
+    assert linear.utility(0.8, lateness_s=0.025) == pytest.approx(0.6)
+    assert linear.utility(0.8, lateness_s=0.1) == 0.0
+    assert linear.utility(0.8, lateness_s=1e9) == 0.0
 
 
 def test_sigmoid_penalty_is_one_at_the_deadline_and_half_near_the_midpoint() -> None:
-    sigmoid = Penalty(kind="sigmoid", steepness_per_ms=0.1, midpoint_ms=50.0)
-    assert sigmoid.factor(-5.0) == 1.0
+    sigmoid = Penalty(kind="sigmoid", steepness_per_s=100.0, midpoint_s=0.05)
+    assert sigmoid.factor(-0.005) == 1.0
     assert sigmoid.factor(0.0) == pytest.approx(1.0)
     raw_at_deadline = 1.0 / (1.0 + math.exp(-5.0))
-    assert sigmoid.factor(50.0) == pytest.approx(0.5 / raw_at_deadline)  # 0.503
-    assert sigmoid.factor(100.0) == pytest.approx(0.0067, abs=1e-4)
+    assert sigmoid.factor(0.05) == pytest.approx(0.5 / raw_at_deadline)  # 0.503
+    assert sigmoid.factor(0.1) == pytest.approx(0.0067, abs=1e-4)
     assert sigmoid.factor(1e9) == 0.0  # no overflow far past the deadline
 
 
@@ -330,13 +344,13 @@ def test_sigmoid_penalty_is_one_at_the_deadline_and_half_near_the_midpoint() -> 
     "penalty",
     [
         Penalty(kind="step"),
-        Penalty(kind="linear", span_ms=40.0),
-        Penalty(kind="sigmoid", steepness_per_ms=0.5, midpoint_ms=0.0),
-        Penalty(kind="sigmoid", steepness_per_ms=0.05, midpoint_ms=200.0),
+        Penalty(kind="linear", span_s=0.04),
+        Penalty(kind="sigmoid", steepness_per_s=500.0, midpoint_s=0.0),
+        Penalty(kind="sigmoid", steepness_per_s=50.0, midpoint_s=0.2),
     ],
 )
 def test_every_penalty_is_non_increasing_within_zero_and_one(penalty: Penalty) -> None:
-    factors = [penalty.factor(lateness) for lateness in range(-50, 500, 5)]
+    factors = [penalty.factor(lateness_ms / 1e3) for lateness_ms in range(-50, 500, 5)]
     assert all(0.0 <= f <= 1.0 for f in factors)
     assert all(later <= earlier for earlier, later in itertools.pairwise(factors))
     assert factors[0] == 1.0
@@ -345,14 +359,14 @@ def test_every_penalty_is_non_increasing_within_zero_and_one(penalty: Penalty) -
 @pytest.mark.parametrize(
     ("params", "field"),
     [
-        ({"kind": "linear"}, "span_ms"),
-        ({"kind": "linear", "span_ms": 0.0}, "span_ms"),
-        ({"kind": "linear", "span_ms": math.inf}, "span_ms"),
-        ({"kind": "sigmoid", "midpoint_ms": 5.0}, "steepness_per_ms"),
-        ({"kind": "sigmoid", "steepness_per_ms": -1.0, "midpoint_ms": 5.0}, "steepness_per_ms"),
-        ({"kind": "sigmoid", "steepness_per_ms": 1.0}, "midpoint_ms"),
-        ({"kind": "sigmoid", "steepness_per_ms": 1.0, "midpoint_ms": -1.0}, "midpoint_ms"),
-        ({"kind": "step", "span_ms": 10.0}, "span_ms"),
+        ({"kind": "linear"}, "span_s"),
+        ({"kind": "linear", "span_s": 0.0}, "span_s"),
+        ({"kind": "linear", "span_s": math.inf}, "span_s"),
+        ({"kind": "sigmoid", "midpoint_s": 5.0}, "steepness_per_s"),
+        ({"kind": "sigmoid", "steepness_per_s": -1.0, "midpoint_s": 5.0}, "steepness_per_s"),
+        ({"kind": "sigmoid", "steepness_per_s": 1.0}, "midpoint_s"),
+        ({"kind": "sigmoid", "steepness_per_s": 1.0, "midpoint_s": -1.0}, "midpoint_s"),
+        ({"kind": "step", "span_s": 10.0}, "span_s"),
         ({"kind": "cliff"}, "kind"),
     ],
 )
@@ -364,9 +378,9 @@ def test_bad_penalty_parameters_name_the_field(params: dict[str, Any], field: st
 def test_utility_checks_its_inputs() -> None:
     step = Penalty(kind="step")
     with pytest.raises(ValueError, match=r"^accuracy: "):
-        step.utility(1.2, lateness_ms=0.0)
-    with pytest.raises(ValueError, match=r"^lateness_ms: "):
-        step.utility(0.5, lateness_ms=math.nan)
+        step.utility(1.2, lateness_s=0.0)
+    with pytest.raises(ValueError, match=r"^lateness_s: "):
+        step.utility(0.5, lateness_s=math.nan)
 
 
 # --- switchyard apps show ------------------------------------------------------------------
@@ -403,12 +417,12 @@ def test_show_of_a_bad_registry_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = _valid()
-    data["applications"][0]["deadline_ms"] = -1
+    data["applications"][0]["deadline_s"] = -1
     path = _write(tmp_path, data)
     assert run(_parse(["show", str(path)])) == EXIT_BAD_INPUT
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        f"switchyard apps show: registry {path}: applications[0].deadline_ms: "
+        f"switchyard apps show: registry {path}: applications[0].deadline_s: "
         "Input should be greater than 0\n"
     )

@@ -152,12 +152,12 @@ def test_build_profiles_every_variant_of_every_application(
     assert registry.names() == DATASET_NAMES
     for app in registry.applications:
         assert tuple(app.variants) == DATASET_SPECS[app.dataset].variants
-        assert app.deadline_ms == 150.0
+        assert app.deadline_s == 0.15
         assert app.penalty.kind == "sigmoid"
         assert app.prior.kind == "jeffreys"
         assert app.stream_class_mix == DATASET_SPECS[app.dataset].default_stream_mix
         for profile in app.variants.values():
-            assert sorted(profile.latency_ms["cpu"]) == [1, 2, 4, 8, 16, 32]
+            assert sorted(profile.latency_s["cpu"]) == [1, 2, 4, 8, 16, 32]
             assert profile.model_path(out).is_file()
             assert len(profile.recall) == len(app.classes)
             assert profile.accuracy > 0.7

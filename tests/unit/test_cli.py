@@ -51,3 +51,33 @@ def test_demo_answers_every_request_exactly_once_despite_the_crash() -> None:
     assert "completions (one per request)   300   missing 0, doubled 0" in done.stdout
     assert "requests traced end to end      300" in done.stdout
     assert "bad_bytes" in done.stdout
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_a_research_command_without_the_research_tools_says_so_and_exits_2() -> None:
+    """What the service image (no research/) answers to ``switchyard simulate``."""
+    done = _run_python(
+        "import sys; sys.modules['research'] = None\n"
+        "from cli.main import main\n"
+        "main(['simulate', '--workers', '4'])\n"
+    )
+    assert done.returncode == 2
+    assert "switchyard simulate: the research tools are not installed here" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_help_lists_the_research_commands_without_importing_them() -> None:
+    done = _run_python(
+        "import sys\n"
+        "from cli.main import build_parser\n"
+        "help_text = build_parser(['service', 'ingress']).format_help()\n"
+        "print(help_text)\n"
+        "print('loaded:', sorted(m for m in sys.modules if m.startswith('research')))\n"
+    )
+    assert done.returncode == 0, done.stderr
+    for command in ("simulate", "window", "estimates", "multimodel", "service", "demo"):
+        assert f"    {command}" in done.stdout
+    assert "loaded: []" in done.stdout

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import pytest
 from switchyard.apps.penalty import Penalty
 from switchyard.policies.base import DecisionContext
-from switchyard.selection.base import WindowPlan, batch_latency_ms
+from switchyard.selection.base import WindowPlan, batch_latency_s
 from switchyard.selection.grouped import GroupedScheduler, group_requests, lateness_factor
 from switchyard.selection.registry import (
     UnknownSchedulerError,
@@ -25,16 +25,18 @@ from switchyard.selection.snapshot import (
 from switchyard.selection.timeline import BatchSpec, score_plan, validate_requests
 
 STEP = Penalty(kind="step")
+MS = 1e-3
+"""One millisecond: the hand-built windows below are written in milliseconds."""
 ALL = window_scheduler_names()
 
 
 def variant(
-    name: str, accuracy: float, run_ms: float, *, load_ms: float = 0.0, worker_type: str = "gpu"
+    name: str, accuracy: float, run_s: float, *, load_s: float = 0.0, worker_type: str = "gpu"
 ) -> VariantView:
     return VariantView(
         name=name,
-        latency_ms={worker_type: {1: run_ms, 8: run_ms * 2, 32: run_ms * 4}},
-        load_ms=load_ms,
+        latency_s={worker_type: {1: run_s, 8: run_s * 2, 32: run_s * 4}},
+        load_s=load_s,
         accuracy=accuracy,
         recall=(accuracy, accuracy),
     )
@@ -46,13 +48,13 @@ def app(name: str, *variants: VariantView, penalty: Penalty = STEP) -> AppView:
 
 def two_speed(name: str = "a") -> AppView:
     """A fast, less accurate variant and a slow, accurate one; no swap cost."""
-    return app(name, variant("fast", 0.7, 2.0), variant("slow", 0.9, 10.0))
+    return app(name, variant("fast", 0.7, 2.0 * MS), variant("slow", 0.9, 10.0 * MS))
 
 
 def req(
     request_id: str,
     app_name: str,
-    deadline_ms: float,
+    deadline_s: float,
     *,
     theta: tuple[float, ...] | None = None,
     estimates: Mapping[str, float] | None = None,
@@ -60,8 +62,8 @@ def req(
     return WindowRequest(
         request_id=request_id,
         app=app_name,
-        arrival_ms=0.0,
-        deadline_ms=deadline_ms,
+        arrival_s=0.0,
+        deadline_s=deadline_s,
         theta=theta,
         expected_accuracy=estimates,
     )
@@ -75,11 +77,11 @@ def snap(
     loaded: tuple[str, str] | None = None,
 ) -> WindowSnapshot:
     return WindowSnapshot(
-        now_ms=0.0,
+        now_s=0.0,
         requests=tuple(requests),
         apps={a.name: a for a in apps},
         workers=tuple(
-            WorkerSlot(worker_id=f"w{i}", worker_type="gpu", free_at_ms=0.0, loaded=loaded)
+            WorkerSlot(worker_id=f"w{i}", worker_type="gpu", free_at_s=0.0, loaded=loaded)
             for i in range(workers)
         ),
     )
@@ -101,13 +103,13 @@ def mixed_window() -> WindowSnapshot:
         req(
             f"r{i}",
             "a" if i % 2 else "b",
-            5.0 + 7.0 * i,
+            (5.0 + 7.0 * i) * MS,
             theta=(0.9, 0.1) if i % 3 else (0.45, 0.55),
             estimates={"fast": 0.8, "slow": 0.85},
         )
         for i in range(10)
     ]
-    requests.append(req("lost", "nope", 50.0))
+    requests.append(req("lost", "nope", 50.0 * MS))
     return snap(requests, [two_speed("a"), two_speed("b")], workers=2)
 
 
@@ -116,32 +118,40 @@ def mixed_window() -> WindowSnapshot:
 
 def test_batch_latency_worked_example() -> None:
     v = VariantView(
-        name="v", latency_ms={"gpu": {1: 2.0, 8: 5.0, 32: 12.0}}, load_ms=0, accuracy=1, recall=()
+        name="v",
+        latency_s={"gpu": {1: 0.002, 8: 0.005, 32: 0.012}},
+        load_s=0.0,
+        accuracy=1,
+        recall=(),
     )
-    assert batch_latency_ms(v, "gpu", 1) == 2.0
-    assert batch_latency_ms(v, "gpu", 5) == 5.0
-    assert batch_latency_ms(v, "gpu", 40) == 24.0
-    assert batch_latency_ms(v, "gpu", 0) == 0.0
+    assert batch_latency_s(v, "gpu", 1) == 0.002
+    assert batch_latency_s(v, "gpu", 5) == 0.005
+    assert batch_latency_s(v, "gpu", 40) == pytest.approx(0.024)
+    assert batch_latency_s(v, "gpu", 0) == 0.0
 
 
 @pytest.mark.parametrize(
     "penalty",
     [
         Penalty(kind="step"),
-        Penalty(kind="linear", span_ms=100.0),
-        Penalty(kind="sigmoid", steepness_per_ms=0.1, midpoint_ms=50.0),
-        Penalty(kind="sigmoid", steepness_per_ms=2.0, midpoint_ms=0.0),
+        Penalty(kind="linear", span_s=0.1),
+        Penalty(kind="sigmoid", steepness_per_s=100.0, midpoint_s=0.05),
+        Penalty(kind="sigmoid", steepness_per_s=2000.0, midpoint_s=0.0),
     ],
 )
 def test_fast_lateness_factor_matches_the_penalty(penalty: Penalty) -> None:
     factor = lateness_factor(penalty)
-    for lateness_ms in [0.001, 1.0, 25.0, 50.0, 99.0, 150.0, 1e4]:
-        assert factor(lateness_ms) == pytest.approx(penalty.factor(lateness_ms), abs=1e-12)
+    for lateness_s in [1e-6, 0.001, 0.025, 0.05, 0.099, 0.15, 10.0]:
+        assert factor(lateness_s) == pytest.approx(penalty.factor(lateness_s), abs=1e-12)
 
 
 def test_swap_is_paid_only_when_the_variant_changes() -> None:
-    a = app("a", variant("small", 0.7, 3.0, load_ms=4.0), variant("large", 0.9, 10.0, load_ms=4.0))
-    requests = [req("x", "a", 100.0), req("y", "a", 100.0), req("z", "a", 100.0)]
+    a = app(
+        "a",
+        variant("small", 0.7, 3.0 * MS, load_s=4.0 * MS),
+        variant("large", 0.9, 10.0 * MS, load_s=4.0 * MS),
+    )
+    requests = [req("x", "a", 100.0 * MS), req("y", "a", 100.0 * MS), req("z", "a", 100.0 * MS)]
     scored = score_plan(
         snap(requests, [a], loaded=("a", "small")),
         [
@@ -150,13 +160,15 @@ def test_swap_is_paid_only_when_the_variant_changes() -> None:
             BatchSpec("a", "large", ("z",)),
         ],
     )
-    assert [(b.start_ms, b.swap_ms, b.end_ms) for b in scored.batches] == [
-        (0.0, 0.0, 3.0),
-        (3.0, 4.0, 17.0),
-        (17.0, 0.0, 27.0),
+    assert [(b.start_s, b.swap_s, b.end_s) for b in scored.batches] == [
+        pytest.approx((0.0, 0.0, 3 * MS)),
+        pytest.approx((3 * MS, 4 * MS, 17 * MS)),
+        pytest.approx((17 * MS, 0.0, 27 * MS)),
     ]
     cold = score_plan(snap(requests[:1], [a]), [BatchSpec("a", "small", ("x",))])
-    assert cold.batches[0].swap_ms == 4.0  # nothing resident: the first batch loads
+    assert cold.batches[0].swap_s == pytest.approx(
+        4 * MS
+    )  # nothing resident: the first batch loads
     assert scored.total_utility == pytest.approx(0.7 + 0.9 + 0.9)
 
 
@@ -165,7 +177,7 @@ def test_swap_is_paid_only_when_the_variant_changes() -> None:
 
 def test_edf_orders_by_deadline() -> None:
     window = snap(
-        [req("late", "a", 100.0), req("early", "b", 30.0), req("mid", "c", 60.0)],
+        [req("late", "a", 100.0 * MS), req("early", "b", 30.0 * MS), req("mid", "c", 60.0 * MS)],
         [two_speed("a"), two_speed("b"), two_speed("c")],
     )
     for name in ("maxacc-edf", "lo-edf"):
@@ -173,34 +185,34 @@ def test_edf_orders_by_deadline() -> None:
 
 
 def test_maxacc_takes_the_most_accurate_variant_even_when_late() -> None:
-    plan = run("maxacc-edf", snap([req("x", "a", 1.0)], [two_speed()]))
+    plan = run("maxacc-edf", snap([req("x", "a", 1.0 * MS)], [two_speed()]))
     assert plan.batches[0].variant == "slow"
 
 
-@pytest.mark.parametrize(("deadline_ms", "expected"), [(50.0, "slow"), (5.0, "fast")])
-def test_locally_optimal_variant_depends_on_slack(deadline_ms: float, expected: str) -> None:
-    plan = run("lo-edf", snap([req("x", "a", deadline_ms)], [two_speed()]))
+@pytest.mark.parametrize(("deadline_s", "expected"), [(50 * MS, "slow"), (5 * MS, "fast")])
+def test_locally_optimal_variant_depends_on_slack(deadline_s: float, expected: str) -> None:
+    plan = run("lo-edf", snap([req("x", "a", deadline_s)], [two_speed()]))
     assert plan.batches[0].variant == expected
 
 
 def test_lo_counts_the_swap_in_its_choice() -> None:
     # slow would be on time alone, but not after a 20 ms swap
-    a = app("a", variant("fast", 0.7, 2.0), variant("slow", 0.9, 10.0, load_ms=20.0))
-    plan = run("lo-edf", snap([req("x", "a", 15.0)], [a], loaded=("a", "fast")))
+    a = app("a", variant("fast", 0.7, 2.0 * MS), variant("slow", 0.9, 10.0 * MS, load_s=20.0 * MS))
+    plan = run("lo-edf", snap([req("x", "a", 15.0 * MS)], [a], loaded=("a", "fast")))
     assert plan.batches[0].variant == "fast"
 
 
 def test_lo_priority_puts_higher_priority_first() -> None:
     # same deadline; "spread" has variants far apart in accuracy, so a higher priority
-    spread = app("spread", variant("fast", 0.1, 2.0), variant("slow", 0.9, 10.0))
-    flat = app("flat", variant("fast", 0.8, 2.0), variant("slow", 0.8, 10.0))
-    window = snap([req("f", "flat", 100.0), req("s", "spread", 100.0)], [flat, spread])
+    spread = app("spread", variant("fast", 0.1, 2.0 * MS), variant("slow", 0.9, 10.0 * MS))
+    flat = app("flat", variant("fast", 0.8, 2.0 * MS), variant("slow", 0.8, 10.0 * MS))
+    window = snap([req("f", "flat", 100.0 * MS), req("s", "spread", 100.0 * MS)], [flat, spread])
     assert order(run("lo-priority", window)) == ["s", "f"]
     assert order(run("lo-edf", window)) == ["f", "s"]  # EDF keeps arrival order on ties
 
 
 def test_same_variant_requests_merge_into_one_batch() -> None:
-    window = snap([req(f"r{i}", "a", 100.0) for i in range(3)], [two_speed()])
+    window = snap([req(f"r{i}", "a", 100.0 * MS) for i in range(3)], [two_speed()])
     plan = run("lo-edf", window)
     assert len(plan.batches) == 1
     assert plan.batches[0].request_ids == ("r0", "r1", "r2")
@@ -212,9 +224,11 @@ def test_same_variant_requests_merge_into_one_batch() -> None:
 def test_brute_force_finds_a_better_order_than_greedy() -> None:
     # "doomed" is the most urgent but cannot make its deadline; running it first (greedy
     # by priority) also makes "saveable" late. The exact search runs "saveable" first.
-    doomed = app("doomed", variant("only", 0.9, 20.0))
-    saveable = app("saveable", variant("only", 0.9, 10.0))
-    window = snap([req("d", "doomed", 10.0), req("s", "saveable", 15.0)], [doomed, saveable])
+    doomed = app("doomed", variant("only", 0.9, 20.0 * MS))
+    saveable = app("saveable", variant("only", 0.9, 10.0 * MS))
+    window = snap(
+        [req("d", "doomed", 10.0 * MS), req("s", "saveable", 15.0 * MS)], [doomed, saveable]
+    )
     exact = run("grouped", window)
     greedy = run("grouped", window, tau=0)
     assert order(exact) == ["s", "d"]
@@ -225,10 +239,10 @@ def test_brute_force_finds_a_better_order_than_greedy() -> None:
 
 def test_label_split_only_for_confident_requests_in_the_data_aware_form() -> None:
     requests = [
-        req("zero", "a", 100.0, theta=(0.9, 0.1)),
-        req("one", "a", 100.0, theta=(0.2, 0.8)),
-        req("unsure", "a", 100.0, theta=(0.5, 0.5)),
-        req("unsure2", "a", 100.0, theta=(0.5, 0.5)),
+        req("zero", "a", 100.0 * MS, theta=(0.9, 0.1)),
+        req("one", "a", 100.0 * MS, theta=(0.2, 0.8)),
+        req("unsure", "a", 100.0 * MS, theta=(0.5, 0.5)),
+        req("unsure2", "a", 100.0 * MS, theta=(0.5, 0.5)),
     ]
     assert list(group_requests(requests, split_by_label=True)) == [
         ("a", 0),
@@ -244,8 +258,8 @@ def test_label_split_only_for_confident_requests_in_the_data_aware_form() -> Non
 def test_short_circuit_takes_a_confident_request_with_a_tight_deadline() -> None:
     window = snap(
         [
-            req("tight", "a", 1.0, theta=(0.95, 0.05)),
-            req("loose", "a", 100.0, theta=(0.6, 0.4)),
+            req("tight", "a", 1.0 * MS, theta=(0.95, 0.05)),
+            req("loose", "a", 100.0 * MS, theta=(0.6, 0.4)),
         ],
         [two_speed()],
     )
@@ -258,10 +272,10 @@ def test_short_circuit_takes_a_confident_request_with_a_tight_deadline() -> None
 
 def test_multi_worker_spreads_groups_across_workers() -> None:
     apps = [two_speed("a"), two_speed("b")]
-    window = snap([req("x", "a", 12.0), req("y", "b", 12.0)], apps, workers=2)
+    window = snap([req("x", "a", 12.0 * MS), req("y", "b", 12.0 * MS)], apps, workers=2)
     plan = run("grouped", window)
     assert {b.worker_id for b in plan.batches} == {"w0", "w1"}
-    assert all(b.variant == "slow" and b.end_ms == 10.0 for b in plan.batches)
+    assert all(b.variant == "slow" and b.end_s == pytest.approx(10 * MS) for b in plan.batches)
 
 
 @pytest.mark.parametrize("name", ["grouped", "grouped-da", "sneakpeek", "lo-edf", "maxacc-edf"])
@@ -272,7 +286,7 @@ def test_expected_utility_is_the_timeline_score_of_the_plan(name: str) -> None:
     valid, _ = validate_requests(window, use_estimates=data_aware)
     if not data_aware:  # score what the scheduler believed: profiled accuracy
         window = snap(
-            [req(r.request_id, r.app, r.deadline_ms) for r in valid],
+            [req(r.request_id, r.app, r.deadline_s) for r in valid],
             list(window.apps.values()),
             workers=2,
         )
@@ -315,12 +329,12 @@ def test_every_request_appears_exactly_once(name: str, tau: int) -> None:
 
 @pytest.mark.parametrize("name", ALL)
 def test_bad_requests_are_rejected_and_the_rest_scheduled(name: str) -> None:
-    gpu_less = app("cpu-only", variant("v", 0.9, 1.0, worker_type="cpu"))
+    gpu_less = app("cpu-only", variant("v", 0.9, 1.0 * MS, worker_type="cpu"))
     window = snap(
         [
-            req("ok", "a", 50.0, theta=(0.6, 0.4)),
-            req("lost", "nope", 50.0),
-            req("nogpu", "cpu-only", 50.0),
+            req("ok", "a", 50.0 * MS, theta=(0.6, 0.4)),
+            req("lost", "nope", 50.0 * MS),
+            req("nogpu", "cpu-only", 50.0 * MS),
             req("nan", "a", float("nan")),
         ],
         [two_speed(), gpu_less],
@@ -330,12 +344,12 @@ def test_bad_requests_are_rejected_and_the_rest_scheduled(name: str) -> None:
     assert set(reasons) == {"lost", "nogpu", "nan"}
     assert "unknown application 'nope'" in reasons["lost"]
     assert "no variant of 'cpu-only'" in reasons["nogpu"]
-    assert reasons["nan"].startswith("deadline_ms:")
+    assert reasons["nan"].startswith("deadline_s:")
     assert order(plan) + list(plan.short_circuited) == ["ok"]
 
 
 def test_data_aware_forms_reject_a_malformed_estimate() -> None:
-    window = snap([req("odd", "a", 50.0, theta=(0.2, 0.3, 0.5))], [two_speed()])
+    window = snap([req("odd", "a", 50.0 * MS, theta=(0.2, 0.3, 0.5))], [two_speed()])
     assert dict(run("sneakpeek", window).rejected)["odd"].startswith("theta:")
     assert order(run("grouped", window)) == ["odd"]  # oblivious: the estimate is ignored
 
@@ -350,7 +364,7 @@ def test_same_snapshot_same_plan(name: str) -> None:
 def test_data_oblivious_forms_ignore_estimates(name: str) -> None:
     window = mixed_window()
     bare = snap(
-        [req(r.request_id, r.app, r.deadline_ms) for r in window.requests],
+        [req(r.request_id, r.app, r.deadline_s) for r in window.requests],
         list(window.apps.values()),
         workers=2,
     )
@@ -358,6 +372,6 @@ def test_data_oblivious_forms_ignore_estimates(name: str) -> None:
 
 
 def test_data_aware_maxacc_believes_the_estimate() -> None:
-    window = snap([req("x", "a", 100.0, estimates={"fast": 0.95, "slow": 0.6})], [two_speed()])
+    window = snap([req("x", "a", 100.0 * MS, estimates={"fast": 0.95, "slow": 0.6})], [two_speed()])
     assert run("maxacc-edf", window).batches[0].variant == "slow"
     assert run("maxacc-edf-da", window).batches[0].variant == "fast"

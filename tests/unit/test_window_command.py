@@ -76,8 +76,8 @@ def test_an_unknown_registered_scheduler_is_one_line(capsys: pytest.CaptureFixtu
     [
         (["--requests-per-window", "0"], "--requests-per-window"),
         (["--requests-per-window", "-4"], "--requests-per-window"),
-        (["--deadline-ms", "nan"], "--deadline-ms"),
-        (["--deadline-std-ms", "-1"], "--deadline-std-ms"),
+        (["--deadline-s", "nan"], "--deadline-s"),
+        (["--deadline-std-s", "-1"], "--deadline-std-s"),
         (["--workers", "0"], "--workers"),
         (["--penalty", "cubic"], "--penalty"),
         (["--latency-scale", "0"], "--latency-scale"),
@@ -124,8 +124,8 @@ def test_the_table_and_json_hold_every_scheduler_and_seed(
     assert [r["seed"] for r in document["runs"]] == [0, 1]
     required = {
         "scheduler", "seed", "utility", "accuracy", "deadline_violation_rate",
-        "mean_violation_ms", "sched_overhead_ms_p50", "sched_overhead_ms_p99",
-        "requests_per_window", "deadline_ms", "workers", "latency_scale", "penalty",
+        "mean_violation_s", "sched_overhead_p50_s", "sched_overhead_p99_s",
+        "requests_per_window", "deadline_s", "workers", "latency_scale", "penalty",
     }  # fmt: skip
     for entry in document["runs"]:
         assert required <= entry.keys()

@@ -80,7 +80,7 @@ def test_the_same_seed_gives_the_same_outcomes_and_another_seed_other_requests(
     registry, folder = built
     again = WindowSimulator(registry, folder, WindowSimConfig(windows=30))
     first, second = simulator.run(MostAccurate(), seed=4), again.run(MostAccurate(), seed=4)
-    clockless = {"sched_overhead_ms_p50", "sched_overhead_ms_p99"}
+    clockless = {"sched_overhead_p50_s", "sched_overhead_p99_s"}
 
     def metrics(result: object) -> dict[str, object]:
         assert hasattr(result, "metrics")
@@ -96,17 +96,17 @@ def test_requests_split_evenly_arrive_in_their_window_and_follow_the_class_mix(
     built: tuple[Registry, Path],
 ) -> None:
     registry, folder = built
-    config = WindowSimConfig(windows=150, deadline_std_ms=40.0)
+    config = WindowSimConfig(windows=150, deadline_std_s=0.04)
     result = WindowSimulator(registry, folder, config).run(MostAccurate(), seed=1)
     assert result.requests == 150 * 12
     for window in range(150):
         mine = [o for o in result.outcomes if o.window == window]
         assert sorted(o.app for o in mine) == sorted(registry.names() * 4)
-        assert all(100.0 * window <= o.arrival_ms < 100.0 * (window + 1) for o in mine)
-    relative = np.array([o.deadline_ms - o.arrival_ms for o in result.outcomes])
-    assert relative.min() >= 1.0
-    assert abs(relative.mean() - 150.0) < 6.0
-    assert 30.0 < relative.std() < 50.0
+        assert all(0.1 * window <= o.arrival_s < 0.1 * (window + 1) for o in mine)
+    relative = np.array([o.deadline_s - o.arrival_s for o in result.outcomes])
+    assert relative.min() >= 0.001
+    assert abs(relative.mean() - 0.15) < 0.006
+    assert 0.03 < relative.std() < 0.05
     for app in registry.applications:
         labels = np.array([o.label for o in result.outcomes if o.app == app.name])
         shares = np.bincount(labels, minlength=len(app.classes)) / labels.size
@@ -119,15 +119,15 @@ def test_a_tighter_deadline_raises_violations_and_utility_never_exceeds_accuracy
 ) -> None:
     registry, folder = built
     loose = simulator.run(MostAccurate(), seed=0)
-    tight = WindowSimulator(registry, folder, WindowSimConfig(windows=30, deadline_ms=20.0)).run(
+    tight = WindowSimulator(registry, folder, WindowSimConfig(windows=30, deadline_s=0.02)).run(
         MostAccurate(), seed=0
     )
     assert tight.deadline_violation_rate > loose.deadline_violation_rate
-    assert tight.mean_violation_ms > 0.0
+    assert tight.mean_violation_s > 0.0
     assert tight.utility < loose.utility
     for result in (loose, tight):
         assert 0.0 <= result.utility <= result.accuracy <= 1.0
-        assert result.plan_drift_ms == pytest.approx(0.0, abs=1e-9)
+        assert result.plan_drift_s == pytest.approx(0.0, abs=1e-9)
         assert result.swaps > 0
         for outcome in result.outcomes:
             assert outcome.how == "batch"
@@ -165,7 +165,7 @@ def test_short_circuited_requests_answer_with_sneakpeeks_label_at_the_window_end
     assert result.short_circuited == result.requests
     assert result.swaps == 0
     for outcome in result.outcomes:
-        assert outcome.finish_ms == 100.0 * (outcome.window + 1)
+        assert outcome.finish_s == pytest.approx(0.1 * (outcome.window + 1))
     # The kNN label is right on most rows, and every answer is on time.
     assert result.deadline_violation_rate == 0.0
     assert result.utility == result.accuracy > 0.8
@@ -178,13 +178,13 @@ def test_app_view_scales_latencies_and_loads(built: tuple[Registry, Path]) -> No
     assert [v.name for v in view.variants] == list(application.variants)
     for variant in view.variants:
         profile = application.variants[variant.name]
-        for size, ms in profile.latency_ms["cpu"].items():
-            assert variant.latency_ms["cpu"][size] == pytest.approx(ms * 100.0)
-        assert variant.load_ms == pytest.approx(profile.load_ms * 10.0)
+        for size, batch_s in profile.latency_s["cpu"].items():
+            assert variant.latency_s["cpu"][size] == pytest.approx(batch_s * 100.0)
+        assert variant.load_s == pytest.approx(profile.load_s * 10.0)
         assert variant.accuracy == profile.accuracy
     assert (
-        app_view(application).variants[0].load_ms
-        == application.variants[view.variants[0].name].load_ms
+        app_view(application).variants[0].load_s
+        == application.variants[view.variants[0].name].load_s
     )
     with pytest.raises(ValueError, match="latency_scale"):
         app_view(application, latency_scale=0.0)
@@ -194,8 +194,8 @@ def test_app_view_scales_latencies_and_loads(built: tuple[Registry, Path]) -> No
     ("field", "value"),
     [
         ("requests_per_window", 0),
-        ("window_ms", float("nan")),
-        ("deadline_std_ms", -1.0),
+        ("window_s", float("nan")),
+        ("deadline_std_s", -1.0),
         ("penalty", "cubic"),
         ("index", "lsh"),
         ("prior", "flat"),
@@ -237,5 +237,5 @@ def test_malformed_requests_are_rejected_by_name_and_the_rest_of_each_window_run
     assert 0.1 < len(rejected) / len(result.outcomes) < 0.35
     reasons = {o.reason.split(":")[0].split("[")[0] for o in rejected if o.reason}
     assert reasons == {"features", "app"}
-    assert all(o.finish_ms is not None for o in answered)
+    assert all(o.finish_s is not None for o in answered)
     assert sum(o.correct for o in answered) / len(answered) > 0.8

@@ -51,27 +51,27 @@ def test_a_sweep_runs_every_scheduler_at_every_value_and_draws_the_charts(
 ) -> None:
     out, report = tmp_path / "runs.json", tmp_path / "report"
     argv = ["--registry", str(registry_file), "--windows", "3", "--seeds", "1"]
-    argv += ["--sweep", "deadline", "--values", "50,300", "--json", str(out)]
+    argv += ["--sweep", "deadline", "--values", "0.05,0.3", "--json", str(out)]
     assert run(_args([*argv, "--report", str(report)]), schedulers=SCHEDULERS) == 0
     printed = capsys.readouterr().out
-    assert "deadline = 50 (" in printed
-    assert "deadline = 300 (" in printed
+    assert "deadline = 0.05 (" in printed
+    assert "deadline = 0.3 (" in printed
     document = json.loads(out.read_text())
     assert document["config"]["sweep"] == {
         "name": "deadline",
-        "field": "deadline_ms",
-        "values": [50.0, 300.0],
+        "field": "deadline_s",
+        "values": [0.05, 0.3],
     }
     runs = document["runs"]
     assert [(r["value"], r["scheduler"]) for r in runs] == [
-        (50.0, "test-most-accurate"),
-        (50.0, "lo-edf"),
-        (300.0, "test-most-accurate"),
-        (300.0, "lo-edf"),
+        (0.05, "test-most-accurate"),
+        (0.05, "lo-edf"),
+        (0.3, "test-most-accurate"),
+        (0.3, "lo-edf"),
     ]
     for entry in runs:
         assert entry["sweep"] == "deadline"
-        assert entry["deadline_ms"] == entry["value"]
+        assert entry["deadline_s"] == entry["value"]
     for name in ("utility", "accuracy", "utility_vs_deadline", "violations_vs_deadline"):
         assert (report / f"{name}.png").stat().st_size > 0
         assert f"{name}.png" in (report / "index.html").read_text()
@@ -93,10 +93,10 @@ def test_a_heterogeneity_sweep_records_h_on_each_run(
     ("argv", "named"),
     [
         (["--sweep", "moon-phase"], "--sweep: unknown sweep 'moon-phase'"),
-        (["--sweep", "deadline", "--values", "50,abc"], "--values"),
-        (["--sweep", "deadline", "--values", "0,50"], "--values"),
-        (["--sweep", "deadline", "--values", "50,,100"], "--values"),
-        (["--sweep", "deadline", "--values", "50,50"], "--values"),
+        (["--sweep", "deadline", "--values", "0.05,abc"], "--values"),
+        (["--sweep", "deadline", "--values", "0,0.05"], "--values"),
+        (["--sweep", "deadline", "--values", "0.05,,0.1"], "--values"),
+        (["--sweep", "deadline", "--values", "0.05,0.05"], "--values"),
         (["--sweep", "apps", "--values", "1.5"], "--values"),
         (["--sweep", "penalty", "--values", "step,cubic"], "--values: unknown penalty"),
         (["--sweep", "heterogeneity", "--values", "0"], "--values"),
@@ -112,16 +112,20 @@ def test_a_bad_sweep_or_value_is_one_line(
 
 
 def test_every_sweep_parses_its_defaults() -> None:
-    assert parse_values(SWEEPS["deadline"], None) == (50.0, 100.0, 150.0, 200.0, 300.0)
+    assert parse_values(SWEEPS["deadline"], None) == (0.05, 0.1, 0.15, 0.2, 0.3)
     assert parse_values(SWEEPS["apps"], None) == (1, 2, 3, 4, 6)
     assert parse_values(SWEEPS["penalty"], None) == ("step", "linear", "sigmoid")
     for sweep in SWEEPS.values():
         assert len(parse_values(sweep, None)) >= 3
 
 
-def _variant(name: str, ms1: float, ms8: float) -> VariantView:
+def _variant(name: str, batch1_s: float, batch8_s: float) -> VariantView:
     return VariantView(
-        name=name, latency_ms={"cpu": {1: ms1, 8: ms8}}, load_ms=3.0, accuracy=0.9, recall=(0.9,)
+        name=name,
+        latency_s={"cpu": {1: batch1_s, 8: batch8_s}},
+        load_s=0.003,
+        accuracy=0.9,
+        recall=(0.9,),
     )
 
 
@@ -136,32 +140,32 @@ def test_heterogeneity_keeps_the_geometric_mean_and_orders_the_variants(h: float
         num_classes=1,
         penalty=Penalty(kind="step"),
         variants=(
-            _variant("big", 8.0, 20.0),
-            _variant("tiny", 1.0, 2.0),
-            _variant("mid", 3.0, 6.0),
+            _variant("big", 0.008, 0.020),
+            _variant("tiny", 0.001, 0.002),
+            _variant("mid", 0.003, 0.006),
         ),
     )
     spread = spread_view(view, h)
     assert [v.name for v in spread.variants] == ["big", "tiny", "mid"]
     for size in (1, 8):
-        before = [v.latency_ms["cpu"][size] for v in view.variants]
-        after = [v.latency_ms["cpu"][size] for v in spread.variants]
+        before = [v.latency_s["cpu"][size] for v in view.variants]
+        after = [v.latency_s["cpu"][size] for v in spread.variants]
         assert _gmean(after) == pytest.approx(_gmean(before))
         order = sorted(range(3), key=lambda i: before[i])
         assert sorted(range(3), key=lambda i: after[i]) == order
     by_name = {v.name: v for v in spread.variants}
-    assert by_name["tiny"].latency_ms["cpu"][1] == pytest.approx(1.0 / h)
-    assert by_name["mid"].latency_ms["cpu"][8] == pytest.approx(6.0)
-    assert by_name["big"].latency_ms["cpu"][8] == pytest.approx(20.0 * h)
-    assert by_name["big"].load_ms == 3.0
-    assert heterogeneity_factors({"x": {"cpu": {1: 5.0}}}, h) == {"x": 1.0}
+    assert by_name["tiny"].latency_s["cpu"][1] == pytest.approx(0.001 / h)
+    assert by_name["mid"].latency_s["cpu"][8] == pytest.approx(0.006)
+    assert by_name["big"].latency_s["cpu"][8] == pytest.approx(0.020 * h)
+    assert by_name["big"].load_s == 0.003
+    assert heterogeneity_factors({"x": {"cpu": {1: 0.005}}}, h) == {"x": 1.0}
 
 
 def test_heterogeneity_below_one_narrows_and_bad_h_is_refused() -> None:
-    factors = heterogeneity_factors({"a": {"cpu": {1: 1.0}}, "b": {"cpu": {1: 9.0}}}, 0.5)
+    factors = heterogeneity_factors({"a": {"cpu": {1: 0.001}}, "b": {"cpu": {1: 0.009}}}, 0.5)
     assert factors == {"a": pytest.approx(2.0), "b": pytest.approx(0.5)}
     with pytest.raises(ValueError, match="heterogeneity"):
-        heterogeneity_factors({"a": {"cpu": {1: 1.0}}}, 0.0)
+        heterogeneity_factors({"a": {"cpu": {1: 0.001}}}, 0.0)
 
 
 def test_the_registry_transform_matches_the_view_transform(registry_file: Path) -> None:
@@ -172,6 +176,6 @@ def test_the_registry_transform_matches_the_view_transform(registry_file: Path) 
         expected = spread_view(app_view(original, latency_scale=100.0), 3.0)
         got = app_view(changed, latency_scale=100.0)
         for e, g in zip(expected.variants, got.variants, strict=True):
-            for worker_type, by_size in e.latency_ms.items():
+            for worker_type, by_size in e.latency_s.items():
                 for size, ms in by_size.items():
-                    assert g.latency_ms[worker_type][size] == pytest.approx(ms)
+                    assert g.latency_s[worker_type][size] == pytest.approx(ms)

@@ -5,7 +5,7 @@ variant, in arrival order, one batch per request, on the first worker."""
 from __future__ import annotations
 
 from switchyard.policies.base import DecisionContext
-from switchyard.selection.base import PlannedBatch, WindowPlan, batch_latency_ms
+from switchyard.selection.base import PlannedBatch, WindowPlan, batch_latency_s
 from switchyard.selection.snapshot import WindowSnapshot
 
 
@@ -18,13 +18,13 @@ class MostAccurate:
 
     def schedule(self, snapshot: WindowSnapshot, ctx: DecisionContext) -> WindowPlan:
         worker = snapshot.workers[0]
-        clock = max(snapshot.now_ms, worker.free_at_ms)
+        clock = max(snapshot.now_s, worker.free_at_s)
         loaded = worker.loaded
         batches = []
-        for request in sorted(snapshot.requests, key=lambda r: r.arrival_ms):
+        for request in sorted(snapshot.requests, key=lambda r: r.arrival_s):
             variant = max(snapshot.apps[request.app].variants, key=lambda v: v.accuracy)
-            swap = 0.0 if loaded == (request.app, variant.name) else variant.load_ms
-            end = clock + swap + batch_latency_ms(variant, worker.worker_type, 1)
+            swap = 0.0 if loaded == (request.app, variant.name) else variant.load_s
+            end = clock + swap + batch_latency_s(variant, worker.worker_type, 1)
             batches.append(
                 PlannedBatch(
                     worker.worker_id,

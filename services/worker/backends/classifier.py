@@ -92,14 +92,14 @@ class ClassifierRunner:
         """Profiled seconds of one batch of ``size``: the smallest profiled batch size that
         holds it (the largest when none does), plus the load time when not resident."""
         profile = self._profile(key)
-        by_batch = profile.latency_ms.get(CLASSIFIER_WORKER_TYPE) or next(
-            iter(profile.latency_ms.values())
+        by_batch = profile.latency_s.get(CLASSIFIER_WORKER_TYPE) or next(
+            iter(profile.latency_s.values())
         )
         sizes = sorted(by_batch)
         fitting = [s for s in sizes if s >= size]
-        latency_ms = by_batch[fitting[0] if fitting else sizes[-1]]
-        load_ms = 0.0 if self.cache.is_resident(key.model) else profile.load_ms
-        return (latency_ms + load_ms) / 1000.0
+        latency_s = by_batch[fitting[0] if fitting else sizes[-1]]
+        load_s = 0.0 if self.cache.is_resident(key.model) else profile.load_s
+        return latency_s + load_s
 
     def estimate_batch_s(self, items: Sequence[WorkItem]) -> float:
         """Profiled seconds to serve ``items`` (all of one key) in batches of ``max_batch``."""

@@ -2,12 +2,12 @@
 
 :func:`profile_variant` measures what the scheduler needs to know about one variant:
 
-- ``latency_ms``: for each batch size, the median wall-clock milliseconds of
+- ``latency_s``: for each batch size, the median wall-clock seconds of
   ``predict_proba`` on that many test rows, over ``repeats`` calls after
   ``WARMUP_CALLS`` unmeasured ones (``time.perf_counter_ns``; real time on this CPU,
   torch on one thread);
 - ``memory_bytes``: parameter bytes of a network, pickle bytes of a scikit-learn model;
-- ``load_ms``: the median time of :func:`~switchyard.apps.variants.load_variant` from
+- ``load_s``: the median time of :func:`~switchyard.apps.variants.load_variant` from
   disk (file cache warm after the first call);
 - ``accuracy`` and per-class ``recall`` on the test split.
 
@@ -38,7 +38,7 @@ from switchyard.apps.variants import Variant, load_variant, train_application
 
 __all__ = [
     "DEFAULT_BATCH_SIZES",
-    "DEFAULT_DEADLINE_MS",
+    "DEFAULT_DEADLINE_S",
     "DEFAULT_PENALTY",
     "REGISTRY_FILE",
     "WARMUP_CALLS",
@@ -51,8 +51,8 @@ __all__ = [
 WORKER_TYPE = "cpu"
 """The worker type name of the machine the profiles are measured on."""
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-DEFAULT_DEADLINE_MS = 150.0
-DEFAULT_PENALTY = PenaltySpec(kind="sigmoid", steepness_per_ms=0.1, midpoint_ms=50.0)
+DEFAULT_DEADLINE_S = 0.15
+DEFAULT_PENALTY = PenaltySpec(kind="sigmoid", steepness_per_s=100.0, midpoint_s=0.05)
 """Half the value left 50 ms after the deadline, almost none after 100 ms."""
 WARMUP_CALLS = 3
 REGISTRY_FILE = "registry.json"
@@ -73,7 +73,7 @@ def evaluate(variant: Variant, dataset: Dataset) -> tuple[float, tuple[float, ..
     return float(right.mean()), recall
 
 
-def _median_ms(call: Callable[[], object], repeats: int, warmup: int) -> float:
+def _median_s(call: Callable[[], object], repeats: int, warmup: int) -> float:
     for _ in range(warmup):
         call()
     samples_ns: list[int] = []
@@ -82,7 +82,7 @@ def _median_ms(call: Callable[[], object], repeats: int, warmup: int) -> float:
         call()
         samples_ns.append(time.perf_counter_ns() - start)
     # A profile needs a positive time; a clock tick (1 ns) is the floor.
-    return max(statistics.median(samples_ns), 1) / 1e6
+    return max(statistics.median(samples_ns), 1) / 1e9
 
 
 def profile_variant(
@@ -124,13 +124,13 @@ def profile_variant(
     latency: dict[int, float] = {}
     for size in sorted(set(batch_sizes)):
         batch = np.resize(rows, (size, rows.shape[1]))
-        latency[size] = _median_ms(partial(variant.predict_proba, batch), repeats, WARMUP_CALLS)
-    load_ms = _median_ms(lambda: load_variant(model_file), max(1, min(repeats, 5)), 1)
+        latency[size] = _median_s(partial(variant.predict_proba, batch), repeats, WARMUP_CALLS)
+    load_s = _median_s(lambda: load_variant(model_file), max(1, min(repeats, 5)), 1)
     accuracy, recall = evaluate(variant, dataset)
     return VariantProfile(
-        latency_ms={worker_type: latency},
+        latency_s={worker_type: latency},
         memory_bytes=variant.memory_bytes(),
-        load_ms=load_ms,
+        load_s=load_s,
         accuracy=accuracy,
         recall=recall,
         model_file=relative,
@@ -146,7 +146,7 @@ def build_registry(
     variants: Sequence[str] | None = None,
     worker_type: str = WORKER_TYPE,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    deadline_ms: float = DEFAULT_DEADLINE_MS,
+    deadline_s: float = DEFAULT_DEADLINE_S,
     on_variant: Callable[[str, str], None] | None = None,
 ) -> Registry:
     """Train, save and profile every variant of every application; return the registry.
@@ -163,7 +163,7 @@ def build_registry(
         variants: which variants to build (default: each application's own set,
             ``DatasetSpec.variants``).
         worker_type, batch_sizes: as for :func:`profile_variant`.
-        deadline_ms: every application's deadline.
+        deadline_s: every application's deadline.
         on_variant: called with ``(application, variant)`` after each is profiled.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -190,7 +190,7 @@ def build_registry(
             Application(
                 name=dataset.name,
                 classes=dataset.class_names,
-                deadline_ms=deadline_ms,
+                deadline_s=deadline_s,
                 penalty=DEFAULT_PENALTY,
                 prior=PriorSpec(kind="jeffreys"),
                 stream_class_mix=dataset.default_stream_mix,

@@ -6,15 +6,15 @@ installed)::
     {"applications": [{
         "name": "digits",
         "classes": ["0", "1", ..., "9"],
-        "deadline_ms": 150,
-        "penalty": {"kind": "sigmoid", "steepness_per_ms": 0.1, "midpoint_ms": 50},
+        "deadline_s": 0.15,
+        "penalty": {"kind": "sigmoid", "steepness_per_s": 100, "midpoint_s": 0.05},
         "prior": {"kind": "jeffreys"},
         "stream_class_mix": [0.1, ..., 0.1],
         "dataset": "digits",
         "feature_dim": 64,
         "variants": {"mlp-small": {
-            "latency_ms": {"cpu": {"1": 0.02, "32": 0.05}},
-            "memory_bytes": 11048, "load_ms": 1.2, "accuracy": 0.97,
+            "latency_s": {"cpu": {"1": 2e-05, "32": 5e-05}},
+            "memory_bytes": 11048, "load_s": 0.0012, "accuracy": 0.97,
             "recall": [1.0, ..., 0.96], "model_file": "digits/mlp-small.json"}}}]}
 
 The same file also holds the multi-model applications (one registry for all
@@ -38,7 +38,7 @@ served model behind it::
 but a registry needs at least one application, pipeline or LLM application. Every
 application name (classification, pipeline, LLM) shares one namespace. A pipeline is rejected when it has a cycle (the message names the stages on
 it), a stage names an unknown model, an ``after`` names an unknown stage, or two stages
-share a name; every time must be positive.
+share a name; every time must be positive. Every time is in seconds (``_s``).
 
 The models here are frozen and validate every field (ranges, one value per class,
 unique names, a known dataset whose feature count matches). :func:`load_registry` turns
@@ -84,9 +84,8 @@ __all__ = [
 ]
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-PositiveMs = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
-BatchSize = Annotated[int, Field(ge=1)]
 PositiveSeconds = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+BatchSize = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1)]
 
@@ -122,9 +121,9 @@ class PenaltySpec(_Frozen):
     """The penalty of lateness as stored: a kind and that kind's parameters."""
 
     kind: PenaltyKind
-    span_ms: float | None = None
-    steepness_per_ms: float | None = None
-    midpoint_ms: float | None = None
+    span_s: float | None = None
+    steepness_per_s: float | None = None
+    midpoint_s: float | None = None
 
     @model_validator(mode="after")
     def _valid(self) -> PenaltySpec:
@@ -139,18 +138,18 @@ class PenaltySpec(_Frozen):
         """The :class:`Penalty` this specification describes."""
         return Penalty(
             kind=self.kind,
-            span_ms=self.span_ms,
-            steepness_per_ms=self.steepness_per_ms,
-            midpoint_ms=self.midpoint_ms,
+            span_s=self.span_s,
+            steepness_per_s=self.steepness_per_s,
+            midpoint_s=self.midpoint_s,
         )
 
     @classmethod
     def from_penalty(cls, penalty: Penalty) -> PenaltySpec:
         return cls(
             kind=penalty.kind,
-            span_ms=penalty.span_ms,
-            steepness_per_ms=penalty.steepness_per_ms,
-            midpoint_ms=penalty.midpoint_ms,
+            span_s=penalty.span_s,
+            steepness_per_s=penalty.steepness_per_s,
+            midpoint_s=penalty.midpoint_s,
         )
 
 
@@ -169,22 +168,22 @@ class VariantProfile(_Frozen):
     """One model variant's measured profile.
 
     Attributes:
-        latency_ms: worker type -> batch size -> milliseconds for one batch.
+        latency_s: worker type -> batch size -> seconds for one batch.
         memory_bytes: bytes the loaded model occupies.
-        load_ms: milliseconds to load the model from disk.
+        load_s: seconds to load the model from disk.
         accuracy: share of the test split classified right.
         recall: per class, the share of that class's test rows classified right.
         model_file: the model's file, relative to the registry file (``/`` separators).
     """
 
-    latency_ms: dict[str, dict[BatchSize, PositiveMs]] = Field(min_length=1)
+    latency_s: dict[str, dict[BatchSize, PositiveSeconds]] = Field(min_length=1)
     memory_bytes: int = Field(gt=0)
-    load_ms: float = Field(ge=0.0, allow_inf_nan=False)
+    load_s: float = Field(ge=0.0, allow_inf_nan=False)
     accuracy: Probability
     recall: tuple[Probability, ...]
     model_file: str = Field(min_length=1)
 
-    @field_validator("latency_ms")
+    @field_validator("latency_s")
     @classmethod
     def _batch_sizes(cls, value: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
         for worker_type, by_batch in value.items():
@@ -200,12 +199,12 @@ class VariantProfile(_Frozen):
         return value
 
     def latency_at(self, worker_type: str, batch_size: int) -> float:
-        """The profiled milliseconds of one batch of ``batch_size`` on ``worker_type``.
+        """The profiled seconds of one batch of ``batch_size`` on ``worker_type``.
 
         Raises:
             KeyError: for a worker type or batch size that was not profiled.
         """
-        return self.latency_ms[worker_type][batch_size]
+        return self.latency_s[worker_type][batch_size]
 
     def model_path(self, registry_dir: Path) -> Path:
         """Where the model file lies, given the folder of the registry file."""
@@ -217,7 +216,7 @@ class Application(_Frozen):
 
     name: str = Field(min_length=1)
     classes: tuple[str, ...]
-    deadline_ms: PositiveMs
+    deadline_s: PositiveSeconds
     penalty: PenaltySpec
     prior: PriorSpec = PriorSpec()
     stream_class_mix: tuple[Probability, ...]
@@ -482,10 +481,30 @@ def registry_from_data(data: Any, source: str) -> Registry:
             "and/or a 'pipelines' list, "
             f"got {type(data).__name__}"
         )
+    old = sorted(_millisecond_fields(data))
+    if old:
+        raise RegistryError(
+            f"registry {source}: {', '.join(old)}: a registry of an earlier format, in "
+            "milliseconds; registries now give every time in seconds (deadline_s, "
+            "latency_s, load_s, span_s, steepness_per_s, midpoint_s): rebuild it with "
+            "`switchyard apps build`"
+        )
     try:
         return Registry.model_validate(data)
     except ValidationError as exc:
         raise RegistryError(f"registry {source}: {_validation_message(exc)}") from None
+
+
+def _millisecond_fields(data: Any) -> set[str]:
+    """Every key ending in ``_ms`` anywhere in ``data``."""
+    if isinstance(data, Mapping):
+        found = {key for key in data if isinstance(key, str) and key.endswith("_ms")}
+        for value in data.values():
+            found |= _millisecond_fields(value)
+        return found
+    if isinstance(data, list):
+        return set().union(*(_millisecond_fields(item) for item in data)) if data else set()
+    return set()
 
 
 def _is_yaml(path: Path) -> bool:
@@ -511,8 +530,8 @@ def load_registry(path: str | os.PathLike[str]) -> Registry:
             or any invalid field.
 
     Example:
-        >>> load_registry("registry.json").application("digits").deadline_ms
-        150.0
+        >>> load_registry("registry.json").application("digits").deadline_s
+        0.15
     """
     file = Path(path)
     source = str(path)

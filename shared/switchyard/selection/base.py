@@ -20,7 +20,7 @@ __all__ = [
     "PlannedBatch",
     "WindowPlan",
     "WindowScheduler",
-    "batch_latency_ms",
+    "batch_latency_s",
     "expected_accuracy",
     "priority",
 ]
@@ -28,23 +28,23 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class PlannedBatch:
-    """One batch on one worker: a swap (when ``swap_ms`` > 0), then one inference."""
+    """One batch on one worker: a swap (when ``swap_s`` > 0), then one inference."""
 
     worker_id: str
     app: str
     variant: str
     request_ids: tuple[str, ...]
-    start_ms: float
+    start_s: float
     """When the worker starts on it (the swap, if any, comes first)."""
-    swap_ms: float
-    end_ms: float
+    swap_s: float
+    end_s: float
     """When every answer of the batch is ready."""
 
 
 @dataclass(frozen=True, slots=True)
 class WindowPlan:
     """A window's decisions. Every request of the snapshot appears exactly once: in a
-    batch, among ``short_circuited`` (answered at ``now_ms`` with SneakPeek's own label),
+    batch, among ``short_circuited`` (answered at ``now_s`` with SneakPeek's own label),
     or among ``rejected`` with the reason."""
 
     batches: tuple[PlannedBatch, ...]
@@ -66,20 +66,20 @@ class WindowScheduler(Protocol):
     def schedule(self, snapshot: WindowSnapshot, ctx: DecisionContext) -> WindowPlan: ...
 
 
-def batch_latency_ms(variant: VariantView, worker_type: str, size: int) -> float:
-    """Milliseconds for ``variant`` to answer ``size`` requests at once on ``worker_type``.
+def batch_latency_s(variant: VariantView, worker_type: str, size: int) -> float:
+    """Seconds for ``variant`` to answer ``size`` requests at once on ``worker_type``.
 
     The smallest profiled batch size ``>= size`` gives the time; a batch larger than
     every profiled size runs as ``ceil(size / largest)`` batches of the largest, one
-    after another. Example: profile {1: 2.0, 8: 5.0, 32: 12.0}: size 5 -> 5.0 ms, size 40
-    -> 2 x 12.0 = 24.0 ms.
+    after another. Example: profile {1: 0.002, 8: 0.005, 32: 0.012}: size 5 -> 0.005 s,
+    size 40 -> 2 x 0.012 = 0.024 s.
 
     Raises:
         KeyError: when the variant has no profile for ``worker_type``.
     """
     if size <= 0:
         return 0.0
-    by_size = variant.latency_ms[worker_type]
+    by_size = variant.latency_s[worker_type]
     fits = [b for b in by_size if b >= size]
     if fits:
         return by_size[min(fits)]
@@ -95,7 +95,7 @@ def expected_accuracy(request: WindowRequest, variant: VariantView) -> float:
     return variant.accuracy
 
 
-def priority(request: WindowRequest, app: AppView, now_ms: float) -> float:
+def priority(request: WindowRequest, app: AppView, now_s: float) -> float:
     """``(1 + Var[accuracy across the app's variants]) * exp(-d)``, ``d`` the time left to
     the deadline in seconds: urgent requests, and requests whose variant choice matters
     more, come first. Example: variants expected at 0.9 and 0.7 (variance 0.01), 150 ms
@@ -103,5 +103,5 @@ def priority(request: WindowRequest, app: AppView, now_ms: float) -> float:
     accuracies = [expected_accuracy(request, v) for v in app.variants]
     mean = sum(accuracies) / len(accuracies)
     variance = sum((a - mean) ** 2 for a in accuracies) / len(accuracies)
-    left_s = (request.deadline_ms - now_ms) / 1000.0
+    left_s = request.deadline_s - now_s
     return (1.0 + variance) * math.exp(-left_s)

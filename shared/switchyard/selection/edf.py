@@ -78,8 +78,8 @@ class SequentialScheduler:
                 if self.choice == "max-accuracy":
                     value = accuracy(request, variant)
                 else:
-                    value = timeline.utility(request, variant, option.end_ms)
-                score = (value, -option.end_ms)
+                    value = timeline.utility(request, variant, option.end_s)
+                score = (value, -option.end_s)
                 if best is None or score > best[0]:
                     best = (score, variant, option)
             # validate_requests guarantees some variant runs on some worker
@@ -92,12 +92,11 @@ class SequentialScheduler:
     ) -> list[WindowRequest]:
         indexed = list(enumerate(requests))
         if self.order == "deadline":
-            indexed.sort(key=lambda p: (p[1].deadline_ms, p[1].arrival_ms, p[0]))
+            indexed.sort(key=lambda p: (p[1].deadline_s, p[1].arrival_s, p[0]))
         else:
-            now_ms = snapshot.now_ms
+            now_s = snapshot.now_s
             keys = {
-                i: (-priority(r, snapshot.apps[r.app], now_ms), r.deadline_ms, i)
-                for i, r in indexed
+                i: (-priority(r, snapshot.apps[r.app], now_s), r.deadline_s, i) for i, r in indexed
             }
             indexed.sort(key=lambda p: keys[p[0]])
         return [r for _, r in indexed]

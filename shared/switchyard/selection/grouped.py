@@ -6,7 +6,7 @@ application's group by SneakPeek's predicted label for confident requests (the l
 class frequency above :data:`~switchyard.selection.snapshot.CONFIDENT_THETA`), the
 unconfident ones forming a sub-group of their own. A group runs as one batch with one
 variant (a group larger than every profiled batch size stays one planned unit;
-:func:`~switchyard.selection.base.batch_latency_ms` prices it as consecutive batches).
+:func:`~switchyard.selection.base.batch_latency_s` prices it as consecutive batches).
 
 Search. With at most ``tau`` groups (default 5) every order of the groups is tried; along
 an order each group in turn takes the variant that maximises the group's summed expected
@@ -21,8 +21,8 @@ With more than ``tau`` groups, greedy: groups in descending mean
 :func:`~switchyard.selection.base.priority`, each with its best variant.
 
 Short-circuit (``sneakpeek`` only). SneakPeek's own label is a zero-latency candidate: a
-request answered with it at ``now_ms`` earns ``penalty.utility(max(theta), now_ms -
-deadline_ms)``. The scheduler first plans the whole window, then short-circuits every
+request answered with it at ``now_s`` earns ``penalty.utility(max(theta), now_s -
+deadline_s)``. The scheduler first plans the whole window, then short-circuits every
 request whose short-circuit utility exceeds what it earns in that plan, then plans the
 remaining requests once more (regrouped). It does not iterate further.
 """
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from switchyard.apps.penalty import Penalty
 from switchyard.policies.base import DecisionContext
-from switchyard.selection.base import WindowPlan, batch_latency_ms, priority
+from switchyard.selection.base import WindowPlan, batch_latency_s, priority
 from switchyard.selection.snapshot import AppView, VariantView, WindowRequest, WindowSnapshot
 from switchyard.selection.timeline import (
     AccuracyFn,
@@ -75,7 +75,7 @@ def group_requests(
 
 
 def lateness_factor(penalty: Penalty) -> Callable[[float], float]:
-    """``penalty.factor`` for ``lateness_ms > 0``, with the constants worked out once
+    """``penalty.factor`` for ``lateness_s > 0``, with the constants worked out once
     (:meth:`~switchyard.apps.penalty.Penalty.late_factor`)."""
     return penalty.late_factor()
 
@@ -83,7 +83,7 @@ def lateness_factor(penalty: Penalty) -> Callable[[float], float]:
 class _Choice:
     """One variant for one group: the arrays the search reads, built once per window."""
 
-    __slots__ = ("accs", "key_id", "lanes", "load_ms", "memo", "prefix", "total", "variant")
+    __slots__ = ("accs", "key_id", "lanes", "load_s", "memo", "prefix", "total", "variant")
 
     def __init__(
         self,
@@ -94,14 +94,14 @@ class _Choice:
     ) -> None:
         self.variant = variant
         self.key_id = key_id
-        self.load_ms = variant.load_ms
+        self.load_s = variant.load_s
         self.accs = accs  # in the group's deadline order
         self.prefix = [0.0]
         for a in accs:
             self.prefix.append(self.prefix[-1] + a)
         self.total = self.prefix[-1]
         self.lanes = lanes  # (worker index, batch time for the group's size)
-        # end_ms -> the group's utility: orders sharing the same predecessors (in any
+        # end_s -> the group's utility: orders sharing the same predecessors (in any
         # order) end the group at the same time
         self.memo: dict[float, float] = {}
 
@@ -112,23 +112,23 @@ class _Group:
     def __init__(self, app: AppView, requests: list[WindowRequest], choices: list[_Choice]):
         self.app = app
         self.requests = requests  # by deadline
-        self.deadlines = [r.deadline_ms for r in requests]
+        self.deadlines = [r.deadline_s for r in requests]
         self.choices = choices
         self.step = app.penalty.kind == "step"
         self.factor = lateness_factor(app.penalty)
 
-    def utility(self, choice: _Choice, end_ms: float) -> float:
-        """Summed expected utility of the group answered by ``choice`` at ``end_ms``."""
-        value = choice.memo.get(end_ms)
+    def utility(self, choice: _Choice, end_s: float) -> float:
+        """Summed expected utility of the group answered by ``choice`` at ``end_s``."""
+        value = choice.memo.get(end_s)
         if value is not None:
             return value
-        late = bisect_left(self.deadlines, end_ms)  # deadlines before end_ms are missed
+        late = bisect_left(self.deadlines, end_s)  # deadlines before end_s are missed
         value = choice.total - choice.prefix[late]
         if late and not self.step:
             accs, deadlines, factor = choice.accs, self.deadlines, self.factor
             for i in range(late):
-                value += accs[i] * factor(end_ms - deadlines[i])
-        choice.memo[end_ms] = value
+                value += accs[i] * factor(end_s - deadlines[i])
+        choice.memo[end_s] = value
         return value
 
 
@@ -144,15 +144,15 @@ def _best_choice(
     best_c, best_lane, best_end, best_u = -1, -1, math.inf, -1.0
     utility = group.utility
     for ci, choice in enumerate(group.choices):
-        key, load = choice.key_id, choice.load_ms
+        key, load = choice.key_id, choice.load_s
         lanes = choice.lanes
         if len(lanes) == 1:
-            lane, run_ms = lanes[0]
-            end = free[lane] + run_ms if loaded[lane] == key else free[lane] + load + run_ms
+            lane, run_s = lanes[0]
+            end = free[lane] + run_s if loaded[lane] == key else free[lane] + load + run_s
         else:
             end, lane = math.inf, -1
-            for li, run_ms in lanes:
-                e = free[li] + run_ms if loaded[li] == key else free[li] + load + run_ms
+            for li, run_s in lanes:
+                e = free[li] + run_s if loaded[li] == key else free[li] + load + run_s
                 if e < end:
                     end, lane = e, li
         u = utility(choice, end)
@@ -196,11 +196,9 @@ def _exact(groups: list[_Group], free: list[float], loaded: list[int]) -> list[S
     return best_path
 
 
-def _greedy(
-    groups: list[_Group], free: list[float], loaded: list[int], now_ms: float
-) -> list[Step]:
+def _greedy(groups: list[_Group], free: list[float], loaded: list[int], now_s: float) -> list[Step]:
     def mean_priority(g: _Group) -> float:
-        return sum(priority(r, g.app, now_ms) for r in g.requests) / len(g.requests)
+        return sum(priority(r, g.app, now_s) for r in g.requests) / len(g.requests)
 
     keys = [(-mean_priority(g), i) for i, g in enumerate(groups)]
     steps: list[Step] = []
@@ -247,7 +245,7 @@ class GroupedScheduler:
         if self.short_circuit:
             short = []
             for request in valid:
-                value = short_circuit_utility(request, snapshot.apps[request.app], snapshot.now_ms)
+                value = short_circuit_utility(request, snapshot.apps[request.app], snapshot.now_s)
                 if value is not None and value > scored.utility_by_request[request.request_id]:
                     short.append(request)
             if short:
@@ -264,7 +262,7 @@ class GroupedScheduler:
         short: Sequence[WindowRequest],
     ) -> ScoredPlan:
         groups = self._groups(snapshot, requests, accuracy)
-        free = [max(snapshot.now_ms, w.free_at_ms) for w in snapshot.workers]
+        free = [max(snapshot.now_s, w.free_at_s) for w in snapshot.workers]
         key_ids: dict[tuple[str, str], int] = {}
         for g in groups:
             for c in g.choices:
@@ -273,7 +271,7 @@ class GroupedScheduler:
         if len(groups) <= self.tau:
             steps = _exact(groups, free, loaded)
         else:
-            steps = _greedy(groups, free, loaded, snapshot.now_ms)
+            steps = _greedy(groups, free, loaded, snapshot.now_s)
         timeline = Timeline(snapshot, accuracy)
         for gi, ci, lane in steps:
             group = groups[gi]
@@ -295,7 +293,7 @@ class GroupedScheduler:
             requests, split_by_label=self.data_aware
         ).items():
             app = snapshot.apps[app_name]
-            members = sorted(members, key=lambda r: r.deadline_ms)
+            members = sorted(members, key=lambda r: r.deadline_s)
             size = len(members)
             choices: list[_Choice] = []
             for variant in app.variants:
@@ -305,7 +303,7 @@ class GroupedScheduler:
                     if worker_type not in run_by_type:
                         if not runs_on(variant, worker_type):
                             continue
-                        run_by_type[worker_type] = batch_latency_ms(variant, worker_type, size)
+                        run_by_type[worker_type] = batch_latency_s(variant, worker_type, size)
                     lanes.append((li, run_by_type[worker_type]))
                 if not lanes:
                     continue

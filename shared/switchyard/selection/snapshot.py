@@ -4,7 +4,7 @@ Every window (100 ms by default) the shell (the simulator now, the live schedule
 later) gathers the classification requests that arrived, attaches SneakPeek's estimate
 to each when the scheduler is data-aware, and hands a :class:`WindowSnapshot` to a
 :class:`~switchyard.selection.base.WindowScheduler`, which returns a
-:class:`~switchyard.selection.base.WindowPlan`. Times are milliseconds on the shell's
+:class:`~switchyard.selection.base.WindowPlan`. Times are seconds on the shell's
 clock; a policy reads no clock of its own.
 """
 
@@ -32,14 +32,14 @@ CONFIDENT_THETA = 0.5
 class VariantView:
     """One model variant of an application, as profiled.
 
-    ``latency_ms`` maps a worker type to {batch size: milliseconds for one batch of that
+    ``latency_s`` maps a worker type to {batch size: seconds for one batch of that
     size}. A batch of ``n`` takes the time of the smallest profiled size ``>= n``; a
     batch larger than every profiled size runs as several batches of the largest.
     """
 
     name: str
-    latency_ms: Mapping[str, Mapping[int, float]]
-    load_ms: float
+    latency_s: Mapping[str, Mapping[int, float]]
+    load_s: float
     """Time to swap the variant in on a worker where another one is loaded."""
     accuracy: float
     """Profiled accuracy on the test split: what a data-oblivious scheduler expects."""
@@ -69,8 +69,8 @@ class WindowRequest:
 
     request_id: str
     app: str
-    arrival_ms: float
-    deadline_ms: float
+    arrival_s: float
+    deadline_s: float
     """Absolute: the time by which the answer is on time."""
     theta: tuple[float, ...] | None = None
     expected_accuracy: Mapping[str, float] | None = None
@@ -99,8 +99,8 @@ class WorkerSlot:
 
     worker_id: str
     worker_type: str
-    free_at_ms: float
-    """When the work already planned on it ends (``<= now_ms``: idle)."""
+    free_at_s: float
+    """When the work already planned on it ends (``<= now_s``: idle)."""
     loaded: tuple[str, str] | None = None
     """The (application, variant) resident on it, whose next batch needs no swap."""
 
@@ -109,7 +109,7 @@ class WorkerSlot:
 class WindowSnapshot:
     """One window to schedule: the requests, the applications they name, the workers."""
 
-    now_ms: float
+    now_s: float
     requests: tuple[WindowRequest, ...]
     apps: Mapping[str, AppView]
     workers: tuple[WorkerSlot, ...]

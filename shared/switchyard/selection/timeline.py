@@ -1,23 +1,23 @@
 """The execution model every window scheduler plans with and every plan is scored by.
 
 A worker runs its batches one after another. It starts on the first one at
-``max(now_ms, free_at_ms)``; a batch whose (application, variant) differs from the one
-resident on the worker first pays the variant's ``load_ms`` (the swap), after which that
-variant is resident; the inference itself takes :func:`batch_latency_ms` for the
+``max(now_s, free_at_s)``; a batch whose (application, variant) differs from the one
+resident on the worker first pays the variant's ``load_s`` (the swap), after which that
+variant is resident; the inference itself takes :func:`batch_latency_s` for the
 worker's type and the batch's size. A request earns ``penalty.utility(accuracy,
-end_ms - deadline_ms)`` with the accuracy the scheduler believes in (profiled, or
-SneakPeek's per-request estimate). A short-circuited request is answered at ``now_ms``
-with SneakPeek's own label and earns ``penalty.utility(sneakpeek_accuracy, now_ms -
-deadline_ms)``.
+end_s - deadline_s)`` with the accuracy the scheduler believes in (profiled, or
+SneakPeek's per-request estimate). A short-circuited request is answered at ``now_s``
+with SneakPeek's own label and earns ``penalty.utility(sneakpeek_accuracy, now_s -
+deadline_s)``.
 
 With several workers, placement is list scheduling: each next batch goes to the worker
 that would finish it earliest (ties: the first listed), unless the caller names the
 worker. A variant only runs on workers whose type it has a latency profile for.
 
-Worked example: one worker of type ``"cpu"`` idle at ``now_ms = 0`` with ``("a", "small")``
+Worked example: one worker of type ``"cpu"`` idle at ``now_s = 0`` with ``("a", "small")``
 resident; batches ``[a/small x2, a/large x1]`` with ``small`` taking 3 ms for 2 and
-``large`` 10 ms for 1 and 4 ms to load: ``a/small`` runs 0 -> 3 (no swap), ``a/large``
-starts at 3, swaps until 7 and ends at 17.
+``large`` 10 ms for 1 and 4 ms to load: ``a/small`` runs 0 -> 0.003 s (no swap),
+``a/large`` starts at 0.003, swaps until 0.007 and ends at 0.017.
 
 :func:`validate_requests` is the bad-input gate every scheduler runs first: a request the
 window cannot serve is rejected with a one-line reason and the rest goes on.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from switchyard.selection.base import (
     PlannedBatch,
     WindowPlan,
-    batch_latency_ms,
+    batch_latency_s,
     expected_accuracy,
 )
 from switchyard.selection.snapshot import AppView, VariantView, WindowRequest, WindowSnapshot
@@ -68,13 +68,13 @@ estimated_accuracy: AccuracyFn = expected_accuracy
 the variant, else the profiled accuracy (:func:`~switchyard.selection.base.expected_accuracy`)."""
 
 
-def short_circuit_utility(request: WindowRequest, app: AppView, now_ms: float) -> float | None:
-    """What answering ``request`` at ``now_ms`` with SneakPeek's label is worth, or
+def short_circuit_utility(request: WindowRequest, app: AppView, now_s: float) -> float | None:
+    """What answering ``request`` at ``now_s`` with SneakPeek's label is worth, or
     ``None`` when the request carries no estimate."""
     accuracy = request.sneakpeek_accuracy
     if accuracy is None:
         return None
-    return app.penalty.utility(accuracy, now_ms - request.deadline_ms)
+    return app.penalty.utility(accuracy, now_s - request.deadline_s)
 
 
 def without_estimates(requests: Sequence[WindowRequest]) -> list[WindowRequest]:
@@ -85,7 +85,7 @@ def without_estimates(requests: Sequence[WindowRequest]) -> list[WindowRequest]:
         r
         if r.theta is None and r.expected_accuracy is None
         else WindowRequest(
-            request_id=r.request_id, app=r.app, arrival_ms=r.arrival_ms, deadline_ms=r.deadline_ms
+            request_id=r.request_id, app=r.app, arrival_s=r.arrival_s, deadline_s=r.deadline_s
         )
         for r in requests
     ]
@@ -93,7 +93,7 @@ def without_estimates(requests: Sequence[WindowRequest]) -> list[WindowRequest]:
 
 def runs_on(variant: VariantView, worker_type: str) -> bool:
     """Whether ``variant`` has a latency profile for ``worker_type``."""
-    return bool(variant.latency_ms.get(worker_type))
+    return bool(variant.latency_s.get(worker_type))
 
 
 def _unit_interval(value: float) -> bool:
@@ -122,8 +122,8 @@ def validate_requests(
         app = snapshot.apps.get(request.app)
         if request.request_id in seen:
             reason = f"request_id: {request.request_id!r} appears twice in the window"
-        elif not math.isfinite(request.deadline_ms):
-            reason = f"deadline_ms: must be a finite number, got {request.deadline_ms!r}"
+        elif not math.isfinite(request.deadline_s):
+            reason = f"deadline_s: must be a finite number, got {request.deadline_s!r}"
         elif app is None:
             reason = f"app: unknown application {request.app!r}"
         else:
@@ -180,9 +180,9 @@ class Option:
 
     lane: int
     """Index of the worker in the snapshot's ``workers``."""
-    start_ms: float
-    swap_ms: float
-    end_ms: float
+    start_s: float
+    swap_s: float
+    end_s: float
     merge: bool
     """Joins the worker's last batch instead of opening a new one."""
 
@@ -209,20 +209,20 @@ class ScoredPlan:
 class _Lane:
     """One worker's mutable state while a plan is built."""
 
-    __slots__ = ("free_ms", "last", "loaded", "worker_id", "worker_type")
+    __slots__ = ("free_s", "last", "loaded", "worker_id", "worker_type")
 
     def __init__(
-        self, worker_id: str, worker_type: str, free_ms: float, loaded: tuple[str, str] | None
+        self, worker_id: str, worker_type: str, free_s: float, loaded: tuple[str, str] | None
     ) -> None:
         self.worker_id = worker_id
         self.worker_type = worker_type
-        self.free_ms = free_ms
+        self.free_s = free_s
         self.loaded = loaded
         self.last = -1  # index of this lane's last batch in the timeline, -1: none yet
 
 
 class _Batch:
-    __slots__ = ("app", "end_ms", "lane", "requests", "start_ms", "swap_ms", "variant")
+    __slots__ = ("app", "end_s", "lane", "requests", "start_s", "swap_s", "variant")
 
     def __init__(
         self,
@@ -230,17 +230,17 @@ class _Batch:
         app: AppView,
         variant: VariantView,
         requests: list[WindowRequest],
-        start_ms: float,
-        swap_ms: float,
-        end_ms: float,
+        start_s: float,
+        swap_s: float,
+        end_s: float,
     ) -> None:
         self.lane = lane
         self.app = app
         self.variant = variant
         self.requests = requests
-        self.start_ms = start_ms
-        self.swap_ms = swap_ms
-        self.end_ms = end_ms
+        self.start_s = start_s
+        self.swap_s = swap_s
+        self.end_s = end_s
 
 
 class Timeline:
@@ -252,11 +252,11 @@ class Timeline:
     """
 
     def __init__(self, snapshot: WindowSnapshot, accuracy: AccuracyFn) -> None:
-        self._now_ms = snapshot.now_ms
+        self._now_s = snapshot.now_s
         self._apps = snapshot.apps
         self._accuracy = accuracy
         self._lanes = [
-            _Lane(w.worker_id, w.worker_type, max(snapshot.now_ms, w.free_at_ms), w.loaded)
+            _Lane(w.worker_id, w.worker_type, max(snapshot.now_s, w.free_at_s), w.loaded)
             for w in snapshot.workers
         ]
         self._lane_of = {w.worker_id: i for i, w in enumerate(snapshot.workers)}
@@ -300,16 +300,16 @@ class Timeline:
                 and last.app.name == app.name
                 and last.variant.name == variant.name
             ):
-                run_ms = batch_latency_ms(variant, state.worker_type, len(last.requests) + size)
+                run_s = batch_latency_s(variant, state.worker_type, len(last.requests) + size)
                 candidate = Option(
-                    i, last.start_ms, last.swap_ms, last.start_ms + last.swap_ms + run_ms, True
+                    i, last.start_s, last.swap_s, last.start_s + last.swap_s + run_s, True
                 )
             else:
-                swap_ms = 0.0 if state.loaded == key else variant.load_ms
-                run_ms = batch_latency_ms(variant, state.worker_type, size)
-                start = state.free_ms
-                candidate = Option(i, start, swap_ms, start + swap_ms + run_ms, False)
-            if best is None or candidate.end_ms < best.end_ms:
+                swap_s = 0.0 if state.loaded == key else variant.load_s
+                run_s = batch_latency_s(variant, state.worker_type, size)
+                start = state.free_s
+                candidate = Option(i, start, swap_s, start + swap_s + run_s, False)
+            if best is None or candidate.end_s < best.end_s:
                 best = candidate
         return best
 
@@ -325,7 +325,7 @@ class Timeline:
         if option.merge:
             batch = self._batches[state.last]
             batch.requests.extend(requests)
-            batch.end_ms = option.end_ms
+            batch.end_s = option.end_s
         else:
             state.last = len(self._batches)
             self._batches.append(
@@ -334,16 +334,16 @@ class Timeline:
                     app,
                     variant,
                     list(requests),
-                    option.start_ms,
-                    option.swap_ms,
-                    option.end_ms,
+                    option.start_s,
+                    option.swap_s,
+                    option.end_s,
                 )
             )
             state.loaded = (app.name, variant.name)
-        state.free_ms = option.end_ms
+        state.free_s = option.end_s
 
     def short_circuit(self, request: WindowRequest) -> None:
-        """Answer ``request`` at ``now_ms`` with SneakPeek's label.
+        """Answer ``request`` at ``now_s`` with SneakPeek's label.
 
         Raises:
             ValueError: when the request carries no SneakPeek estimate.
@@ -354,10 +354,10 @@ class Timeline:
             )
         self._short.append(request)
 
-    def utility(self, request: WindowRequest, variant: VariantView, end_ms: float) -> float:
-        """What ``request`` earns if ``variant`` answers it at ``end_ms``."""
+    def utility(self, request: WindowRequest, variant: VariantView, end_s: float) -> float:
+        """What ``request`` earns if ``variant`` answers it at ``end_s``."""
         app = self._apps[request.app]
-        return app.penalty.utility(self._accuracy(request, variant), end_ms - request.deadline_ms)
+        return app.penalty.utility(self._accuracy(request, variant), end_s - request.deadline_s)
 
     def result(self) -> ScoredPlan:
         """The committed batches, timed and scored."""
@@ -366,7 +366,7 @@ class Timeline:
         planned: list[PlannedBatch] = []
         for batch in self._batches:
             for request in batch.requests:
-                value = self.utility(request, batch.variant, batch.end_ms)
+                value = self.utility(request, batch.variant, batch.end_s)
                 by_request[request.request_id] = value
                 total += value
             planned.append(
@@ -375,13 +375,13 @@ class Timeline:
                     app=batch.app.name,
                     variant=batch.variant.name,
                     request_ids=tuple(r.request_id for r in batch.requests),
-                    start_ms=batch.start_ms,
-                    swap_ms=batch.swap_ms,
-                    end_ms=batch.end_ms,
+                    start_s=batch.start_s,
+                    swap_s=batch.swap_s,
+                    end_s=batch.end_s,
                 )
             )
         for request in self._short:
-            answer = short_circuit_utility(request, self._apps[request.app], self._now_ms)
+            answer = short_circuit_utility(request, self._apps[request.app], self._now_s)
             assert answer is not None  # checked in short_circuit()
             by_request[request.request_id] = answer
             total += answer
@@ -406,7 +406,7 @@ def score_plan(
     finish it earliest. Raises ``ValueError`` naming the field for an unknown request,
     application, variant or worker, or a variant with no profile for the named worker.
 
-    Example: see the module docstring (``a/small`` ends at 3 ms, ``a/large`` at 17 ms).
+    Example: see the module docstring (``a/small`` ends at 0.003 s, ``a/large`` at 0.017 s).
     """
     timeline = Timeline(snapshot, accuracy)
     by_id = {r.request_id: r for r in snapshot.requests}

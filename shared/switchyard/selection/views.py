@@ -13,7 +13,7 @@ variants and batch sizes stay as measured; only the unit changes. Every report t
 a scale other than 1 says so (``latency_scale`` in its configuration).
 
 Load (swap-in) times get their own factor, ``load_scale`` (default: ``latency_scale``).
-The profiled ``load_ms`` is a warm-cache deserialisation of 0.05 to 2.7 ms, mostly
+The profiled ``load_s`` is a warm-cache deserialisation of 0.05 to 2.7 ms, mostly
 Python and torch start-up per call rather than bytes moved; x100 it would be 160 to
 270 ms, longer than a deadline, and every swap between applications would miss it. The
 simulator uses :data:`DEFAULT_LOAD_SCALE` (10: the largest variant swaps in 15 to 30 ms,
@@ -31,9 +31,9 @@ from switchyard.selection.snapshot import AppView, VariantView
 __all__ = ["DEFAULT_LATENCY_SCALE", "DEFAULT_LOAD_SCALE", "app_view"]
 
 DEFAULT_LATENCY_SCALE = 100.0
-"""Emulated edge device: profiled CPU milliseconds x 100 (see the module docstring)."""
+"""Emulated edge device: profiled CPU time x 100 (see the module docstring)."""
 DEFAULT_LOAD_SCALE = 10.0
-"""Emulated edge device: profiled load (swap-in) milliseconds x 10."""
+"""Emulated edge device: profiled load (swap-in) time x 10."""
 
 
 def _check_scale(name: str, value: float) -> float:
@@ -65,19 +65,20 @@ def app_view(
     Raises:
         ValueError: naming ``latency_scale`` or ``load_scale`` when not a finite number > 0.
 
-    Example: a variant profiled at ``{"cpu": {1: 0.02, 32: 0.2}}`` with ``load_ms`` 1.5
-    and ``latency_scale=100`` is viewed at ``{"cpu": {1: 2.0, 32: 20.0}}``, load 150 ms.
+    Example: a variant profiled at ``{"cpu": {1: 2e-05, 32: 2e-04}}`` with ``load_s``
+    0.0015 and ``latency_scale=100`` is viewed at ``{"cpu": {1: 0.002, 32: 0.02}}``, load
+    0.15 s.
     """
     _check_scale("latency_scale", latency_scale)
     load_factor = latency_scale if load_scale is None else _check_scale("load_scale", load_scale)
     variants = tuple(
         VariantView(
             name=variant_name,
-            latency_ms={
-                worker_type: {size: ms * latency_scale for size, ms in sorted(by_size.items())}
-                for worker_type, by_size in profile.latency_ms.items()
+            latency_s={
+                worker_type: {size: s * latency_scale for size, s in sorted(by_size.items())}
+                for worker_type, by_size in profile.latency_s.items()
             },
-            load_ms=profile.load_ms * load_factor,
+            load_s=profile.load_s * load_factor,
             accuracy=profile.accuracy,
             recall=tuple(profile.recall),
         )

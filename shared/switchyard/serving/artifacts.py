@@ -20,7 +20,7 @@ from switchyard.serving.catalogue import ServingCatalogue
 
 DEFAULT_REGISTRY_SEED = 0
 REGISTRY_FILE = "registry.json"  # the name `switchyard apps build` writes
-_BUILD_VERSION = "v1"  # bump when the default applications or their variants change
+_BUILD_VERSION = "v2"  # bump when the default applications, their variants or the format change
 _PROFILE_REPEATS = 5
 
 

@@ -88,7 +88,7 @@ class ClassificationApplication:
         return cls(
             name=app.name,
             feature_dim=app.feature_dim,
-            deadline_s=app.deadline_ms / 1000.0,
+            deadline_s=app.deadline_s,
             classes=tuple(app.classes),
             variants=tuple(app.variants),
             spec=app,
