@@ -34,8 +34,9 @@ from switchyard.config import Settings
 from switchyard.runtime import loop as event_loop
 
 from cli.stack_demo import StackDemoConfig, send_logs_to_file
-from loadgen.replay import RequestRecord, replay
-from loadgen.replay_report import breakdown
+from loadgen.replay import replay
+from loadgen.replay_records import RequestRecord
+from loadgen.replay_summary import breakdown
 from services.embedded import EmbeddedPlan, EmbeddedStack
 
 RESULTS = Path(__file__).parent / "results"

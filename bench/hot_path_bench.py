@@ -67,7 +67,7 @@ from bench.proc_cpu import CpuSampler, listener_pid
 from loadgen.harness.process_stack import ProcessStack, free_port
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
-from loadgen.replay_report import summarize
+from loadgen.replay_summary import summarize
 
 RESULTS = Path(__file__).parent / "results" / "stack"
 PROFILE = "a100-80gb/llama-2-7b"

@@ -37,7 +37,7 @@ from switchyard.traces import resolve_trace
 
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
-from loadgen.replay_report import summarize
+from loadgen.replay_summary import summarize
 
 RESULTS = Path(__file__).parent / "results" / "stack"
 _URL = re.compile(r"HTTP API at (http://\S+)")

@@ -37,7 +37,7 @@ from services.embedded import EmbeddedPlan, EmbeddedStack, EmbeddedStartError
 
 if TYPE_CHECKING:
     from loadgen.mixes import PlannedRequest
-    from loadgen.replay_report import Component
+    from loadgen.replay_summary import Component
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,8 @@ async def run_stack_demo(
     ``log_path``, the file the services log to, is named in the messages about failures.
     """
     from loadgen.replay import replay
-    from loadgen.replay_report import breakdown, format_report, per_app_summaries, summarize
+    from loadgen.replay_summary import breakdown, per_app_summaries, summarize
+    from loadgen.replay_text import format_report
 
     see_logs = f" (service logs: {log_path})" if log_path is not None else ""
 

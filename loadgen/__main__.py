@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from loadgen.mixes import PlannedRequest
-    from loadgen.replay import ReplayResult
+    from loadgen.replay_records import ReplayResult
 
 PROG = "python -m loadgen"
 EXIT_BAD_INPUT = 2
@@ -138,7 +138,8 @@ def _raise_file_limit() -> None:
 
 async def _run_replay(args: argparse.Namespace, plan: Sequence[PlannedRequest]) -> ReplayResult:
     """Check the target, then replay with Ctrl-C (and SIGTERM) wired to a graceful stop."""
-    from loadgen.replay import DEFAULT_GRACE_S, check_reachable, replay
+    from loadgen.replay import DEFAULT_GRACE_S, replay
+    from loadgen.replay_target import check_reachable
 
     await check_reachable(args.target)
     loop = asyncio.get_running_loop()
@@ -184,15 +185,10 @@ def replay_command(args: argparse.Namespace) -> int:
     from switchyard.traces import resolve_trace
 
     from loadgen.mixes import build_plan, check_mix_name, parse_app_map
-    from loadgen.replay import normalise_target
-    from loadgen.replay_report import (
-        format_report,
-        per_app_summaries,
-        report_document,
-        summarize,
-        write_json,
-        write_report,
-    )
+    from loadgen.replay_report import report_document, write_json, write_report
+    from loadgen.replay_summary import per_app_summaries, summarize
+    from loadgen.replay_target import normalise_target
+    from loadgen.replay_text import format_report
 
     # Every argument is checked before the trace is read: a typo fails at once.
     check_mix_name(args.mix)

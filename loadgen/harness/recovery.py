@@ -36,7 +36,8 @@ from switchyard.lifecycle import RequestLedger
 
 from loadgen.harness.process_stack import ProcessStack, Record, read_topic
 from loadgen.mixes import PlannedRequest
-from loadgen.replay import ReplayResult, replay
+from loadgen.replay import replay
+from loadgen.replay_records import ReplayResult
 
 
 @dataclass

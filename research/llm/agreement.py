@@ -44,7 +44,7 @@ from typing import Any
 from switchyard.policies.registry import PolicyOptions, make_llm_policy
 from switchyard.stats import quantile
 
-from loadgen.replay import OK, RequestRecord
+from loadgen.replay_records import OK, RequestRecord
 from research.llm.simulator import LlmTraceRequest, SimulationConfig, Simulator
 
 __all__ = [

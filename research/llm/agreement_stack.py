@@ -22,7 +22,8 @@ from switchyard.traces.transform import head
 
 from loadgen.harness.process_stack import ProcessStack
 from loadgen.mixes import build_plan
-from loadgen.replay import ReplayResult, replay
+from loadgen.replay import replay
+from loadgen.replay_records import ReplayResult
 from research.llm.agreement import Agreement, compare, simulate
 
 

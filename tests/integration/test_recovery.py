@@ -37,7 +37,7 @@ from loadgen.harness.recovery import (
     start_stack,
 )
 from loadgen.mixes import PlannedRequest, build_plan
-from loadgen.replay import ReplayResult
+from loadgen.replay_records import ReplayResult
 
 REQUESTS = 150
 SPEEDUP = 10.0

@@ -38,7 +38,8 @@ from loadgen.harness.process_stack import (
 )
 from loadgen.harness.recovery import analyse, third_of_the_way_s
 from loadgen.mixes import PlannedRequest, build_plan
-from loadgen.replay import ReplayResult, replay
+from loadgen.replay import replay
+from loadgen.replay_records import ReplayResult
 
 CLIENT_TIMEOUT_S = 40.0
 STACK_ENV = {"SWITCHYARD_ADMISSION": "off"}

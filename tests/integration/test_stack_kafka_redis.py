@@ -12,7 +12,7 @@ from switchyard.traces import resolve_trace
 
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
-from loadgen.replay_report import summarize
+from loadgen.replay_summary import summarize
 from services.embedded import EmbeddedPlan, EmbeddedStack
 
 

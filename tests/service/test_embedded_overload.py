@@ -19,7 +19,8 @@ from switchyard.config import load_settings
 from switchyard.traces import resolve_trace
 
 from loadgen.mixes import build_plan
-from loadgen.replay import OK, REJECTED, replay
+from loadgen.replay import replay
+from loadgen.replay_records import OK, REJECTED
 from services.embedded import EmbeddedPlan, EmbeddedStack
 from tests.support.services import eventually
 

@@ -1,5 +1,5 @@
 """Admission control in the ingress API, over the in-memory bus with the fake worker of
-:mod:`tests.service.test_ingress_api`: a request no worker can finish before its deadline
+:mod:`tests.service.ingress_support`: a request no worker can finish before its deadline
 gets 429 with ``Retry-After`` and is neither recorded nor published; one for a model no
 live worker serves gets 503; nothing is refused before the first cluster read; a retry of
 a request accepted before is answered from its record, never judged again."""
@@ -23,7 +23,7 @@ from switchyard.telemetry import Telemetry, configure_telemetry
 
 from services.ingress.api import ApiOptions, build_app
 from services.ingress.load_shedding import NO_WORKER_RETRY_AFTER_S, AdmissionGate
-from tests.service.test_ingress_api import (
+from tests.service.ingress_support import (
     FakeWorker,
     answer_text,
     assert_error,

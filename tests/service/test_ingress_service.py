@@ -24,7 +24,7 @@ from switchyard.state.memory import MemoryStateStore
 
 from services.ingress import create
 from services.ingress.service import IngressService
-from tests.service.test_ingress_api import (
+from tests.service.ingress_support import (
     FakeWorker,
     answer_text,
     completion_body,

@@ -32,7 +32,8 @@ from starlette.routing import Route
 
 from loadgen.__main__ import main
 from loadgen.mixes import PlannedRequest
-from loadgen.replay import (
+from loadgen.replay import replay
+from loadgen.replay_records import (
     CANCELLED,
     HTTP_ERROR,
     NOT_SENT,
@@ -41,7 +42,6 @@ from loadgen.replay import (
     TIMEOUT,
     TRANSPORT_ERROR,
     RequestRecord,
-    replay,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

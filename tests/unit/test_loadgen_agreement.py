@@ -8,7 +8,7 @@ import pytest
 from switchyard.contracts.messages import WorkloadType
 from switchyard.traces.azure import TraceRequest
 
-from loadgen.replay import OK, REJECTED, RequestRecord
+from loadgen.replay_records import OK, REJECTED, RequestRecord
 from research.llm.agreement import (
     AgreementError,
     SimulatedLatency,

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from loadgen.replay import (
+from loadgen.replay_answers import parse_answer
+from loadgen.replay_plots import rolling_quantile
+from loadgen.replay_records import (
     CANCELLED,
     HTTP_ERROR,
     NOT_SENT,
@@ -21,17 +23,10 @@ from loadgen.replay import (
     TRANSPORT_ERROR,
     ReplayResult,
     RequestRecord,
-    parse_answer,
 )
-from loadgen.replay_report import (
-    EMULATED_NOTE,
-    format_report,
-    per_app_summaries,
-    report_document,
-    rolling_quantile,
-    summarize,
-    write_report,
-)
+from loadgen.replay_report import report_document, write_report
+from loadgen.replay_summary import per_app_summaries, summarize
+from loadgen.replay_text import EMULATED_NOTE, format_report
 
 
 def record(index: int, outcome: str = OK, **fields: Any) -> RequestRecord:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from switchyard.bus.bus import Bus, Delivery, RecordFilter, Subscription
+from switchyard.bus.bus import Bus
+from switchyard.bus.delivery import Delivery, RecordFilter
 from switchyard.bus.memory import MemoryBroker, MemoryTransport
 from switchyard.bus.middleware import BusMiddleware
 from switchyard.bus.records import (
@@ -17,6 +18,7 @@ from switchyard.bus.records import (
     RecordMetadata,
     TopicPartition,
 )
+from switchyard.bus.subscription import Subscription
 from switchyard.bus.transport import Transport, TransportConsumer
 from switchyard.config import Settings
 

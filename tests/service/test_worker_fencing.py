@@ -1,0 +1,190 @@
+"""Fencing in the worker service through the request ledger: an assignment that is a
+duplicate, stale, another worker's, superseded or already answered does not run, and
+the answer of a request re-assigned meanwhile is discarded (and counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
+from switchyard.contracts.messages import Completion, CompletionStatus, LLMResult, RequestTimeline
+from switchyard.lifecycle import Assign, Fence, RequestLedger
+from switchyard.perf import performance_model
+from switchyard.state import keys
+
+from services.worker.backends.emulated_llm import EmulatedLlmBackend
+from services.worker.service import WorkerService
+from tests.service.worker_support import (
+    MODEL,
+    PROFILE,
+    Stack,
+    _chunk,
+    _completion,
+    _context,
+    _llm,
+    _read,
+    _record,
+    _send,
+    _start,
+    stack_fixture,  # noqa: F401 (the ``stack`` fixture)
+)
+from tests.support.bus import drain_for
+
+
+def _counted(reader: InMemoryMetricReader, name: str, worker_id: str) -> int:
+    """The value of counter ``name`` for ``worker_id`` (0 when it never counted)."""
+    data = reader.get_metrics_data()
+    total = 0
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name != name or not isinstance(metric.data, Sum):
+                    continue
+                for point in metric.data.data_points:
+                    if (point.attributes or {}).get("worker_id") == worker_id:
+                        total += int(point.value)
+    return total
+
+
+async def test_a_duplicate_or_stale_assignment_runs_once(stack: Stack) -> None:
+    first = _llm("dup", output=3, epoch=1, order=1)
+    stale = _llm("dup", output=3, epoch=0, order=1)
+    # Recorded as the scheduler would: decided (epoch 0), then re-assigned (epoch 1).
+    await _record(stack.state, stale)
+    outcome = await RequestLedger(stack.state).assign(Assign(first, replaces_epoch=0))
+    assert outcome.result == "assigned"
+    async with stack.answers("t-dup") as answers:
+        await stack.send(first, record=False)
+        await stack.send(first, record=False)  # redelivered
+        await stack.send(stale, record=False)  # stale
+        # The same partition, so the worker reads it after the three above.
+        await stack.send(_llm("marker", output=3, order=2))
+        seen: list[tuple[str, int]] = []
+        while {"dup", "marker"} - {request_id for request_id, _ in seen}:
+            done = await _completion(answers)
+            seen.append((done.request_id, done.epoch))
+        # Every assignment was read before the marker's: a second copy of "dup" would be
+        # waiting, running or already answered by now.
+        assert len(stack.worker.queue) == 0
+        assert not stack.worker.backend.has_running()
+        assert await answers.next_within(0.05) is None
+    assert sorted(seen) == [("dup", 1), ("marker", 0)]
+    # After a restart the in-memory memory is gone, but the record in the ledger (answered
+    # under epoch 1) stops the redelivered assignment.
+    recorded = await _read(stack.state, "dup")
+    assert (recorded.status, recorded.epoch, recorded.worker_id) == ("ok", 1, "w1")
+    restarted = WorkerService(stack.ctx, stack.worker.backend)
+    assert await restarted.intake.take([(first, None)]) == 0
+    assert "dup" not in restarted.queue
+
+
+async def test_only_our_assignments_are_taken(stack: Stack) -> None:
+    other = _llm("other", worker_id="w2")
+    await _record(stack.state, other)
+    assert await stack.worker.intake.take([(other, None)]) == 0
+    assert "other" not in stack.worker.queue
+    # Nor does it touch the record: it stays w2's to start.
+    record = await _read(stack.state, "other")
+    assert (record.status, record.worker_id) == ("assigned", "w2")
+
+
+async def test_an_assignment_its_record_shows_superseded_or_answered_does_not_run(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker restarted under its id resumes its inbox's unread assignments: this one was
+    # re-assigned elsewhere (epoch 1 recorded) meanwhile, that one already answered, and
+    # the last one this worker's earlier incarnation took already.
+    state = stack.state
+    ledger = RequestLedger(state)
+    worker = stack.worker
+    moved_on = _llm("moved-on")
+    await _record(state, moved_on)
+    elsewhere = moved_on.model_copy(update={"worker_id": "w2", "epoch": 1})
+    assert (await ledger.assign(Assign(elsewhere, replaces_epoch=0))).result == "assigned"
+    answered = _llm("answered")
+    await _record(state, answered)
+    done = Completion(
+        request_id="answered",
+        app=MODEL,
+        worker_id="w1",
+        worker_type="a100-80gb",
+        variant=MODEL,
+        epoch=0,
+        status=CompletionStatus.OK,
+        result=LLMResult(output_tokens=8, text=""),
+        timeline=RequestTimeline(arrival_s=answered.request.arrival_s, finished_s=time.time()),
+    )
+    assert await ledger.finish_many([done]) == ["finished"]
+    taken = _llm("taken-before")
+    await _record(state, taken)
+    assert await ledger.start_many([Fence("taken-before", 0, "w1")], time.time()) == ["started"]
+
+    for assignment in (moved_on, answered, taken):
+        request_id = assignment.request.request_id
+        assert await worker.intake.take([(assignment, None)]) == 0, request_id
+        assert request_id not in worker.queue
+    # The records are as they were: the refused assignments changed nothing.
+    record = await _read(state, "moved-on")
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "w2", 1)
+    assert (await _read(state, "taken-before")).status == "running"
+    assert (await _read(state, "answered")).completion == done
+    # Dropping a superseded assignment counts; the others were only repeats.
+    assert _counted(stack.metrics, "switchyard.worker.superseded", "w1") == 1
+
+    # The request's current assignment, and one nobody recorded (with a warning), run.
+    current = _llm("current", not_before_s=time.time() + 3600)
+    await _record(state, current)
+    assert await worker.intake.take([(current, None)]) == 1
+    with caplog.at_level(logging.WARNING, logger="switchyard.worker"):
+        unrecorded = _llm("unrecorded", not_before_s=time.time() + 3600)
+        assert await worker.intake.take([(unrecorded, None)]) == 1
+    assert "assignment of unrecorded has no request record" in caplog.text
+    assert {"current", "unrecorded"} <= set(worker.holdings.held)
+    record = await _read(state, "current")
+    assert (record.status, record.worker_id, record.epoch) == ("running", "w1", 0)
+
+
+async def test_an_answer_of_a_request_given_to_another_worker_meanwhile_is_discarded(
+    stack: Stack,
+) -> None:
+    # A slower emulation (time scale 10): the request runs for about half a second, and
+    # meanwhile this worker is declared dead and the request re-assigned to w2.
+    bus = stack.bus
+    metrics = InMemoryMetricReader()
+    ctx = _context(bus, stack.state, metrics=metrics, worker_id="cut-off")
+    worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=10.0))
+    await _start(worker)
+    ledger = RequestLedger(stack.state)
+    try:
+        async with stack.answers("t-cut-off") as answers:
+            ran = _llm("taken-away", output=400, stream=True, worker_id="cut-off")
+            await _record(stack.state, ran)
+            await _send(worker, ran)
+            await _chunk(answers)  # running now
+            again = ran.model_copy(
+                update={"worker_id": "w2", "epoch": 1, "assigned_at_s": time.time()}
+            )
+            reassigned = await ledger.assign(
+                Assign(again, replaces_epoch=0, replaces_worker="cut-off")
+            )
+            assert reassigned.result == "assigned"
+            ctx.stopping.set()
+            await worker.drain()  # what ran has finished, its answer recorded or discarded
+            after = [d.message for d in await drain_for(answers, 0.1)]
+    finally:
+        ctx.stopping.set()
+        await worker.cancel_routines()
+        ctx.telemetry.shutdown()
+    # Its answer was never sent, and the record still shows w2's assignment, with the run
+    # that should not have happened counted.
+    assert not [m for m in after if isinstance(m, Completion)]
+    record = await _read(stack.state, "taken-away")
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "w2", 1)
+    assert record.completion is None
+    assert record.superseded_runs == 1
+    assert await stack.state.hget(keys.CLUSTER_STATS, "superseded") == "1"
+    assert await stack.state.hget(keys.worker("cut-off"), "completed") is None
+    assert _counted(metrics, "switchyard.worker.superseded", "cut-off") == 1
