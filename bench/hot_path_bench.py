@@ -1,7 +1,7 @@
 """The hot path: what one request costs the live stack, process by process.
 
 The stack runs as separate processes on the local Kafka and Redis, as an operator runs
-it (``loadgen/harness/process_stack.py``): ingress, monitor, predictor, sneakpeek,
+it (``loadgen/harness/process_stack.py``): ingress, monitor, predictor, estimator,
 scheduler, rebalancer and emulated llama-2-7b workers at time scale 100 (so execution
 is a few milliseconds and what is measured is the control plane), admission control
 off. This process generates open-loop Poisson arrivals of short completions (1 to 16
