@@ -507,7 +507,7 @@ class SchedulerService(Service):
     async def _worker_events_routine(self) -> None:
         ctx = self.ctx
         async with ctx.bus.subscribe(
-            WORKER_EVENTS, group="scheduler", stopping=ctx.stopping
+            WORKER_EVENTS, group="scheduler-worker-events", stopping=ctx.stopping
         ) as sub:
             async for delivery in sub:
                 await sub.handle(delivery, self.reassigner.on_worker_down)

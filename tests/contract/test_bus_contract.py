@@ -16,7 +16,7 @@ import pytest
 from switchyard.bus import Delivery, Envelope, Subscription
 from switchyard.bus.partitioner import partition_for_key
 from switchyard.contracts.messages import DeadLetter, InferenceRequest
-from switchyard.contracts.topics import DEAD_LETTERS, HEARTBEATS, REQUESTS
+from switchyard.contracts.topics import DEAD_LETTERS, HEARTBEATS, REQUESTS, WORKER_EVENTS
 from switchyard.errors import SwitchyardError
 
 from tests.support.bus import (
@@ -387,3 +387,15 @@ async def test_a_message_of_the_wrong_type_is_refused_at_publish(make_bus: BusFa
     await bus.start()
     with pytest.raises(TypeError, match="carries Heartbeat"):
         await bus.publish(HEARTBEATS, make_request("r1"))  # type: ignore[misc]
+
+
+async def test_a_group_reads_one_topic_per_process(make_bus: BusFactory) -> None:
+    """A group shared by two topics would rebalance one topic's consumer whenever the
+    other's joins or leaves (a scheduler once stalled 10 s that way): refused by name."""
+    bus = make_bus()
+    await bus.start()
+    async with bus.subscribe(REQUESTS, group="scheduler"):
+        again = bus.subscribe(REQUESTS, group="scheduler")  # a second member: fine
+        with pytest.raises(ValueError, match=r"consumer group 'scheduler' already reads"):
+            bus.subscribe(WORKER_EVENTS, group="scheduler")
+        assert again.topic is REQUESTS

@@ -186,9 +186,9 @@ async def test_a_killed_scheduler_replica_loses_and_doubles_nothing(
         stack.start_worker(worker)
     stack.start_service("ingress")
     await stack.wait_ready(workers=len(WORKERS))
-    # Both replicas share the requests' partitions before the replay (each replica is two
-    # members of group ``scheduler``: its requests and its worker-events consumers).
-    await stack.wait_group("scheduler", members=4)
+    # Both replicas share the requests' and the worker events' partitions before the replay.
+    await stack.wait_group("scheduler", members=2)
+    await stack.wait_group("scheduler-worker-events", members=2)
     plan = _plan()
 
     async def first_replica() -> str:

@@ -102,8 +102,9 @@ async def test_replicas_of_every_service_share_the_load(process_stack: StackFact
     for name in ingresses:
         stack.start_service("ingress", name=name)
     await stack.wait_ready(workers=len(workers))
-    # Both scheduler replicas hold partitions of the requests (two members each).
-    await stack.wait_group("scheduler", members=4)
+    # Both scheduler replicas hold partitions of the requests and of the worker events.
+    await stack.wait_group("scheduler", members=2)
+    await stack.wait_group("scheduler-worker-events", members=2)
 
     plan = _plan(150)
     halves = [plan[0::2], plan[1::2]]

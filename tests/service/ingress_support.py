@@ -194,7 +194,9 @@ class FakeWorker:
         )
 
     async def _read(self, topic: Topic[InferenceRequest], stopping: asyncio.Event) -> None:
-        async with self.bus.subscribe(topic, group="fake-worker", stopping=stopping) as sub:
+        async with self.bus.subscribe(
+            topic, group=f"fake-worker-{topic.name}", stopping=stopping
+        ) as sub:
             async for delivery in sub:
                 self.seen.append(delivery.message)
                 task = asyncio.create_task(self.serve(delivery.message))

@@ -86,6 +86,8 @@ class Bus:
         self.addressed_partitions = addressed_partitions
         self._ensured: set[str] = set()
         self._subscriptions: set[Subscription[Any]] = set()
+        # Consumer group -> the topic it reads in this process (group members only).
+        self._group_topics: dict[str, str] = {}
         self._started = False
         self.record_counts: Counter[tuple[str, str, str]] = Counter()
         """Records read, by (topic, group, outcome): ``decoded`` (validated into a
@@ -229,7 +231,20 @@ class Bus:
         subscription reads exactly those partitions and joins no group rebalance;
         ``group`` keeps their committed offsets, and a group without any starts at the
         partitions' ends (what came before was for an earlier owner).
+
+        Raises:
+            ValueError: ``group`` already reads another topic through this bus. Kafka
+                rebalances a group whenever any of its members joins or leaves, so a
+                group shared by two topics stalls one whenever the other's consumer
+                comes or goes: each topic gets a group of its own.
         """
+        if partitions is None:
+            bound = self._group_topics.setdefault(group, topic.name)
+            if bound != topic.name:
+                raise ValueError(
+                    f"consumer group {group!r} already reads {bound!r} here; give "
+                    f"{topic.name!r} a group of its own (one group per topic)"
+                )
         return Subscription(
             self,
             topic,
