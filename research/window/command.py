@@ -465,7 +465,7 @@ def write_report(
     return draw(rows, document, out_dir, table=shown, sweep=sweep)
 
 
-# ---------------------------------------------------------------- sneakpeek-accuracy
+# ---------------------------------------------------------------- estimates
 
 
 _PRIOR_CASES = ("jeffreys", "weak", "strong", "strong-stream", "mismatched")

@@ -175,7 +175,7 @@ def test_no_import_runs_back_up_a_layer() -> None:
 
 
 def test_no_package_cycle() -> None:
-    """Packages one level down (``switchyard.sim``, ``research.llm``, ``services.ingress``)."""
+    """Packages one level down (``switchyard.bus``, ``research.llm``, ``services.ingress``)."""
     assert not cycles(_graph(import_edges(), depth=2))
 
 
