@@ -112,15 +112,16 @@ def format_registry(registry: Registry) -> str:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from switchyard.apps.profiling import REGISTRY_FILE, build_registry
-    from switchyard.apps.registry import save_registry
+    from switchyard.apps.registry import REGISTRY_FILE, save_registry
 
     out_dir: Path = args.out
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out: {out_dir} exists and is not a folder")
     if args.if_missing and (out_dir / REGISTRY_FILE).is_file():
+        # Before the import below: the check needs neither torch nor scikit-learn.
         print(f"{out_dir / REGISTRY_FILE} exists already; nothing to do")
         return 0
+    from switchyard.apps.profiling import build_registry
 
     def progress(app: str, variant: str) -> None:
         print(f"profiled {app}/{variant}", file=sys.stderr)

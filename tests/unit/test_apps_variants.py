@@ -25,7 +25,8 @@ from switchyard.apps import (
     sample_stream,
 )
 from switchyard.apps.datasets import DATASET_SPECS
-from switchyard.apps.profiling import REGISTRY_FILE, evaluate
+from switchyard.apps.profiling import evaluate
+from switchyard.apps.registry import REGISTRY_FILE
 from switchyard.apps.variants import LogRegPcaVariant, train_variant
 
 from cli.apps import EXIT_BAD_INPUT, add_arguments, run

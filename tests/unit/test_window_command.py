@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-from switchyard.apps.profiling import REGISTRY_FILE, build_registry
-from switchyard.apps.registry import save_registry
+from switchyard.apps.profiling import build_registry
+from switchyard.apps.registry import REGISTRY_FILE, save_registry
 
 from research.window.command import (
     EXIT_BAD_INPUT,

@@ -40,7 +40,6 @@ __all__ = [
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_DEADLINE_S",
     "DEFAULT_PENALTY",
-    "REGISTRY_FILE",
     "WARMUP_CALLS",
     "WORKER_TYPE",
     "build_registry",
@@ -55,7 +54,6 @@ DEFAULT_DEADLINE_S = 0.15
 DEFAULT_PENALTY = PenaltySpec(kind="sigmoid", steepness_per_s=100.0, midpoint_s=0.05)
 """Half the value left 50 ms after the deadline, almost none after 100 ms."""
 WARMUP_CALLS = 3
-REGISTRY_FILE = "registry.json"
 
 
 def evaluate(variant: Variant, dataset: Dataset) -> tuple[float, tuple[float, ...]]:

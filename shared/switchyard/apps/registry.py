@@ -67,6 +67,7 @@ from switchyard.apps.penalty import Penalty, PenaltyKind
 from switchyard.multimodel.dag import find_cycle
 
 __all__ = [
+    "REGISTRY_FILE",
     "Application",
     "ModelEntry",
     "PenaltySpec",
@@ -82,6 +83,9 @@ __all__ = [
     "registry_from_data",
     "save_registry",
 ]
+
+REGISTRY_FILE = "registry.json"
+"""The registry's file name in the folder `switchyard apps build` writes."""
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 PositiveSeconds = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]

@@ -14,12 +14,11 @@ import fcntl
 import os
 from pathlib import Path
 
-from switchyard.apps.registry import load_registry, save_registry
+from switchyard.apps.registry import REGISTRY_FILE, load_registry, save_registry
 from switchyard.errors import ConfigError
 from switchyard.serving.catalogue import ServingCatalogue
 
 DEFAULT_REGISTRY_SEED = 0
-REGISTRY_FILE = "registry.json"  # the name `switchyard apps build` writes
 _BUILD_VERSION = "v2"  # bump when the default applications, their variants or the format change
 _PROFILE_REPEATS = 5
 

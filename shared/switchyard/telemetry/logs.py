@@ -8,6 +8,8 @@
 once per HTTP call are not logged at INFO: at 1,000 calls a second that would be 1,000
 lines a second (httpx's ``HTTP Request: …`` lines, uvicorn's access log) and they show
 only when the level is DEBUG; the ingress counts calls in its metrics and spans instead.
+An unreachable trace collector is reported once a minute per exporter, not on every
+failed export and retry (:class:`ExportFailureFilter`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import json
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,6 +38,8 @@ _STANDARD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", None, None)
 _NOISY_LOGGERS = ("aiokafka", "kafka", "urllib3", "opentelemetry", "httpcore")
 # Loggers that write a line per HTTP call at INFO: let through at DEBUG only.
 _PER_CALL_LOGGERS = ("httpx", "uvicorn.access")
+# Loggers whose failure lines repeat for as long as a collector is unreachable.
+_EXPORTER_LOGGERS = ("opentelemetry.exporter.",)
 
 
 def _trace_ids() -> tuple[str, str] | None:
@@ -98,6 +104,40 @@ class TextFormatter(logging.Formatter):
 _HANDLER_NAME = "switchyard"
 
 
+class ExportFailureFilter(logging.Filter):
+    """Let one line a minute through from each OpenTelemetry exporter logger, and say
+    how many were held back since.
+
+    An OTLP exporter logs every failed export and every retry (three warnings and an
+    error a batch, every few seconds in every process) while its collector is down or
+    absent: one line a minute says as much. Other loggers pass untouched.
+    """
+
+    def __init__(
+        self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last_s: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(_EXPORTER_LOGGERS):
+            return True
+        now_s = self._clock()
+        last_s = self._last_s.get(record.name)
+        if last_s is not None and now_s - last_s < self.interval_s:
+            self._held[record.name] = self._held.get(record.name, 0) + 1
+            return False
+        self._last_s[record.name] = now_s
+        held = self._held.pop(record.name, 0)
+        if held:
+            record.msg = f"{record.getMessage()} ({held} more like it held back since)"
+            record.args = None
+        return True
+
+
 def configure_logging(
     service_name: str,
     settings: Settings,
@@ -146,6 +186,8 @@ def configure_logging(
         handler.setFormatter(JsonFormatter(service_name, settings.instance_id))
     else:
         handler.setFormatter(TextFormatter(service_name))
+    if not any(isinstance(f, ExportFailureFilter) for f in handler.filters):
+        handler.addFilter(ExportFailureFilter())
     if handler not in root.handlers:
         root.addHandler(handler)
     root.setLevel(settings.log_level)

@@ -1,0 +1,73 @@
+"""What docker-compose.yml promises an operator, read from the file: host ports that
+never meet the local development ones, one fixed ingress port, and only the services
+that read the classification registry waiting for the job that builds it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL_PORTS = {9092, 9093, 6379}
+"""Kafka (client and controller) and Redis of deploy/local/infra.sh and `make test`."""
+REGISTRY_READERS = {"ingress", "estimator", "scheduler", "worker-torch"}
+
+
+def _services() -> dict[str, Any]:
+    document = yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))
+    services: dict[str, Any] = document["services"]
+    return services
+
+
+def _host_ports(spec: dict[str, Any]) -> list[str]:
+    return [str(mapping).split(":")[0] for mapping in spec.get("ports", [])]
+
+
+def test_no_host_port_meets_the_local_infrastructure() -> None:
+    published = {name: _host_ports(spec) for name, spec in _services().items()}
+    for name, ports in published.items():
+        assert all("-" not in port for port in ports), (name, ports)  # no port ranges
+        assert not {int(port) for port in ports} & LOCAL_PORTS, (name, ports)
+    assert published["ingress"] == ["8080"]
+
+
+def test_kafka_advertises_the_host_port_it_publishes() -> None:
+    kafka = _services()["kafka"]
+    (host_port,) = _host_ports(kafka)
+    assert f"EXTERNAL://localhost:{host_port}" in kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"EXTERNAL://:{host_port}" in kafka["environment"]["KAFKA_LISTENERS"]
+
+
+def test_only_the_registry_readers_wait_for_the_registry_job() -> None:
+    waiting = {
+        name for name, spec in _services().items() if "registry" in (spec.get("depends_on") or {})
+    }
+    assert waiting == REGISTRY_READERS
+    for name in REGISTRY_READERS:
+        mounts = _services()[name]["volumes"]
+        assert "registry:/var/lib/switchyard/registry:ro" in mounts, name
+
+
+def test_the_registry_job_when_built_already_needs_neither_torch_nor_scikit_learn(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "registry.json").write_text("{}", encoding="utf-8")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "sys.modules['torch'] = sys.modules['sklearn'] = None\n"
+            "from cli.main import main\n"
+            f"main(['apps', 'build', '--out', {str(tmp_path)!r}, '--if-missing'])\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "exists already; nothing to do" in done.stdout
