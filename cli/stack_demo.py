@@ -221,8 +221,9 @@ async def run_stack_demo(
     print("output, not measurements; overhead = client latency minus execution, which")
     print("includes the wait in the worker's queue; control plane = client latency minus")
     print("the time at the worker, which for classification includes the scheduler's")
-    print("wait for SneakPeek's estimate; cls = classification; CPU = this process's CPU")
-    print("time during the replay, the whole stack and the load generator, per request):")
+    print("wait for the estimator's accuracy estimate; cls = classification; CPU = this")
+    print("process's CPU time during the replay, the whole stack and the load generator,")
+    print("per request):")
     print(
         f"{'policy':<8} {'answered':>10} {'P50 s':>6} {'P99 s':>6} {'SLO miss':>9} "
         f"{'overhead P50/P99 s':>19} {'control plane P99 s':>20} {'LLM/cls P99 s':>14} "
