@@ -47,7 +47,7 @@ RESEARCH_COMMANDS: tuple[tuple[str, str, str, str, str], ...] = (
         "estimates",
         "Error of profiled accuracy against the estimator's per-request estimates, per "
         "application.",
-        "research.window.command",
+        "research.window.estimates_command",
         "add_accuracy_arguments",
         "run_accuracy",
     ),

@@ -88,7 +88,6 @@ from types import MappingProxyType
 
 from switchyard.multimodel.model import (
     ModelSpec,
-    ResourceVector,
     WorkerSpec,
     Workload,
 )
@@ -103,6 +102,7 @@ from switchyard.multimodel.snapshot import (
 from switchyard.policies.base import DecisionContext
 
 from research.multimodel.errors import PlanError, RoutingError, SimulationInputError
+from research.multimodel.plan_check import check_plan
 from research.multimodel.run import MultiModelResult, MultiModelSimConfig, UpdateRecord
 from research.multimodel.sim_state import PipelineRun, Replica, RequestRun, Task, WorkerRun
 
@@ -517,55 +517,10 @@ class MultiModelSimulator:
         else:
             self._retry_all_pending()
 
-    def _check_plan(self, plan: PlacementPlan) -> None:
-        """Refuse the whole plan, naming the worker and models, if any part is wrong."""
-        free: dict[str, ResourceVector] = {}
-        placed: dict[str, set[str]] = {}
-        evicted: dict[str, list[str]] = {}
-        for worker_id, model in plan.evict:
-            worker = self.by_id.get(worker_id)
-            if worker is None:
-                raise PlanError(f"plan evicts {model!r} from unknown worker {worker_id!r}")
-            names = placed.setdefault(worker_id, set(worker.replicas))
-            if model not in names:
-                raise PlanError(
-                    f"plan evicts {model!r} from worker {worker_id}, which does not hold it"
-                )
-            names.discard(model)
-            evicted.setdefault(worker_id, []).append(model)
-            free[worker_id] = (
-                free.get(worker_id, worker.free_vec) + worker.replicas[model].resources
-            )
-        loads: dict[str, list[str]] = {}
-        for worker_id, model in plan.load:
-            worker = self.by_id.get(worker_id)
-            if worker is None:
-                raise PlanError(f"plan loads {model!r} onto unknown worker {worker_id!r}")
-            spec = self.models.get(model)
-            if spec is None:
-                raise PlanError(f"plan loads unknown model {model!r} onto worker {worker_id}")
-            names = placed.setdefault(worker_id, set(worker.replicas))
-            if model in names:
-                raise PlanError(
-                    f"plan loads {model!r} onto worker {worker_id}, which already holds it"
-                )
-            names.add(model)
-            loads.setdefault(worker_id, []).append(model)
-            room = free.get(worker_id, worker.free_vec)
-            if not spec.resources.fits_in(room):
-                gone = evicted.get(worker_id, [])
-                after = f" after evicting {', '.join(gone)}" if gone else ""
-                raise PlanError(
-                    f"plan overflows worker {worker_id}: loading {', '.join(loads[worker_id])} "
-                    f"does not fit in its capacity {_vec(worker.cap)}{after} "
-                    f"({model} needs {_vec(spec.resources)}, {_vec(room)} free)"
-                )
-            free[worker_id] = room - spec.resources
-
     def _apply(self, plan: PlacementPlan) -> None:
         if not plan.load and not plan.evict:
             return
-        self._check_plan(plan)
+        check_plan(plan, self.by_id, self.models)
         now = self._now
         for worker_id, model in plan.evict:
             worker = self.by_id[worker_id]
@@ -591,10 +546,6 @@ class MultiModelSimulator:
             worker.version += 1
             self._push(replica.ready_at, _READY, replica)
             self._states[worker.index] = self._worker_state(worker)
-
-
-def _vec(v: ResourceVector) -> str:
-    return f"[cpu {v.cpu:g}, gpu {v.gpu:g}, mem {v.mem_gib:g} GiB]"
 
 
 def simulate_multimodel(

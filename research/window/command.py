@@ -1,4 +1,4 @@
-"""``switchyard window`` and ``switchyard estimates``.
+"""``switchyard window`` (``switchyard estimates`` is :mod:`research.window.estimates_command`).
 
 ``switchyard window --schedulers a,b,...`` runs each window scheduler over the same
 seeded workloads in the window simulator (:mod:`research.window.simulator`: real data, real
@@ -13,13 +13,7 @@ penalty, heterogeneity): every value runs every scheduler for every seed; the ta
 one block per value, each run in the JSON carries ``sweep`` and ``value``, and the report
 adds utility and deadline violation rate against the swept value.
 
-``switchyard estimates`` measures how well accuracy estimates track what each
-variant really did on a stream following each application's class mix: the mean absolute
-error of the profiled accuracy and of SneakPeek's per-request estimate, for k = 1 and 5,
-every index kind and every prior (plus a strong prior centred on the stream's mix and a
-mismatched one centred on the test split's class frequencies).
-
-Without ``--registry`` both build the bundled registry (train and profile, about 10 s)
+Without ``--registry`` both commands build the bundled registry (train and profile, about 10 s)
 once into ``$XDG_CACHE_HOME/switchyard/apps/<train seed>`` (default ``~/.cache``) and
 reuse it afterwards. Every bad input ends the command with one line on stderr and exit
 status 2.
@@ -37,8 +31,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
 from switchyard.apps.registry import Registry
 from switchyard.selection.base import WindowScheduler
 
@@ -46,20 +38,21 @@ from research.window.sweep import SWEEPS, Sweep, SweepValue, parse_values, sweep
 
 __all__ = [
     "EXIT_BAD_INPUT",
+    "BadInputError",
     "SchedulerFactory",
-    "add_accuracy_arguments",
     "add_arguments",
     "cache_dir",
+    "fail",
+    "registry_arguments",
     "resolve_registry",
     "run",
-    "run_accuracy",
 ]
 
 EXIT_BAD_INPUT = 2
 SchedulerFactory = Callable[[], WindowScheduler]
 
 
-class _BadInputError(ValueError):
+class BadInputError(ValueError):
     """A bad argument, reported as one line."""
 
 
@@ -94,7 +87,7 @@ def _default_factories(tau: int | None) -> tuple[Mapping[str, SchedulerFactory],
     try:
         from switchyard.selection import registry as scheduler_registry
     except ImportError as exc:  # the schedulers are not there yet
-        raise _BadInputError(f"no window schedulers are available: {exc}") from None
+        raise BadInputError(f"no window schedulers are available: {exc}") from None
     names = tuple(scheduler_registry.window_scheduler_names())
 
     def factory(name: str) -> SchedulerFactory:
@@ -192,14 +185,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="V1,V2,...",
         help="the sweep's values (default per sweep, e.g. deadline 0.05,0.1,0.15,0.2,0.3)",
     )
-    _registry_arguments(parser)
+    registry_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
     parser.add_argument(
         "--report", type=Path, default=None, metavar="DIR", help="write PNG charts and index.html"
     )
 
 
-def _registry_arguments(parser: argparse.ArgumentParser) -> None:
+def registry_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--registry",
         type=Path,
@@ -219,27 +212,27 @@ def _names(text: str | None, known: Sequence[str], all_text: str) -> tuple[str, 
     chosen = all_text if text is None else text
     names = tuple(part.strip() for part in chosen.split(",") if part.strip())
     if not names:
-        raise _BadInputError("--schedulers: expected a comma-separated list of scheduler names")
+        raise BadInputError("--schedulers: expected a comma-separated list of scheduler names")
     for name in names:
         if name not in known:
-            raise _BadInputError(
+            raise BadInputError(
                 f"--schedulers: unknown scheduler {name!r}; known: {', '.join(known) or 'none'}"
             )
     if len(set(names)) != len(names):
-        raise _BadInputError("--schedulers: a scheduler is named twice")
+        raise BadInputError("--schedulers: a scheduler is named twice")
     return names
 
 
 def _config(args: argparse.Namespace, seed: int) -> Any:
     from switchyard.selection.views import DEFAULT_LATENCY_SCALE, DEFAULT_LOAD_SCALE
 
-    from research.window.simulator import WindowSimConfig
+    from research.window.config import WindowSimConfig
 
     if args.seeds < 1:
-        raise _BadInputError(f"--seeds: must be >= 1, got {args.seeds}")
+        raise BadInputError(f"--seeds: must be >= 1, got {args.seeds}")
     heterogeneity = getattr(args, "heterogeneity", 1.0)
     if not (math.isfinite(heterogeneity) and heterogeneity > 0.0):
-        raise _BadInputError(f"--heterogeneity: must be a finite number > 0, got {heterogeneity}")
+        raise BadInputError(f"--heterogeneity: must be a finite number > 0, got {heterogeneity}")
     try:
         return WindowSimConfig(
             window_s=args.window_s,
@@ -262,10 +255,10 @@ def _config(args: argparse.Namespace, seed: int) -> Any:
         )
     except ValueError as exc:
         field, _, message = str(exc).partition(": ")
-        raise _BadInputError(f"--{field.replace('_', '-')}: {message}") from None
+        raise BadInputError(f"--{field.replace('_', '-')}: {message}") from None
 
 
-def _fail(command: str, exc: BaseException) -> int:
+def fail(command: str, exc: BaseException) -> int:
     message = " ".join(str(exc).split())
     print(f"switchyard {command}: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -283,7 +276,7 @@ def run(
     try:
         return _run(args, schedulers)
     except (ValueError, OSError, KeyError) as exc:
-        return _fail("window", exc)
+        return fail("window", exc)
 
 
 def _sweep(args: argparse.Namespace) -> tuple[Sweep | None, tuple[SweepValue | None, ...]]:
@@ -291,7 +284,7 @@ def _sweep(args: argparse.Namespace) -> tuple[Sweep | None, tuple[SweepValue | N
     text = getattr(args, "values", None)
     if name is None:
         if text is not None:
-            raise _BadInputError("--values: needs --sweep NAME")
+            raise BadInputError("--values: needs --sweep NAME")
         return None, (None,)
     sweep = sweep_named(name)
     return sweep, parse_values(sweep, text)
@@ -303,7 +296,7 @@ def _run(args: argparse.Namespace, schedulers: Mapping[str, SchedulerFactory] | 
 
     if schedulers is None:
         if args.tau is not None and args.tau < 0:
-            raise _BadInputError(f"--tau: must be >= 0, got {args.tau}")
+            raise BadInputError(f"--tau: must be >= 0, got {args.tau}")
         factories, all_text = _default_factories(args.tau)
     else:
         factories, all_text = schedulers, ",".join(schedulers)
@@ -463,155 +456,3 @@ def write_report(
 
     shown = format_sweep_table(rows, sweep) if table is None else table
     return draw(rows, document, out_dir, table=shown, sweep=sweep)
-
-
-# ---------------------------------------------------------------- estimates
-
-
-_PRIOR_CASES = ("jeffreys", "weak", "strong", "strong-stream", "mismatched")
-"""``weak``/``strong``: centred on the training split's class frequencies (the library's
-definition); ``strong-stream``: a strong prior centred on the stream's class mix (it
-knows the deployment); ``mismatched``: a strong prior centred on the test split's class
-frequencies, which the stream does not follow."""
-
-
-def add_accuracy_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``switchyard estimates`` options."""
-    _registry_arguments(parser)
-    parser.add_argument(
-        "--requests", type=int, default=2000, help="stream requests per application"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="stream seed (default 0)")
-    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write results")
-
-
-def run_accuracy(args: argparse.Namespace) -> int:
-    """``switchyard estimates``; returns the exit status (2 on bad input)."""
-    try:
-        return _run_accuracy(args)
-    except (ValueError, OSError, KeyError) as exc:
-        return _fail("estimates", exc)
-
-
-def _frequencies(labels: NDArray[np.int64], classes: int) -> NDArray[np.float64]:
-    counts = np.bincount(labels, minlength=classes).astype(np.float64)
-    result: NDArray[np.float64] = counts / counts.sum()
-    return result
-
-
-def _run_accuracy(args: argparse.Namespace) -> int:
-    from switchyard.apps.datasets import load_dataset, sample_stream
-    from switchyard.apps.variants import load_variant
-    from switchyard.estimation import (
-        INDEX_KINDS,
-        STRONG_CONCENTRATION,
-        NeighbourIndex,
-        SneakPeekEstimator,
-        accuracy_mae,
-        dirichlet_alpha,
-    )
-
-    if args.requests < 1:
-        raise _BadInputError(f"--requests: must be >= 1, got {args.requests}")
-    if args.seed < 0:
-        raise _BadInputError(f"--seed: must be >= 0, got {args.seed}")
-    registry, registry_dir = resolve_registry(args.registry, args.train_seed)
-    results: list[dict[str, Any]] = []
-    for position, application in enumerate(registry.applications):
-        dataset = load_dataset(application.dataset)
-        classes = dataset.num_classes
-        rng = np.random.default_rng([args.seed, position])
-        mix = application.stream_class_mix
-        x, y = sample_stream(dataset, mix, args.requests, rng)
-        outcomes: dict[str, NDArray[np.float64]] = {}
-        for name, profile in application.variants.items():
-            model = load_variant(profile.model_path(registry_dir))
-            outcomes[name] = (np.argmax(model.predict_proba(x), axis=1) == y).astype(np.float64)
-        profiled = {name: p.accuracy for name, p in application.variants.items()}
-        recalls = {name: np.asarray(p.recall) for name, p in application.variants.items()}
-        train = _frequencies(dataset.y_train, classes)
-        alphas = {
-            "jeffreys": dirichlet_alpha("jeffreys", train),
-            "weak": dirichlet_alpha("weak", train),
-            "strong": dirichlet_alpha("strong", train),
-            "strong-stream": dirichlet_alpha("strong", np.asarray(mix) / sum(mix)),
-            "mismatched": dirichlet_alpha(
-                "strong", _frequencies(dataset.y_test, classes), STRONG_CONCENTRATION
-            ),
-        }
-        for kind in INDEX_KINDS:
-            index = NeighbourIndex.build(dataset.x_train, dataset.y_train, kind, seed=0)
-            for k in (1, 5):
-                labels = index.query_labels(x, k)
-                for prior in _PRIOR_CASES:
-                    estimator = SneakPeekEstimator(index, alphas[prior], recalls, k=k)
-                    estimates = estimator.estimate_from_labels(labels)
-                    maes = accuracy_mae(outcomes, profiled, estimates.expected_accuracy)
-                    for variant, mae in maes.items():
-                        results.append(
-                            {
-                                "app": application.name,
-                                "variant": variant,
-                                "index": kind,
-                                "k": k,
-                                "prior": prior,
-                                "profiled_mae": mae.profiled_mae,
-                                "sneakpeek_mae": mae.sneakpeek_mae,
-                                "observed_accuracy": mae.observed_accuracy,
-                                "profiled_accuracy": profiled[variant],
-                                "requests": mae.n_requests,
-                            }
-                        )
-    print(format_accuracy_table(results))
-    if args.json is not None:
-        document = {
-            "config": {
-                "requests": args.requests,
-                "seed": args.seed,
-                "registry": str(args.registry) if args.registry else str(registry_dir),
-                "priors": {
-                    "weak": "centred on the training split's class frequencies, concentration C",
-                    "strong": "centred on the training split's class frequencies, "
-                    f"concentration {STRONG_CONCENTRATION:g}",
-                    "strong-stream": "strong, centred on the stream's class mix",
-                    "mismatched": "strong, centred on the test split's class frequencies "
-                    "(not the stream's mix)",
-                },
-            },
-            "results": results,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
-        print(f"results written to {args.json}", file=sys.stderr)
-    return 0
-
-
-def format_accuracy_table(results: Sequence[Mapping[str, Any]]) -> str:
-    """One line per (application, index, k, prior): MAEs averaged over the variants and
-    how many variants SneakPeek estimates better than the profiled accuracy."""
-    groups: dict[tuple[str, str, int, str], list[Mapping[str, Any]]] = {}
-    for row in results:
-        groups.setdefault((row["app"], row["index"], row["k"], row["prior"]), []).append(row)
-    header = ["application", "index", "k", "prior", "profiled MAE", "SneakPeek MAE", "wins"]
-    body = []
-    for (app, kind, k, prior), rows in groups.items():
-        wins = sum(1 for r in rows if r["sneakpeek_mae"] < r["profiled_mae"])
-        body.append(
-            [
-                app,
-                kind,
-                str(k),
-                prior,
-                f"{statistics.fmean(r['profiled_mae'] for r in rows):.4f}",
-                f"{statistics.fmean(r['sneakpeek_mae'] for r in rows):.4f}",
-                f"{wins}/{len(rows)}",
-            ]
-        )
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    lines = []
-    for line in [header, *body]:
-        cells = [
-            cell.ljust(widths[i]) if i < 4 else cell.rjust(widths[i]) for i, cell in enumerate(line)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)

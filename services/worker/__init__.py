@@ -18,7 +18,7 @@ from switchyard.serving import ServingCatalogue
 from services.worker.backends import build_backend_for
 from services.worker.service import WorkerService
 
-__all__ = ["WorkerService", "build_backend_for", "create"]
+__all__ = ["WorkerService", "create"]
 
 
 async def create(ctx: ServiceContext, catalogue: ServingCatalogue | None = None) -> Service:

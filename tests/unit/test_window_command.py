@@ -14,13 +14,8 @@ import pytest
 from switchyard.apps.profiling import build_registry
 from switchyard.apps.registry import REGISTRY_FILE, save_registry
 
-from research.window.command import (
-    EXIT_BAD_INPUT,
-    add_accuracy_arguments,
-    add_arguments,
-    run,
-    run_accuracy,
-)
+from research.window.command import EXIT_BAD_INPUT, add_arguments, run
+from research.window.estimates_command import add_accuracy_arguments, run_accuracy
 from tests.unit.window_schedulers import MostAccurate
 
 SCHEDULERS = {"test-most-accurate": MostAccurate}

@@ -20,7 +20,8 @@ from switchyard.selection.registry import make_window_scheduler, window_schedule
 from switchyard.selection.snapshot import WindowSnapshot
 from switchyard.selection.views import app_view
 
-from research.window.simulator import PlanError, WindowSimConfig, WindowSimulator
+from research.window.config import WindowSimConfig
+from research.window.simulator import PlanError, WindowSimulator
 from tests.unit.window_schedulers import MostAccurate
 
 
