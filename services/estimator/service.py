@@ -9,20 +9,23 @@ LLM requests travel on a topic of their own, never fetched here), estimates each
 application's requests together, and publishes an :class:`AccuracyEstimate` per request
 to ``switchyard.estimates`` and to the state store (``estimate:{request id}``).
 
-A request whose features do not fit its application (wrong length, not finite) gets no
-estimate; the ingress rejects such requests before they reach the bus, so this only
-guards against other publishers.
+A request whose features do not fit its application (wrong length) gets no estimate; the
+ingress rejects such requests before they reach the bus, and the message contract refuses
+features that are not finite as 32-bit floats, so this only guards against other
+publishers. A batch whose search fails is narrowed down to the request that causes it,
+which is dead-lettered (:meth:`~switchyard.bus.Subscription.handle_batch`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from functools import partial
 
 import numpy as np
+from switchyard.bus import Delivery, Subscription
 from switchyard.contracts.messages import AccuracyEstimate, ClassificationPayload, InferenceRequest
 from switchyard.contracts.topics import CLASSIFICATION_REQUESTS, ESTIMATES
 from switchyard.estimation.estimator import SneakPeekEstimator
@@ -64,9 +67,7 @@ def estimate_requests(
         app = catalogue.classification.get(request.app)
         if not isinstance(payload, ClassificationPayload) or estimator is None or app is None:
             continue
-        if len(payload.features) != app.feature_dim or not all(
-            math.isfinite(v) for v in payload.features
-        ):
+        if len(payload.features) != app.feature_dim:
             continue
         by_app[request.app].append((request, payload.features))
     estimates: list[AccuracyEstimate] = []
@@ -115,35 +116,41 @@ class EstimatorService(Service):
         ) as sub:
             while not ctx.stopping.is_set():
                 batch = await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
-                if not batch:
-                    continue
-                requests = [d.message for d in batch]
-                if len(requests) <= INLINE_BATCH:
-                    # A small batch's search takes a fraction of a millisecond: handing it
-                    # to a thread would cost more (two hand-overs of the interpreter lock,
-                    # each up to its 5 ms switch interval while the loop is busy).
-                    estimates = estimate_requests(
-                        self.estimators, self.catalogue, requests, time.time()
-                    )
-                else:
-                    # In a thread: a neighbour search over a large batch would otherwise
-                    # hold the event loop (the whole process, in the embedded stack).
-                    estimates = await asyncio.to_thread(
-                        estimate_requests, self.estimators, self.catalogue, requests, time.time()
-                    )
-                by_id = {d.message.request_id: d for d in batch}
-                sends = []
-                for estimate in estimates:
-                    with sub.handling(by_id[estimate.request_id]):
-                        sends.append(await ctx.bus.send(ESTIMATES, estimate))
-                writes = [
-                    ctx.state.set(
-                        keys.estimate(e.request_id), e.model_dump_json(), ttl_s=ESTIMATE_TTL_S
-                    )
-                    for e in estimates
-                ]
-                await asyncio.gather(*sends, *writes)
-                self.estimated += len(estimates)
+                if batch:
+                    # A request the search cannot take is dead-lettered, never the routine
+                    # stopped: the scheduler decides it on profiled accuracy.
+                    await sub.handle_batch(batch, partial(self._estimate_batch, sub))
+
+    async def _estimate_batch(
+        self,
+        sub: Subscription[InferenceRequest],
+        batch: Sequence[Delivery[InferenceRequest]],
+    ) -> None:
+        requests = [d.message for d in batch]
+        if len(requests) <= INLINE_BATCH:
+            # A small batch's search takes a fraction of a millisecond: handing it to a
+            # thread would cost more (two hand-overs of the interpreter lock, each up to
+            # its 5 ms switch interval while the loop is busy).
+            estimates = estimate_requests(self.estimators, self.catalogue, requests, time.time())
+        else:
+            # In a thread: a neighbour search over a large batch would otherwise hold the
+            # event loop (the whole process, in the embedded stack).
+            estimates = await asyncio.to_thread(
+                estimate_requests, self.estimators, self.catalogue, requests, time.time()
+            )
+        by_id = {d.message.request_id: d for d in batch}
+        sends = []
+        for estimate in estimates:
+            with sub.handling(by_id[estimate.request_id]):
+                sends.append(await self.ctx.bus.send(ESTIMATES, estimate))
+        writes = [
+            self.ctx.state.set(
+                keys.estimate(e.request_id), e.model_dump_json(), ttl_s=ESTIMATE_TTL_S
+            )
+            for e in estimates
+        ]
+        await asyncio.gather(*sends, *writes)
+        self.estimated += len(estimates)
 
 
 async def create(ctx: ServiceContext, catalogue: ServingCatalogue | None = None) -> Service:

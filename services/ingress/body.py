@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -57,11 +58,47 @@ async def json_body(request: Request, limit_bytes: int) -> Any:
     if not body.strip():
         raise bad_request("the request body is empty; send a JSON object", param=None)
     try:
-        return json.loads(body)
+        parsed = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise ApiError(
             400, f"the request body is not valid JSON: {exc}", code="invalid_json"
         ) from None
+    # JSON may escape a lone UTF-16 surrogate ("\ud800"), which is no Unicode character:
+    # it could be neither counted, encoded nor sent on. Only a body with such an escape is
+    # searched (one bytes scan for the rest).
+    if _SURROGATE_ESCAPE.search(body) is not None:
+        where = _surrogate_path(parsed, "")
+        if where is not None:
+            raise bad_request(
+                f"'{where or 'body'}' contains a lone UTF-16 surrogate escape, which is not "
+                f"valid Unicode text",
+                param=where or None,
+                code="invalid_text",
+            )
+    return parsed
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate_path(value: Any, path: str) -> str | None:
+    """The path (``messages[0].content``) of the first string holding a lone surrogate."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) is not None else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if _SURROGATE.search(key) is not None:
+                return path or "body"
+            found = _surrogate_path(item, f"{path}.{key}" if path else key)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _surrogate_path(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _header_deadline_ms(request: Request) -> float | None:

@@ -2,7 +2,7 @@
 
 How one call goes (:meth:`RequestDesk.accept`): a retry of a client-chosen
 ``request_id`` finds the earlier request's record and gets its answer (stored, or
-awaited); a new request passes the admission gate when there is one (refused with 429
+awaited), or a 409 when it asks something else than the recorded request; a new request passes the admission gate when there is one (refused with 429
 or 503 before anything is recorded: nothing was started), is recorded as queued in the
 request ledger (calls arriving together share one round trip:
 :class:`~switchyard.runtime.group_commit.GroupCommit`) and published to
@@ -157,6 +157,7 @@ class RequestDesk:
             if not decision.admitted:
                 earlier = await self._read(client_id) if client_id is not None else None
                 if earlier is not None:
+                    _same_call_or_conflict(earlier, make_request(request_id))
                     return await self._existing(earlier, stream=stream)
                 log.debug(
                     "refused request %s for %s: %s",
@@ -174,9 +175,10 @@ class RequestDesk:
             self.answers.release(waiter)
             raise unavailable(f"the state store is unavailable: {exc}") from None
         if not accepted.accepted:
-            # A retry, or another call's use of the id: the earlier request's answer.
+            # A retry: the earlier request's answer. Another call's use of the id is a 409.
             self.answers.release(waiter)
             assert accepted.record is not None
+            _same_call_or_conflict(accepted.record, request)
             return await self._existing(accepted.record, stream=stream)
         try:
             # asyncio.timeout, not wait_for: the publish runs in this call's task (no task
@@ -295,6 +297,31 @@ def status_error(completion: Completion, deadline_s: float | None) -> ApiError |
         code="worker_failed" if completion.status is CompletionStatus.FAILED else "cancelled",
         headers=headers,
         extra=extra,
+    )
+
+
+def _same_call_or_conflict(record: RequestRecord, request: InferenceRequest) -> None:
+    """Nothing when ``request`` asks what the recorded one asked (a retry: the same
+    application, model, prompt or features, output limit and priority; whether it
+    streams, and its deadline, may differ); else the 409 of an id reused for another
+    request, as payment APIs answer a reused idempotency key: never the other's answer."""
+    earlier = record.request
+    if earlier is None:
+        return
+    if (
+        earlier.app == request.app
+        and earlier.priority == request.priority
+        and earlier.payload.model_dump(exclude={"stream"})
+        == request.payload.model_dump(exclude={"stream"})
+    ):
+        return
+    raise ApiError(
+        409,
+        f"request_id {record.request_id!r} was used for a different request (another "
+        f"application, model, prompt, features, max_tokens or priority); a retry must "
+        f"repeat the request exactly, and a new request needs a new request_id",
+        param="request_id",
+        code="request_id_reused",
     )
 
 

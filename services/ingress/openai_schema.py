@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from switchyard.contracts.messages import FLOAT32_MAX, Float32
 
 from services.ingress.errors import ApiError, bad_request
 
@@ -120,7 +121,8 @@ class ChatBody(_Strict):
 class InferBody(_Strict):
     """``POST /v1/apps/{app}/infer``."""
 
-    features: Annotated[list[Annotated[float, Field(allow_inf_nan=False)]], Field(min_length=1)]
+    # Float32: the models read features as 32-bit floats, where 1e39 is infinite.
+    features: Annotated[list[Float32], Field(min_length=1)]
     deadline_ms: DeadlineMs | None = None
     priority: Priority | None = None
     request_id: RequestId | None = None
@@ -159,6 +161,16 @@ def validation_error(exc: ValidationError) -> ApiError:
         )
     if kind in ("finite_number",):
         message = "must be a finite number (NaN and infinities are refused)"
+    elif (
+        param is not None
+        and param.startswith("features")
+        and kind
+        in (
+            "greater_than_equal",
+            "less_than_equal",
+        )
+    ):
+        message = f"must fit a 32-bit float (between -{FLOAT32_MAX:.7g} and {FLOAT32_MAX:.7g})"
     code = "invalid_type" if any(t in kind for t in _TYPE_ERRORS) else "invalid_value"
     return bad_request(f"invalid '{param}': {message}", param=param, code=code)
 

@@ -33,7 +33,8 @@ from collections.abc import Iterable
 from opentelemetry.metrics import Observation
 from pydantic import ValidationError
 from switchyard import __version__
-from switchyard.contracts.messages import PredictorModel, ServiceObservation
+from switchyard.bus import Delivery
+from switchyard.contracts.messages import PredictorModel, ServiceObservation, ServiceObservations
 from switchyard.contracts.topics import OBSERVATIONS
 from switchyard.runtime import Service, ServiceContext
 from switchyard.state import keys
@@ -128,8 +129,13 @@ class PredictorService(Service):
         async with ctx.bus.subscribe(OBSERVATIONS, group="predictor", stopping=ctx.stopping) as sub:
             while not ctx.stopping.is_set():
                 for delivery in await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S):
-                    for observation in delivery.message.observations:
-                        self._learn(observation)
+                    # One report the model cannot learn from is dead-lettered, never the
+                    # routine stopped.
+                    await sub.handle(delivery, self._learn_report)
+
+    async def _learn_report(self, delivery: Delivery[ServiceObservations]) -> None:
+        for observation in delivery.message.observations:
+            self._learn(observation)
 
     def _learn(self, observation: ServiceObservation) -> None:
         predictor = self.predictor

@@ -46,6 +46,7 @@ import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -58,12 +59,9 @@ from switchyard.cluster.published_model import PublishedModelReader
 from switchyard.contracts.messages import (
     AccuracyEstimate,
     Assignment,
-    Completion,
-    CompletionStatus,
     Heartbeat,
     InferenceRequest,
     LLMPayload,
-    RequestTimeline,
 )
 from switchyard.contracts.topics import (
     CLASSIFICATION_REQUESTS,
@@ -88,8 +86,8 @@ from services.scheduler.hints import HintBook
 from services.scheduler.outbox import DecisionOutbox, FlushReport, Origin, trace_of
 from services.scheduler.reassign import Reassigner
 from services.scheduler.windows import (
-    SHORT_CIRCUIT_WORKER,
     decide_window,
+    failed_answer,
     is_classification,
     serves_classification,
     window_snapshot,
@@ -285,7 +283,9 @@ class SchedulerService(Service):
             while not ctx.stopping.is_set():
                 batch = await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
                 if batch:
-                    await self._decide_batch(sub, batch)
+                    await sub.handle_batch(
+                        batch, partial(self._decide_batch, sub), on_dead_letter=self._refuse
+                    )
 
     async def _windows_routine(self) -> None:
         ctx = self.ctx
@@ -295,10 +295,14 @@ class SchedulerService(Service):
             while not ctx.stopping.is_set():
                 batch = await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
                 if batch:
-                    await self._decide_window_batch(sub, batch)
+                    await sub.handle_batch(
+                        batch,
+                        partial(self._decide_window_batch, sub),
+                        on_dead_letter=self._refuse,
+                    )
 
     async def _decide_batch(
-        self, sub: Subscription[InferenceRequest], batch: list[Delivery[InferenceRequest]]
+        self, sub: Subscription[InferenceRequest], batch: Sequence[Delivery[InferenceRequest]]
     ) -> None:
         """Decide a batch of LLM requests, one by one."""
         outbox = DecisionOutbox(sub)
@@ -308,7 +312,7 @@ class SchedulerService(Service):
         await self.flush(outbox)
 
     async def _decide_window_batch(
-        self, sub: Subscription[InferenceRequest], batch: list[Delivery[InferenceRequest]]
+        self, sub: Subscription[InferenceRequest], batch: Sequence[Delivery[InferenceRequest]]
     ) -> None:
         """Decide a batch of classification requests as one window."""
         outbox = DecisionOutbox(sub)
@@ -324,6 +328,15 @@ class SchedulerService(Service):
             self.decide_window(
                 [d.message for d in windows], outbox, {d.message.request_id: d for d in windows}
             )
+        await self.flush(outbox)
+
+    async def _refuse(self, delivery: Delivery[InferenceRequest], reason: str) -> None:
+        """Answer a request that could not be decided (dead-lettered with ``reason``), so
+        that its client hears why instead of waiting for its timeout."""
+        request = delivery.message
+        outbox = DecisionOutbox()
+        error = f"the scheduler could not decide this request ({reason})"
+        outbox.answer(failed_answer(request, time.time(), error), request, delivery)
         await self.flush(outbox)
 
     def place_llm(
@@ -482,20 +495,9 @@ class SchedulerService(Service):
             if isinstance(request.payload, LLMPayload)
             else f"application {request.app!r}"
         )
+        error = f"no live worker serves {what} (waited {UNPLACED_TIMEOUT_S:.0f} s)"
         outbox.answer(
-            Completion(
-                request_id=request.request_id,
-                app=request.app,
-                worker_id=SHORT_CIRCUIT_WORKER,
-                worker_type=SHORT_CIRCUIT_WORKER,
-                variant=SHORT_CIRCUIT_WORKER,
-                epoch=item.epoch,
-                status=CompletionStatus.FAILED,
-                error=f"no live worker serves {what} (waited {UNPLACED_TIMEOUT_S:.0f} s)",
-                timeline=RequestTimeline(arrival_s=request.arrival_s, finished_s=now_s),
-                deadline_s=request.deadline_s,
-                reply_to=request.reply_to,
-            ),
+            failed_answer(request, now_s, error, epoch=item.epoch),
             request,
             item.trace,
             epoch=item.epoch,
@@ -513,7 +515,7 @@ class SchedulerService(Service):
                 await sub.handle(delivery, self.reassigner.on_worker_down)
 
 
-def _unique(batch: list[Delivery[InferenceRequest]]) -> list[Delivery[InferenceRequest]]:
+def _unique(batch: Sequence[Delivery[InferenceRequest]]) -> list[Delivery[InferenceRequest]]:
     """The batch with each request once (a copy within a batch is decided once)."""
     fresh: dict[str, Delivery[InferenceRequest]] = {}
     for delivery in batch:

@@ -158,7 +158,11 @@ def decide_window(
         estimate = estimates.get(request_id)
         label = estimate.predicted_label if estimate is not None else None
         if estimate is None or label is None:
-            answers.append(_failed(request, now_s, "short-circuited without an estimate"))
+            answers.append(
+                failed_answer(
+                    request, now_s, "short-circuited without an estimate", assigned_s=now_s
+                )
+            )
             continue
         answers.append(
             Completion(
@@ -180,23 +184,38 @@ def decide_window(
             )
         )
     for request_id, reason in plan.rejected:
-        answers.append(_failed(by_id[request_id], now_s, f"rejected by the scheduler: {reason}"))
+        answers.append(
+            failed_answer(
+                by_id[request_id], now_s, f"rejected by the scheduler: {reason}", assigned_s=now_s
+            )
+        )
     return (
         WindowDecision(tuple(assignments), tuple(answers), plan.expected_utility),
         busy_until_s,
     )
 
 
-def _failed(request: InferenceRequest, now_s: float, reason: str) -> Completion:
+def failed_answer(
+    request: InferenceRequest,
+    now_s: float,
+    reason: str,
+    *,
+    epoch: int = 0,
+    assigned_s: float | None = None,
+) -> Completion:
+    """The FAILED answer the scheduler gives ``request`` itself (no worker ran it)."""
     return Completion(
         request_id=request.request_id,
         app=request.app,
         worker_id=SHORT_CIRCUIT_WORKER,
         worker_type=SHORT_CIRCUIT_WORKER,
         variant=SHORT_CIRCUIT_WORKER,
+        epoch=epoch,
         status=CompletionStatus.FAILED,
         error=reason[:2000],
-        timeline=RequestTimeline(arrival_s=request.arrival_s, assigned_s=now_s, finished_s=now_s),
+        timeline=RequestTimeline(
+            arrival_s=request.arrival_s, assigned_s=assigned_s, finished_s=now_s
+        ),
         deadline_s=request.deadline_s,
         reply_to=request.reply_to,
     )

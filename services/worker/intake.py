@@ -177,6 +177,14 @@ class Intake:
         )
         return 1
 
+    def refuse(self, assignment: Assignment, error: str) -> None:
+        """Answer ``assignment`` as failed with ``error`` (it could not be taken in)."""
+        backend = self._backend()
+        self.outbox.put(
+            self._failed(assignment, error, backend), assignment.request.reply_partition, None
+        )
+        self.metrics.executed(CompletionStatus.FAILED, assignment.variant, None)
+
     def _failed(self, assignment: Assignment, error: str, backend: Backend) -> Completion:
         request = assignment.request
         return Completion(

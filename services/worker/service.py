@@ -35,11 +35,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
+from functools import partial
 from typing import TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
-from switchyard.bus import Subscription
+from switchyard.bus import Delivery, Subscription
 from switchyard.contracts.base import Message
 from switchyard.contracts.messages import (
     Assignment,
@@ -195,20 +197,37 @@ class WorkerService(Service):
             while not self.ctx.stopping.is_set():
                 batch = await sub.next_batch(_INBOX_BATCH, timeout_s=_INBOX_WAIT_S)
                 self.inbox.check(generation)
-                assignments: list[tuple[Assignment, Context | None]] = []
-                for delivery in batch:
-                    message = delivery.message
-                    if isinstance(message, Assignment):
-                        # Its CONSUMER span: what is published for it later continues it.
-                        with sub.handling(delivery):
-                            assignments.append((message, otel_context.get_current()))
-                    elif isinstance(message, Migration):
-                        # In order: the assignments before it may include the one it moves.
-                        await self.intake.take(assignments)
-                        assignments = []
-                        with sub.handling(delivery):
-                            await self.intake.migrate(message)
+                if batch:
+                    # What cannot be taken in is dead-lettered and answered as failed,
+                    # never the routine stopped.
+                    await sub.handle_batch(
+                        batch, partial(self._take_batch, sub), on_dead_letter=self._refuse
+                    )
+
+    async def _take_batch(
+        self,
+        sub: Subscription[Assignment | Migration],
+        batch: Sequence[Delivery[Assignment | Migration]],
+    ) -> None:
+        assignments: list[tuple[Assignment, Context | None]] = []
+        for delivery in batch:
+            message = delivery.message
+            if isinstance(message, Assignment):
+                # Its CONSUMER span: what is published for it later continues it.
+                with sub.handling(delivery):
+                    assignments.append((message, otel_context.get_current()))
+            elif isinstance(message, Migration):
+                # In order: the assignments before it may include the one it moves.
                 await self.intake.take(assignments)
+                assignments = []
+                with sub.handling(delivery):
+                    await self.intake.migrate(message)
+        await self.intake.take(assignments)
+
+    async def _refuse(self, delivery: Delivery[Assignment | Migration], reason: str) -> None:
+        message = delivery.message
+        if isinstance(message, Assignment) and message.worker_id == self.worker_id:
+            self.intake.refuse(message, f"the worker could not take this request ({reason})")
 
     async def engine_routine(self) -> None:
         """Run backend steps while there is work; when stopping, only until the running

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from switchyard.bus import Delivery, Envelope, Subscription
@@ -380,6 +380,46 @@ async def test_handler_failures_retry_when_retriable_and_dead_letter_otherwise(
     (letter,) = await _dead_letters(make_bus, 1)
     assert letter.reason_kind == "handler"
     assert "unknown application" in letter.reason
+
+
+async def test_a_batch_handler_failure_dead_letters_only_the_message_that_causes_it(
+    make_bus: BusFactory,
+) -> None:
+    """A poison message in a batch never stops the consumer: the batch is handled again
+    one message at a time, the poison is dead-lettered (and its owner told), the rest are
+    handled, and nothing is delivered again to the next member."""
+    bus = make_bus()
+    await bus.start()
+    names = ["r-1", "r-poison", "r-3"]
+    for name in names:
+        await bus.publish(REQUESTS, make_request(name), key="k")
+    handled: list[str] = []
+    told: list[tuple[str, str]] = []
+
+    async def handler(batch: Sequence[Delivery[InferenceRequest]]) -> None:
+        ids = [d.message.request_id for d in batch]
+        if "r-poison" in ids:
+            raise ValueError("features overflow float32")
+        handled.extend(ids)
+
+    async def on_dead_letter(delivery: Delivery[InferenceRequest], reason: str) -> None:
+        told.append((delivery.message.request_id, reason))
+
+    async with bus.subscribe(REQUESTS, group="g") as sub:
+        batch: list[Delivery[InferenceRequest]] = []
+        deadline = time.monotonic() + 20
+        while len(batch) < 3 and time.monotonic() < deadline:
+            batch += await sub.next_batch(10, timeout_s=0.5)
+        await sub.handle_batch(batch, handler, on_dead_letter=on_dead_letter)
+    assert handled == ["r-1", "r-3"]
+    assert told == [("r-poison", "handler failed: ValueError: features overflow float32")]
+    (letter,) = await _dead_letters(make_bus, 1)
+    assert letter.reason_kind == "handler"
+    assert "overflow" in letter.reason
+    await bus.publish(REQUESTS, make_request("r-next"), key="k")
+    async with bus.subscribe(REQUESTS, group="g") as again:
+        (after,) = await collect(again, 1)
+    assert after.message.request_id == "r-next"
 
 
 async def test_a_message_of_the_wrong_type_is_refused_at_publish(make_bus: BusFactory) -> None:

@@ -62,6 +62,10 @@ async def test_openapi_describes_every_endpoint(ingress: Replica) -> None:
     schemas = document["components"]["schemas"]
     assert {"CompletionBody", "ChatBody", "InferBody", "SwitchyardOptions", "Error"} <= set(schemas)
     assert "deadline_ms" in schemas["SwitchyardOptions"]["properties"]
+    # Every status a call can be answered with is declared (clients generate from it).
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/apps/{app}/infer"):
+        declared = set(document["paths"][path]["post"]["responses"])
+        assert {"200", "400", "404", "409", "413", "415", "429", "503", "504"} <= declared
 
     def refs(node: object) -> Iterator[str]:
         if isinstance(node, dict):

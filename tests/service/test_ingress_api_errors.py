@@ -285,6 +285,49 @@ async def test_non_finite_features_are_400s(ingress: Replica, literal: str) -> N
 
 
 @pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        ("/v1/completions", '{"model": "chat", "prompt": "hi \\ud800 there"}', "prompt"),
+        (
+            "/v1/chat/completions",
+            '{"model": "chat", "messages": [{"role": "user", "content": "\\udfff"}]}',
+            "messages[0].content",
+        ),
+    ],
+)
+async def test_a_lone_surrogate_escape_is_a_400_naming_the_field(
+    ingress: Replica, path: str, raw: str, param: str
+) -> None:
+    response = await ingress.client.post(
+        path, content=raw.encode(), headers={"content-type": "application/json"}
+    )
+    error = assert_error(response, 400, param=param)
+    assert "surrogate" in error["message"]
+
+
+async def test_a_surrogate_pair_is_text_and_served(ingress: Replica) -> None:
+    raw = '{"model": "chat", "prompt": "smile \\ud83d\\ude00", "max_tokens": 3}'
+    response = await ingress.client.post(
+        "/v1/completions", content=raw.encode(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("literal", ["1e39", "-1e39", "1e308"])
+async def test_features_beyond_float32_are_400s(ingress: Replica, literal: str) -> None:
+    """Finite as a 64-bit float but infinite as the 32-bit float the models read: a
+    request that would poison the estimator and the workers is refused at the door."""
+    values = ["0.5"] * WINE_FEATURES
+    values[2] = literal
+    raw = '{"features": [' + ", ".join(values) + "]}"
+    response = await ingress.client.post(
+        "/v1/apps/wine/infer", content=raw.encode(), headers={"content-type": "application/json"}
+    )
+    error = assert_error(response, 400, param="features[2]")
+    assert "32-bit float" in error["message"]
+
+
+@pytest.mark.parametrize(
     ("body", "param"),
     [
         ({}, "features"),

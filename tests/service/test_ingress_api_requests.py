@@ -110,6 +110,46 @@ async def test_retry_with_the_same_request_id_returns_the_stored_answer(
     assert len(stack.worker.requests_with_id("retry-1")) == 1
 
 
+async def test_a_retry_with_the_id_the_server_generated_gets_the_stored_answer(
+    stack: Stack, ingress: Replica
+) -> None:
+    first = await ingress.client.post("/v1/completions", json=completion_body())
+    assert first.status_code == 200, first.text
+    request_id = first.headers["x-switchyard-request-id"]
+    assert first.json()["switchyard"]["request_id"] == request_id
+    retry = completion_body(switchyard={"request_id": request_id})
+    second = await asyncio.wait_for(ingress.client.post("/v1/completions", json=retry), 10)
+    assert second.status_code == 200, second.text
+    assert second.json()["choices"] == first.json()["choices"]
+    assert len(stack.worker.runs_of(request_id)) == 1
+
+
+async def test_an_id_reused_for_another_request_is_a_409_never_the_others_answer(
+    stack: Stack, ingress: Replica
+) -> None:
+    first_body = completion_body(prompt="first", switchyard={"request_id": "reused-1"})
+    first = await ingress.client.post("/v1/completions", json=first_body)
+    assert first.status_code == 200, first.text
+    other_prompt = completion_body(prompt="second", switchyard={"request_id": "reused-1"})
+    other_limit = completion_body(
+        prompt="first", max_tokens=3, switchyard={"request_id": "reused-1"}
+    )
+    classification = {"features": features(), "request_id": "reused-1"}
+    for path, body in (
+        ("/v1/completions", other_prompt),
+        ("/v1/completions", other_limit),
+        ("/v1/apps/wine/infer", classification),
+    ):
+        response = await ingress.client.post(path, json=body)
+        error = assert_error(response, 409, param="request_id")
+        assert error["code"] == "request_id_reused"
+        assert "choices" not in response.json()
+    # The first request keeps its one answer, and an exact retry still gets it.
+    again = await ingress.client.post("/v1/completions", json=first_body)
+    assert again.json()["choices"] == first.json()["choices"]
+    assert len(stack.worker.runs_of("reused-1")) == 1
+
+
 async def test_concurrent_retries_share_one_run(stack: Stack, ingress: Replica) -> None:
     body = completion_body(prompt="DELAY", switchyard={"request_id": "retry-2"})
     first, second = await asyncio.gather(

@@ -8,6 +8,8 @@ import asyncio
 import functools
 import json
 import logging
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
@@ -578,3 +580,32 @@ def test_bad_configuration_exits_2_naming_the_variable(
     assert "SWITCHYARD_HEALTH_PORT='http'" in err
     assert "SWITCHYARD_DRAIN_TIMEOUT_S='-1'" in err
     assert "Traceback" not in err
+
+
+async def test_an_embedded_service_that_stops_leaves_the_programs_signal_handler(
+    harness: Harness,
+) -> None:
+    """A program running services with ``stop`` (the embedded stack) keeps its SIGTERM
+    handler when one of them stops: the next SIGTERM drains the rest instead of killing
+    the process."""
+
+    class Broken(Service):
+        async def start(self) -> None:
+            raise SwitchyardError("no such model registry")
+
+    loop = asyncio.get_running_loop()
+    program_stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, program_stop.set)
+    try:
+        code = await run_service(
+            Broken,
+            name="broken",
+            settings=_settings(),
+            build_context=harness.build_context,
+            stop=asyncio.Event(),
+        )
+        assert code == 1
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(program_stop.wait(), 5)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)

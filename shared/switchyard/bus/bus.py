@@ -200,9 +200,10 @@ class Bus:
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
     ) -> RecordMetadata:
         """Publish raw bytes as they are: for replaying dead letters and for tests."""
-        record = OutgoingRecord(self.topic_name(topic), value, key, tuple(headers))
+        record = OutgoingRecord(self.topic_name(topic), value, key, tuple(headers), partition)
         return await (await self.transport.send(record))
 
     # -- consuming -------------------------------------------------------------------

@@ -322,18 +322,7 @@ class Subscription(Generic[M]):
                 return
             except Exception as exc:
                 if is_retriable(exc):
-                    stopping = self._stopping is not None and self._stopping.is_set()
-                    if stopping:
-                        raise
-                    delay_s = self._bus.backoff.delay_s(attempt)
-                    log.warning(
-                        "handler for %s failed (attempt %d), retrying in %.2fs: %s",
-                        self.topic.name,
-                        attempt,
-                        delay_s,
-                        exc,
-                    )
-                    await self._sleep_unless_stopping(delay_s)
+                    await self._before_retry(exc, attempt, "a message")
                     continue
                 reason = f"handler failed: {type(exc).__name__}: {exc}"
                 envelope, entered = self._current or (delivery.envelope, [])
@@ -341,6 +330,78 @@ class Subscription(Generic[M]):
                 exit_all(entered, exc)
                 await self._dead_letter_and_mark(envelope, "handler", reason)
                 return
+
+    async def handle_batch(
+        self,
+        batch: Sequence[Delivery[M]],
+        handler: Callable[[Sequence[Delivery[M]]], Awaitable[None]],
+        *,
+        on_dead_letter: Callable[[Delivery[M], str], Awaitable[None]] | None = None,
+    ) -> None:
+        """Run ``handler`` on a whole batch (from :meth:`next_batch`) with the bus's retry
+        and dead-letter policy, so that no message can stop the consumer.
+
+        Retriable errors are retried with backoff, as :meth:`handle` does. A non-retriable
+        one is narrowed down to the message that causes it: the batch is handled again one
+        delivery at a time, in order, and each delivery that fails on its own is
+        dead-lettered with the error as the reason (``on_dead_letter`` is told, to answer
+        its request) while the rest are handled. ``handler`` must therefore be safe to run
+        twice on a delivery (the services' decisions are idempotent in the request
+        ledger)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await handler(batch)
+                return
+            except Exception as exc:
+                if is_retriable(exc):
+                    await self._before_retry(exc, attempt, f"a batch of {len(batch)}")
+                    continue
+                reason = f"handler failed: {type(exc).__name__}: {exc}"
+                if len(batch) > 1:
+                    log.warning(
+                        "a batch of %d on %s failed (%s): handling its messages one by one",
+                        len(batch),
+                        self.topic.name,
+                        reason,
+                    )
+                    for delivery in batch:
+                        await self.handle_batch([delivery], handler, on_dead_letter=on_dead_letter)
+                    return
+                delivery = batch[0]
+                # Messages before it in its partition were handled (in order, above), so
+                # committing past it loses nothing.
+                await self._dead_letter_and_mark(delivery.envelope, "handler", reason)
+                if on_dead_letter is not None:
+                    try:
+                        await on_dead_letter(delivery, reason)
+                    except Exception as hook_exc:  # the consumer goes on regardless
+                        log.warning(
+                            "after dead-lettering %s[%d]@%d: %s",
+                            delivery.envelope.topic,
+                            delivery.envelope.partition,
+                            delivery.envelope.offset,
+                            hook_exc,
+                        )
+                return
+
+    async def _before_retry(self, exc: Exception, attempt: int, what: str) -> None:
+        """Wait out the backoff before retry ``attempt + 1`` of a handler that failed with
+        the retriable ``exc``; re-raise it when the subscription is told to stop (the
+        message stays uncommitted)."""
+        if self._stopping is not None and self._stopping.is_set():
+            raise exc
+        delay_s = self._bus.backoff.delay_s(attempt)
+        log.warning(
+            "handler for %s on %s failed (attempt %d), retrying in %.2fs: %s",
+            what,
+            self.topic.name,
+            attempt,
+            delay_s,
+            exc,
+        )
+        await self._sleep_unless_stopping(delay_s)
 
     async def _sleep_unless_stopping(self, delay_s: float) -> None:
         if self._stopping is None:

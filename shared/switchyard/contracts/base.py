@@ -28,7 +28,11 @@ class Message(BaseModel):
     their shape changes incompatibly, ``SCHEMA_VERSION``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+    # NaN and infinities are refused in every float field: JSON has no such numbers, and a
+    # consumer that took one in (a learnt model, a deadline) would misbehave quietly.
+    model_config = ConfigDict(
+        frozen=True, extra="ignore", populate_by_name=True, allow_inf_nan=False
+    )
 
     MESSAGE_TYPE: ClassVar[str] = "message"
     SCHEMA_VERSION: ClassVar[int] = 1

@@ -26,6 +26,12 @@ from pydantic import (
 from switchyard.contracts.base import Message
 
 Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
+
+FLOAT32_MAX: Final = 3.4028234663852886e38
+"""The largest finite 32-bit float: models read features as float32."""
+
+Float32 = Annotated[float, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX, allow_inf_nan=False)]
+"""A finite number that stays finite as a 32-bit float (``1e39`` does not)."""
 """Ids and names that end up in keys, topics and logs: no spaces or control characters."""
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -50,7 +56,7 @@ LINEAR_TERMS: Final = 8
 class _Part(BaseModel):
     """A nested part of a message: frozen, unknown fields ignored like the message itself."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
 
 class RequestKind(StrEnum):
@@ -85,7 +91,7 @@ class ClassificationPayload(_Part):
     """What a classification request asks for: one feature vector for an application."""
 
     kind: Literal[RequestKind.CLASSIFICATION] = RequestKind.CLASSIFICATION
-    features: Annotated[list[float], Field(min_length=1, max_length=1_000_000)]
+    features: Annotated[list[Float32], Field(min_length=1, max_length=1_000_000)]
 
 
 Payload = Annotated[LLMPayload | ClassificationPayload, Field(discriminator="kind")]

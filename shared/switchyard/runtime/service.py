@@ -356,7 +356,8 @@ async def run_service(
         name: the service's name, in logs and traces.
         settings: configuration; read from the environment when None.
         build_context: builds the context; tests pass one with fakes.
-        stop: set it to stop the service as SIGTERM would (for embedding and tests).
+        stop: set it to stop the service as SIGTERM would (for embedding and tests);
+            with it, the caller handles the signals and this installs no handler.
         connect_timeout_s: how long to keep trying to reach the bus and state store.
 
     Returns:
@@ -394,7 +395,10 @@ async def run_service(
 
     loop = asyncio.get_running_loop()
     installed: list[int] = []
-    for signum in _STOP_SIGNALS:
+    # With ``stop`` the embedding program owns the signals: the loop keeps one handler a
+    # signal, so each embedded service would replace the program's and, once stopped,
+    # remove it, and the next SIGTERM would kill the process with no drain.
+    for signum in _STOP_SIGNALS if stop is None else ():
         try:
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
