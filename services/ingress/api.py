@@ -42,7 +42,13 @@ from switchyard.telemetry.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 from services.ingress.answers import AnswerRegistry
 from services.ingress.body import deadline_and_priority, json_body
-from services.ingress.calls import CallOptions, Publish, RequestDesk, status_error
+from services.ingress.calls import (
+    CallOptions,
+    FirstDecisions,
+    Publish,
+    RequestDesk,
+    status_error,
+)
 from services.ingress.drain import Admission, AdmissionMiddleware, unavailable
 from services.ingress.errors import (
     INVALID_REQUEST,
@@ -124,6 +130,7 @@ def build_app(
     gate: AdmissionGate | None = None,
     clock: Callable[[], float] = time.time,
     telemetry: Telemetry | None = None,
+    decisions: FirstDecisions | None = None,
 ) -> Starlette:
     """The ingress ASGI app.
 
@@ -143,10 +150,18 @@ def build_app(
         telemetry: the providers SERVER spans and request metrics go to, and the
             Prometheus reader ``GET /metrics`` renders (404 without one); None: spans and
             metrics go to the process-wide providers, and there is no ``/metrics``.
+        decisions: direct dispatch (:mod:`services.ingress.dispatch`): new LLM requests
+            are placed here and recorded with their decision in one round trip.
     """
     options = options or ApiOptions()
     desk = RequestDesk(
-        RequestLedger(state), publish, answers, options.calls(), clock=clock, gate=gate
+        RequestLedger(state),
+        publish,
+        answers,
+        options.calls(),
+        clock=clock,
+        gate=gate,
+        decisions=decisions,
     )
     api = _Api(catalogue, desk, options, clock)
     routes = [

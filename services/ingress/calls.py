@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from switchyard.contracts.messages import (
     ClassificationPayload,
@@ -36,7 +37,13 @@ from switchyard.contracts.messages import (
     InferenceRequest,
     LLMPayload,
 )
-from switchyard.lifecycle import REQUEST_TTL_S, RequestLedger, RequestRecord, RequestStatus
+from switchyard.lifecycle import (
+    REQUEST_TTL_S,
+    Assign,
+    RequestLedger,
+    RequestRecord,
+    RequestStatus,
+)
 from switchyard.lifecycle.ledger import Accepted as LedgerAccepted
 from switchyard.runtime.group_commit import GroupCommit
 
@@ -50,6 +57,16 @@ log = logging.getLogger("switchyard.ingress")
 
 Publish = Callable[[InferenceRequest], Awaitable[object]]
 """Publishes a request to ``switchyard.requests``; returns once the bus stored it."""
+
+
+class FirstDecisions(Protocol):
+    """An ingress that places requests itself (:mod:`services.ingress.dispatch`)."""
+
+    def decide(self, request: InferenceRequest) -> Assign | None:
+        """The first decision for a new request; None: publish it undecided."""
+
+    async def send(self, decided: Assign) -> None:
+        """Send a recorded first decision to its worker; returns once the bus stored it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +108,9 @@ class RequestDesk:
         options: timings.
         clock: epoch seconds.
         gate: deadline-aware admission control, or None (every valid request accepted).
+        decisions: places new requests in this process (direct dispatch): a request it
+            places is recorded with its decision in one round trip and sent to its
+            worker; None (or a request it does not place): recorded, then ``publish``.
     """
 
     def __init__(
@@ -102,6 +122,7 @@ class RequestDesk:
         *,
         clock: Callable[[], float] = time.time,
         gate: AdmissionGate | None = None,
+        decisions: FirstDecisions | None = None,
     ) -> None:
         self.ledger = ledger
         self.publish = publish
@@ -112,6 +133,10 @@ class RequestDesk:
         # Calls arriving together share one round trip to the store (group commit).
         self._accepts: GroupCommit[InferenceRequest, LedgerAccepted] = GroupCommit(
             ledger.accept_many
+        )
+        self.decisions = decisions
+        self._accepts_decided: GroupCommit[Assign, LedgerAccepted] = GroupCommit(
+            ledger.accept_decided_many
         )
 
     def request(
@@ -168,9 +193,13 @@ class RequestDesk:
                 )
                 raise refusal(decision, what)
         request = make_request(request_id)
+        decided = self.decisions.decide(request) if self.decisions is not None else None
         waiter = self.answers.register(request_id, stream=stream)
         try:
-            accepted = await self._accepts.submit(request)
+            if decided is not None:
+                accepted = await self._accepts_decided.submit(decided)
+            else:
+                accepted = await self._accepts.submit(request)
         except Exception as exc:
             self.answers.release(waiter)
             raise unavailable(f"the state store is unavailable: {exc}") from None
@@ -184,7 +213,10 @@ class RequestDesk:
             # asyncio.timeout, not wait_for: the publish runs in this call's task (no task
             # per call, and its trace context is the call's).
             async with asyncio.timeout(self.options.publish_timeout_s):
-                await self.publish(request)
+                if decided is not None and self.decisions is not None:
+                    await self.decisions.send(decided)
+                else:
+                    await self.publish(request)
         except Exception as exc:
             self.answers.release(waiter)
             reason = str(exc) or type(exc).__name__

@@ -5,9 +5,13 @@ scheduler.
 The decision is the scheduler's own: the same :class:`~switchyard.cluster.placer.LlmPlacer`
 over the monitor's worker records (read with the admission gate's, every
 ``min(0.1 s, heartbeat interval / 2)``), the same registered policy, the predictor's
-published model applied in-process. It is recorded the same way, through the ledger's
-``assign`` (calls arriving together share a round trip), and the ledger's answer decides
-what is sent, as in the scheduler's :mod:`~services.scheduler.outbox`:
+published model applied in-process. A new request is placed before it is recorded
+(:meth:`DirectDispatcher.decide`), so that its acceptance and its first decision are one
+round trip to the ledger (``accept_decided``: the record is created ``assigned``, calls
+arriving together share the round trip); then :meth:`DirectDispatcher.send` sends the
+assignment. A retry that re-publishes a request goes through the ledger's ``assign``,
+whose answer decides what is sent, as in the scheduler's
+:mod:`~services.scheduler.outbox`:
 
 - ``assigned``: the assignment, to the worker's partition of ``switchyard.worker-inbox``;
 - ``exists``: the request was decided before (a retry re-publishing it): the *recorded*
@@ -104,25 +108,49 @@ class DirectDispatcher:
         self.placer.observe_cluster(view, self._worker_timeout_s)
         self.placer.predictor = await self._model.refresh_due(view.now_s)
 
-    async def publish(self, request: InferenceRequest) -> None:
-        """Place ``request`` and send its assignment, or hand it to the scheduler; returns
-        once the broker stored what was sent."""
+    def decide(self, request: InferenceRequest) -> Assign | None:
+        """The first decision for a new ``request``, to be recorded with its acceptance
+        (:meth:`~switchyard.lifecycle.RequestLedger.accept_decided_many`: one round trip
+        for both) and then :meth:`send`; None when this replica cannot both place it and
+        address its worker (the request then goes through :meth:`publish`)."""
         if not isinstance(request.payload, LLMPayload):
-            await self._to_scheduler(request)
-            return
+            return None
         now_s = time.time()
         try:
             placed = self.placer.place(request, now_s)
         except NoWorkerError:
-            await self._to_scheduler(request)
-            return
+            return None
         assignment = placed.assignment(request, self.policy.name, epoch=0, assigned_at_s=now_s)
+        if self.placer.inbox_partition(assignment.worker_id) is None:
+            return None
         # The decision's trace (the call's) is kept with the record: a re-assignment
         # after the worker's death continues it.
-        trace = trace_carrier(otel_context.get_current())
-        outcome = await self._assigns.submit(Assign(assignment, trace=trace))
+        return Assign(assignment, trace=trace_carrier(otel_context.get_current()))
+
+    async def send(self, decided: Assign) -> None:
+        """Send a recorded first decision (:meth:`decide`) to its worker's partition;
+        returns once the broker stored it."""
+        assignment = decided.assignment
+        partition = self.placer.inbox_partition(assignment.worker_id)
+        if partition is None:
+            # The worker's partition was lost since the decision (a newer heartbeat names
+            # none): the scheduler sends the recorded assignment.
+            await self._to_scheduler(assignment.request)
+            return
+        await self.bus.publish(WORKER_INBOX, assignment, partition=partition)
+        self._counts[self.policy.name, "assigned"] += 1
+
+    async def publish(self, request: InferenceRequest) -> None:
+        """Place an accepted ``request`` (or find its recorded decision) and send its
+        assignment, or hand it to the scheduler; returns once the broker stored what was
+        sent. For a request accepted without a decision, and for a retry's re-publish."""
+        decided = self.decide(request)
+        if decided is None:
+            await self._to_scheduler(request)
+            return
+        outcome = await self._assigns.submit(decided)
         if outcome.result == "assigned":
-            sent, label = assignment, "assigned"
+            sent, label = decided.assignment, "assigned"
         elif outcome.result == "exists" and outcome.recorded is not None:
             sent, label = outcome.recorded, "resent"
         elif outcome.result in ("answered", "superseded"):

@@ -206,12 +206,10 @@ def _errors(*statuses: int) -> dict[str, Any]:
         400: "Invalid input; the message and param name the field.",
         404: "Unknown model, application or request.",
         405: "Wrong method.",
-        409: "The request_id was used for a different request (a retry must repeat it "
-        "exactly).",
+        409: "The request_id was used for a different request (a retry must repeat it exactly).",
         413: "Body larger than the configured limit.",
         415: "Content-Type is not JSON.",
-        429: "Admission control: no worker can finish it before its deadline; see "
-        "Retry-After.",
+        429: "Admission control: no worker can finish it before its deadline; see Retry-After.",
         502: "The worker failed (or cancelled) the request.",
         503: "Could not queue the request, or draining; see Retry-After.",
         504: "Expired before being served, or no answer within the answer timeout "

@@ -135,6 +135,7 @@ class IngressService(Service):
             gate=self.gate,
             # A context built without real telemetry (tests) gets the global providers.
             telemetry=self.ctx.telemetry if isinstance(self.ctx.telemetry, Telemetry) else None,
+            decisions=self.dispatcher,
         )
         # Bind here rather than in uvicorn: a taken port is then an OSError naming it,
         # not uvicorn's sys.exit, and port 0 tells us the port it got.

@@ -137,6 +137,34 @@ async def test_a_first_decision_is_recorded_once_and_a_redelivery_gets_it_back(
     assert await assigned_to(store, "w2") == []
 
 
+async def test_a_request_accepted_with_its_first_decision_is_as_if_accepted_then_assigned(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    original = request()
+    decided = assignment("w1", of=original)
+
+    (first,) = await ledger.accept_decided_many([Assign(decided, trace={"traceparent": "00-a"})])
+    (retry,) = await ledger.accept_decided_many([Assign(assignment("w2", of=original))])
+    again = await ledger.assign(Assign(assignment("w3", of=original)))
+
+    assert first.accepted
+    assert not retry.accepted and retry.record is not None
+    assert retry.record.worker_id == "w1", "a retry finds the record, its decision unchanged"
+    assert again.result == "exists" and again.recorded == decided
+    record = await ledger.read("r1")
+    assert record is not None
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "w1", 0)
+    assert record.request == original
+    assert record.assignment == decided
+    assert record.trace_carrier() == {"traceparent": "00-a"}
+    assert await assigned_to(store, "w1") == ["r1"]
+    assert await assigned_to(store, "w2") == []
+    # The worker starts and answers it as any assigned request.
+    assert await ledger.start_many([Fence("r1", 0, "w1")], 102.0) == ["started"]
+    assert await ledger.finish_many([completion("w1")]) == ["finished"]
+    assert await assigned_to(store, "w1") == []
+
+
 async def test_a_reassignment_moves_the_request_and_fences_the_old_worker(
     ledger: RequestLedger, store: StateStore
 ) -> None:

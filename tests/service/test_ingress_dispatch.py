@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +26,7 @@ from switchyard.contracts.messages import (
 from switchyard.contracts.topics import CLASSIFICATION_REQUESTS, REQUESTS, WORKER_INBOX
 from switchyard.lifecycle import Assign, Fence, RequestLedger, RequestStatus
 from switchyard.policies.registry import make_llm_policy
+from switchyard.state.base import Script
 from switchyard.state.memory import MemoryStateStore
 
 from services.embedded import EmbeddedPlan, EmbeddedStack
@@ -194,6 +196,45 @@ async def test_concurrent_requests_share_the_ledger_round_trip(setup: Setup) -> 
         r.request_id for r in requests
     )
     assert setup.dispatcher._assigns.batches < len(requests)
+
+
+async def test_a_call_is_accepted_with_its_decision_in_one_ledger_round_trip(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await setup.worker("w1")
+    scripts_run: list[str] = []
+    run_script_many = setup.state.run_script_many
+
+    async def counting(script: Script, calls: Any) -> Any:
+        scripts_run.append(script.name)
+        return await run_script_many(script, calls)
+
+    monkeypatch.setattr(setup.state, "run_script_many", counting)
+    desk = RequestDesk(
+        setup.ledger,
+        setup.dispatcher.publish,
+        AnswerRegistry("ingress-a"),
+        CallOptions(),
+        decisions=setup.dispatcher,
+    )
+
+    accepted = await desk.accept("r1", llm_request, stream=False)
+
+    assert accepted.waiter is not None
+    assert scripts_run == ["accept-decided"], "one round trip records both"
+    delivery = await setup.inbox.next_within(2.0)
+    assert delivery is not None
+    assert isinstance(delivery.message, Assignment)
+    assert (delivery.message.request.request_id, delivery.message.worker_id) == ("r1", "w1")
+    record = await setup.ledger.read("r1")
+    assert record is not None
+    assert (record.status, record.worker_id) == (RequestStatus.ASSIGNED, "w1")
+    assert await setup.requests.next_within(0.2) is None, "the scheduler never sees it"
+
+    # A retry of it finds the record: nothing decided or sent again.
+    again = await desk.accept("r1", llm_request, stream=False)
+    assert again.waiter is not None
+    assert await setup.inbox.next_within(0.2) is None
 
 
 # -- a retry re-sends a decision whose assignment never went out -----------------------------

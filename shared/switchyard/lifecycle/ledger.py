@@ -172,6 +172,37 @@ class RequestLedger:
         replies = await self.state.run_script_many(scripts.ACCEPT, calls)
         return [_accepted(request, reply) for request, reply in zip(requests, replies, strict=True)]
 
+    async def accept_decided_many(self, items: Sequence[Assign]) -> list[Accepted]:
+        """:meth:`accept` for new requests and their first decisions at once (an ingress
+        that places requests itself): each record is created ``assigned`` under epoch 0,
+        as :meth:`assign_many` would leave it, in one round trip for all; a request
+        whose id has a record gets that record, and nothing of its decision is kept."""
+        calls = []
+        for item in items:
+            assignment = item.assignment
+            request = assignment.request
+            trace = item.trace or {}
+            fields = {
+                **acceptance_fields(request),
+                "status": RequestStatus.ASSIGNED.value,
+                "epoch": str(assignment.epoch),
+                "worker_id": assignment.worker_id,
+                "decision": assignment.model_dump_json(exclude={"request"}),
+                "traceparent": trace.get("traceparent", ""),
+                "tracestate": trace.get("tracestate", ""),
+            }
+            args = [self._ttl_ms, request.request_id, repr(assignment.assigned_at_s)]
+            for field, value in fields.items():
+                args += (field, value)
+            calls.append(
+                ([keys.request(request.request_id), keys.assigned(assignment.worker_id)], args)
+            )
+        replies = await self.state.run_script_many(scripts.ACCEPT_DECIDED, calls)
+        return [
+            _accepted(item.assignment.request, reply)
+            for item, reply in zip(items, replies, strict=True)
+        ]
+
     # -- assign ----------------------------------------------------------------------------
 
     async def assign(self, item: Assign) -> AssignOutcome:

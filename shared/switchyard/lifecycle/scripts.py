@@ -47,6 +47,39 @@ def _accept(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[
 
 ACCEPT = Script("accept", _ACCEPT_LUA, _accept)
 
+# -- accept, decided ---------------------------------------------------------------------
+# A new request and its first decision in one step (the ingress placing it itself):
+# the record is created assigned, and the worker's assigned set gains it.
+# KEYS: request, assigned set of the worker. ARGV: ttl_ms, request_id, assigned_at_s,
+# then field, value pairs (status, epoch, worker_id, decision included).
+# -> {"accepted"} | {"exists", field, value, ...}
+
+_ACCEPT_DECIDED_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local found = redis.call('HGETALL', KEYS[1])
+  table.insert(found, 1, 'exists')
+  return found
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+return {'accepted'}
+"""
+
+
+def _accept_decided(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    if view.exists(keys[0]):
+        found = view.hgetall(keys[0])
+        return ["exists", *(item for pair in found.items() for item in pair)]
+    pairs = args[3:]
+    view.hset(keys[0], dict(zip(pairs[0::2], pairs[1::2], strict=True)))
+    view.expire(keys[0], int(args[0]) / 1000.0)
+    view.zadd(keys[1], {args[1]: float(args[2])})
+    return ["accepted"]
+
+
+ACCEPT_DECIDED = Script("accept-decided", _ACCEPT_DECIDED_LUA, _accept_decided)
+
 # -- assign ------------------------------------------------------------------------------
 # KEYS: request, assigned set of the new worker, assigned set it leaves (the new one's
 # when none). ARGV: ttl_ms, request_id, epoch, worker_id, expect_epoch ("" for a first
