@@ -8,14 +8,14 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded infra-up infra-down infra-status clean
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
 	@echo "make demo         start the embedded stack and replay the bundled trace through its HTTP API"
 	@echo "make simulate-demo compare every LLM scheduling policy on the bundled trace in the simulator"
 	@echo "make demo-bus     replay the bundled sample through the embedded bus and state store"
-	@echo "make test         deps, lint, start Kafka and Redis, run every test tier, stop them"
+	@echo "make test         deps, lint, start Kafka, Redis and Docker, run every test tier (containers too)"
 	@echo "make test-fast    unit and in-memory contract tests (no Kafka or Redis)"
 	@echo "make lint         ruff check, ruff format --check, mypy --strict"
 	@echo "make bench        bus benchmark on the local Kafka broker"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-bus-overhead  the bus's Python cost a message (memory transport), with and without per-message spans"
 	@echo "make bench-embedded  the embedded default under the demo's load: CPU per request, control plane by kind"
 	@echo "make infra-up / infra-down / infra-status"
+	@echo "make compose-test  Docker engine, compose and images (built or cached), then docker-compose.yml tested in containers"
 	@echo "make clean        remove .venv and caches inside the repository"
 
 deps:
@@ -59,9 +60,11 @@ format: deps
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# Starts Kafka and Redis (or reuses running ones), runs every tier, and always stops what
-# this very run started (not servers that were already up), even when tests fail or make
-# is interrupted; exits with pytest's status. pytest runs in the background and is waited
+# Starts Kafka and Redis (or reuses running ones) and a Docker engine with compose and the
+# base images (deploy/local/docker.sh), runs every tier (tests/containers included), and
+# always stops the Kafka and Redis this very run started (not servers that were already
+# up; the Docker engine stays, as a system service would: `deploy/local/docker.sh stop`),
+# even when tests fail or make is interrupted; exits with pytest's status. pytest runs in the background and is waited
 # for, so that a SIGTERM sent to make reaches the cleanup at once.
 test: deps lint
 	@start=$$(date +%s); started=$$(mktemp); status=1; \
@@ -71,8 +74,9 @@ test: deps lint
 	}; \
 	trap finish EXIT; trap 'status=143; kill -TERM $$pid 2>/dev/null; exit 143' INT TERM; pid=; \
 	$(INFRA) up --record "$$started" || exit 1; \
-	echo "$(BIN)/pytest $(PYTEST_ARGS)"; \
-	$(BIN)/pytest $(PYTEST_ARGS) </dev/null & pid=$$!; \
+	deploy/local/docker.sh || exit 1; \
+	echo "SWITCHYARD_CONTAINER_TESTS=1 $(BIN)/pytest $(PYTEST_ARGS)"; \
+	SWITCHYARD_CONTAINER_TESTS=1 $(BIN)/pytest $(PYTEST_ARGS) </dev/null & pid=$$!; \
 	wait $$pid && status=0 || status=$$?; \
 	exit $$status
 
@@ -145,6 +149,13 @@ bench-agreement: deps
 # requests, streamed and not (does publishing the answers keep up with the model?).
 bench-worker-stream: deps
 	$(call with_infra,$(BIN)/python -m bench.worker_stream_bench)
+
+# The compose file in real containers: deploy/local/docker.sh starts an engine when none
+# runs, installs compose v2 and the base images (stand-ins only where a pull fails), then
+# tests/containers builds the project's images and drives the whole stack, and removes it.
+compose-test: deps
+	deploy/local/docker.sh
+	SWITCHYARD_CONTAINER_TESTS=1 $(BIN)/pytest tests/containers $(PYTEST_ARGS)
 
 infra-up:
 	@$(INFRA) up

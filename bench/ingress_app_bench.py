@@ -9,8 +9,10 @@ as the answers routine would. Calls go straight into the ASGI app (a prepared sc
 body; no HTTP parsing, no socket), ``--concurrency`` at a time, so the group commit
 batches as it does under load.
 
-Every setting is measured ``--runs`` times interleaved in one process; the medians of
-CPU seconds (``time.process_time``) over calls are reported. What it leaves out (uvicorn's
+Every setting (``--young-allocations``: how often the garbage collector's youngest
+generation is collected, CPython's default against the services') is measured
+``--runs`` times interleaved in one process; the medians of CPU seconds
+(``time.process_time``) over calls are reported. What it leaves out (uvicorn's
 HTTP parsing, the Kafka producer, the Redis round trip) is in ``make bench-stack``.
 
 Run ``python -m bench.ingress_app_bench``; JSON in ``bench/results/ingress_app.json``.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import time
@@ -45,6 +48,7 @@ from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
 
 RESULTS = Path(__file__).parent / "results"
+CPYTHON_DEFAULT_YOUNG = 700
 BODY = json.dumps(
     {"model": "llama-2-7b", "prompt": "Say hello in five words.", "max_tokens": 8}
 ).encode()
@@ -90,8 +94,10 @@ def _completion(request: InferenceRequest) -> Completion:
     )
 
 
-async def _calls(count: int, concurrency: int) -> float:
-    """CPU seconds per call over ``count`` calls on a fresh app."""
+async def _calls(count: int, concurrency: int, young_allocations: int) -> float:
+    """CPU seconds per call over ``count`` calls on a fresh app, the heap settled as a
+    service settles it once started, with the youngest generation collected every
+    ``young_allocations``."""
     telemetry = configure_telemetry("ingress-bench", load_settings({}), install_global=False)
     answers = AnswerRegistry("ingress-bench", reply_partition=0)
     loop = asyncio.get_running_loop()
@@ -126,6 +132,8 @@ async def _calls(count: int, concurrency: int) -> float:
         await app(dict(SCOPE, headers=list(SCOPE["headers"])), receive, send)
 
     await asyncio.gather(*(one() for _ in range(concurrency)))  # warm-up
+    event_loop.settle_heap()
+    gc.set_threshold(young_allocations, *gc.get_threshold()[1:])
     statuses.clear()
     started = time.process_time()
     for _ in range(count // concurrency):
@@ -141,21 +149,31 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--young-allocations",
+        default=f"{CPYTHON_DEFAULT_YOUNG},{event_loop.YOUNG_COLLECTION_ALLOCATIONS}",
+        help="comma-separated settings of the youngest generation's collection threshold, "
+        "interleaved run by run (default: CPython's and the services')",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS / "ingress_app.json")
     args = parser.parse_args()
-    per_call_us = [
-        1e6 * event_loop.run(_calls(args.calls, args.concurrency)) for _ in range(args.runs)
-    ]
-    result = {
-        "calls": args.calls,
-        "concurrency": args.concurrency,
-        "runs_us": per_call_us,
-        "median_us": statistics.median(per_call_us),
+    settings = [int(x) for x in args.young_allocations.split(",")]
+    runs_us: dict[int, list[float]] = {young: [] for young in settings}
+    for _ in range(args.runs):
+        for young in settings:
+            spent_s = event_loop.run(_calls(args.calls, args.concurrency, young))
+            runs_us[young].append(1e6 * spent_s)
+    result: dict[str, Any] = {"calls": args.calls, "concurrency": args.concurrency}
+    result["young_allocations"] = {
+        str(young): {"runs_us": us, "median_us": statistics.median(us)}
+        for young, us in runs_us.items()
     }
-    print(
-        f"POST /v1/completions through the ingress app: {result['median_us']:.0f} us of CPU "
-        f"a call (median of {args.runs}; runs {', '.join(f'{x:.0f}' for x in per_call_us)})"
-    )
+    for young, us in runs_us.items():
+        print(
+            f"POST /v1/completions through the ingress app, young generation collected "
+            f"every {young} allocations: {statistics.median(us):.0f} us of CPU a call "
+            f"(median of {args.runs}; runs {', '.join(f'{x:.0f}' for x in us)})"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 

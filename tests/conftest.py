@@ -63,7 +63,7 @@ def unique_prefix() -> str:
     return f"t{uuid.uuid4().hex[:12]}."
 
 
-TIERS = ("unit", "service", "contract", "integration")
+TIERS = ("unit", "service", "contract", "integration", "containers")
 _TESTS = Path(__file__).parent
 
 

@@ -44,3 +44,19 @@ stop_pid() {
   fi
   rm -f "$pidfile"
 }
+
+# apt_install PACKAGE...: install Debian packages (as root; apt-get update once a run).
+apt_updated=0
+apt_install() {
+  if [[ $(id -u) -ne 0 ]]; then
+    die "missing Debian packages: $*; install them as root (sudo apt-get install $*), then run this again"
+  fi
+  command -v apt-get >/dev/null || die "missing packages: $*; this script installs them only on Debian/Ubuntu (apt-get)"
+  if ((apt_updated == 0)); then
+    say "apt-get update"
+    apt-get update -qq </dev/null >/dev/null
+    apt_updated=1
+  fi
+  say "installing Debian packages: $*"
+  apt-get install -y -qq --no-install-recommends "$@" </dev/null >/dev/null
+}

@@ -178,13 +178,15 @@ class Settings(BaseModel):
         default="gaps", description="LLM scheduling policy (a name from `switchyard simulate`)."
     )
     llm_dispatch: Literal["scheduler", "direct"] = Field(
-        default="scheduler",
+        default="direct",
         description=(
-            "Who places LLM requests. scheduler: the ingress publishes each to the "
-            "scheduler, which decides it; direct: the ingress decides it itself with the "
-            "same policy and sends it to the worker (one Kafka hop and one process fewer; "
-            "each ingress replica accounts only for its own decisions between heartbeats). "
-            "A request no live worker serves still goes to the scheduler."
+            "Who places LLM requests. direct: the ingress decides each itself with the "
+            "scheduler's policy, records it with the request in one ledger round trip and "
+            "sends it to the worker (one Kafka hop and one process fewer; each ingress "
+            "replica accounts only for its own decisions between heartbeats); a request "
+            "no live worker serves still goes to the scheduler. scheduler: the ingress "
+            "publishes every request to the scheduler, which decides it (one place sees "
+            "every replica's decisions)."
         ),
     )
     window_policy: str = Field(

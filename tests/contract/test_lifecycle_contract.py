@@ -148,9 +148,11 @@ async def test_a_request_accepted_with_its_first_decision_is_as_if_accepted_then
     again = await ledger.assign(Assign(assignment("w3", of=original)))
 
     assert first.accepted
-    assert not retry.accepted and retry.record is not None
+    assert not retry.accepted
+    assert retry.record is not None
     assert retry.record.worker_id == "w1", "a retry finds the record, its decision unchanged"
-    assert again.result == "exists" and again.recorded == decided
+    assert again.result == "exists"
+    assert again.recorded == decided
     record = await ledger.read("r1")
     assert record is not None
     assert (record.status, record.worker_id, record.epoch) == ("assigned", "w1", 0)

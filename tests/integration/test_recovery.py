@@ -178,7 +178,10 @@ async def test_a_worker_restarted_under_its_id_runs_nothing_twice(
 async def test_a_killed_scheduler_replica_loses_and_doubles_nothing(
     process_stack: StackFactory,
 ) -> None:
-    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
+    # The scheduler places every request here: its failover is what is measured.
+    stack = process_stack(
+        llm_policy="jsq", extra_env={**STACK_ENV, "SWITCHYARD_LLM_DISPATCH": "scheduler"}
+    )
     stack.start_service("monitor")
     stack.start_service("scheduler", name="scheduler-a")
     stack.start_service("scheduler", name="scheduler-b")

@@ -90,7 +90,10 @@ async def _one_worker_stack(
 
 
 async def test_replicas_of_every_service_share_the_load(process_stack: StackFactory) -> None:
-    stack = process_stack(llm_policy="jsq", extra_env=STACK_ENV)
+    # The scheduler places every request here, so that its replicas' share is seen.
+    stack = process_stack(
+        llm_policy="jsq", extra_env={**STACK_ENV, "SWITCHYARD_LLM_DISPATCH": "scheduler"}
+    )
     ingresses = ("ingress-a", "ingress-b")
     schedulers = {name: free_port() for name in ("scheduler-a", "scheduler-b")}
     workers = ("worker-a", "worker-b", "worker-c", "worker-d")
@@ -283,9 +286,15 @@ async def test_a_terminated_worker_drains(process_stack: StackFactory) -> None:
     running = [e.request_id for e in before[-1].outstanding if e.running]
     assert running, why
     assert all(answered_by[r] == victim for r in running), (running, why)
-    # The monitor announced the drain (never a timeout) and recorded it drained.
+    # The monitor announced the drain (never a timeout) and recorded it drained. A
+    # request placed on the worker just before its draining heartbeat was read (an
+    # ingress placing requests itself reads the cluster every 0.1 s) is swept up later
+    # with another "drained" event and re-assigned: answered once all the same (above).
     downs = [e.message for e in events if e.message.worker_id == victim]
-    assert [d.reason for d in downs] in (["draining", "drained"], ["drained"]), (downs, why)
+    reasons = [d.reason for d in downs]
+    assert reasons[0] in ("draining", "drained"), (downs, why)
+    assert set(reasons) <= {"draining", "drained"}, (downs, why)
+    assert "drained" in reasons, (downs, why)
     assert await stack.state.hget(f"worker:{victim}", "status") == "drained", why
     # What it held without running it moved to the survivor (epoch >= 1) and was
     # answered from there.
@@ -346,9 +355,10 @@ async def test_an_answer_outlives_the_ingress_replica_that_took_the_call(
     assert record["worker_id"] == "worker-a", record
     assert retry.status_code == 200, retry.text
     assert retry.json()["usage"]["completion_tokens"] == 2000, retry.text
-    # Run once: the retry found the answer rather than running the request again.
-    requests = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, REQUESTS)
-    assert [r.message.request_id for r in requests] == [request_id]
+    # Run once: the retry found the answer rather than deciding or sending it again.
+    inbox = await read_topic(stack.kafka_bootstrap, stack.topic_prefix, WORKER_INBOX)
+    sent = [a.message.request.request_id for a in _assignments(inbox)]
+    assert sent == [request_id]
 
 
 def _assignments(inbox: list[Record[Assignment | Migration]]) -> list[Record[Assignment]]:

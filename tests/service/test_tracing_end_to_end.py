@@ -1,6 +1,8 @@
 """One request, one trace: from the HTTP call through the scheduler and the worker and
 back to the ingress, on the embedded stack (in-memory bus and state, one emulated LLM
-worker); and the metrics the stack serves on ``GET /metrics``.
+worker, ``SWITCHYARD_LLM_DISPATCH=scheduler`` so that every hop is there); the same
+without the scheduler under the default direct dispatch; and the metrics the stack
+serves on ``GET /metrics``.
 
 The stack's telemetry is built with an in-memory span exporter, so spans are recorded
 without an OTLP endpoint (``configure_telemetry`` samples nothing otherwise).
@@ -39,7 +41,11 @@ class _Traced:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def traced() -> AsyncIterator[_Traced]:
     settings = load_settings(
-        {}, worker_time_scale=50.0, log_level="WARNING", heartbeat_interval_s=0.2
+        {},
+        worker_time_scale=50.0,
+        log_level="WARNING",
+        heartbeat_interval_s=0.2,
+        llm_dispatch="scheduler",
     )
     spans = InMemorySpanExporter()
     telemetry = configure_telemetry(
@@ -354,3 +360,49 @@ async def test_the_api_port_serves_the_metrics_of_the_whole_process(
         assert expected in names, f"{expected} missing from /metrics"
     decisions = [line for line in lines if line.startswith("switchyard_scheduler_decisions_total")]
     assert any('kind="llm"' in line for line in decisions)
+
+
+async def test_under_direct_dispatch_one_call_is_one_trace_through_the_worker_and_back() -> None:
+    """The default path: the ingress sends the assignment itself, inside the call's
+    SERVER span; the worker's CONSUMER and execution, its answer and the ingress's
+    CONSUMER continue the same trace."""
+    settings = load_settings(
+        {}, worker_time_scale=50.0, log_level="WARNING", heartbeat_interval_s=0.2
+    )
+    assert settings.llm_dispatch == "direct"
+    spans = InMemorySpanExporter()
+    telemetry = configure_telemetry(
+        "switchyard-embedded", settings, span_exporter=spans, install_global=False
+    )
+    plan = EmbeddedPlan(llm_workers=("a100-80gb/llama-2-7b",), torch_workers=0, http_port=0)
+    stack = EmbeddedStack(settings, plan, telemetry=telemetry)
+    await stack.start()
+    try:
+        async with httpx.AsyncClient(base_url=stack.url, timeout=60.0) as http:
+            answer = await http.post(
+                "/v1/completions", json={"model": "llama-2-7b", "prompt": "hi", "max_tokens": 4}
+            )
+        assert answer.status_code == 200, answer.text
+        trace_id = _trace_of_request(spans, answer.json()["switchyard"]["request_id"])
+        found = await _eventually_spans(
+            spans,
+            trace_id,
+            lambda got: {"worker-llm-0", "ingress-ingress-0"} <= {_group(s) for s in got},
+        )
+    finally:
+        assert await stack.stop() == 0
+        telemetry.shutdown()
+    server = _one(found, "ingress SERVER", lambda s: s.kind is SpanKind.SERVER)
+    assigned = _one(
+        found,
+        "assignment PRODUCER",
+        lambda s: s.kind is SpanKind.PRODUCER and _topic(s).endswith("worker-inbox"),
+    )
+    assert assigned.parent is not None
+    assert assigned.parent.span_id == server.context.span_id
+    taken = _one(found, "worker CONSUMER", lambda s: _group(s) == "worker-llm-0")
+    assert taken.parent is not None
+    assert taken.parent.span_id == assigned.context.span_id
+    _one(found, "ingress answer CONSUMER", lambda s: _group(s) == "ingress-ingress-0")
+    consumers = {_group(s) for s in found if s.kind is SpanKind.CONSUMER}
+    assert consumers == {"worker-llm-0", "ingress-ingress-0"}, "no scheduler on the path"

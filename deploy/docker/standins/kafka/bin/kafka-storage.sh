@@ -1,0 +1,2 @@
+#!/usr/bin/env bash
+exec "$(dirname "$0")/kafka-run-class.sh" kafka.tools.StorageTool "$@"

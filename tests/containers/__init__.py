@@ -1,0 +1,1 @@
+"""docker-compose.yml run in real containers: see conftest.py."""
