@@ -27,6 +27,7 @@ from switchyard.policies.base import NoWorkerError
 from switchyard.telemetry import configure_telemetry
 
 from services.embedded import EmbeddedPlan, EmbeddedStack
+from services.ingress.service import IngressService
 from services.scheduler.service import SchedulerService
 
 WAIT_S = 10.0
@@ -379,9 +380,17 @@ async def test_under_direct_dispatch_one_call_is_one_trace_through_the_worker_an
     await stack.start()
     try:
         async with httpx.AsyncClient(base_url=stack.url, timeout=60.0) as http:
-            answer = await http.post(
-                "/v1/completions", json={"model": "llama-2-7b", "prompt": "hi", "max_tokens": 4}
-            )
+            # A call before the ingress has read the worker's heartbeat goes to the
+            # scheduler (no worker known yet, a path of its own): wait for the read.
+            ingress = stack.service("ingress")
+            assert isinstance(ingress, IngressService)
+            assert ingress.dispatcher is not None
+            deadline = time.monotonic() + WAIT_S
+            while ingress.dispatcher.placer.inbox_partition("llm-0") is None:
+                assert time.monotonic() < deadline, "the ingress never saw the worker"
+                await asyncio.sleep(0.02)
+            body = {"model": "llama-2-7b", "prompt": "hi", "max_tokens": 4}
+            answer = await http.post("/v1/completions", json=body)
         assert answer.status_code == 200, answer.text
         trace_id = _trace_of_request(spans, answer.json()["switchyard"]["request_id"])
         found = await _eventually_spans(
