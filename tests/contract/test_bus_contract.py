@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from switchyard.bus import Delivery, Envelope, Subscription
 from switchyard.bus.partitioner import partition_for_key
-from switchyard.contracts.messages import DeadLetter, InferenceRequest
+from switchyard.contracts.dead_letter import DeadLetter
+from switchyard.contracts.messages import InferenceRequest
 from switchyard.contracts.topics import DEAD_LETTERS, HEARTBEATS, REQUESTS, WORKER_EVENTS
 from switchyard.errors import SwitchyardError
 

@@ -8,15 +8,12 @@ import asyncio
 import functools
 import json
 import logging
-import os
-import signal
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from switchyard.bus import bus_from_settings
-from switchyard.config import Settings, load_settings
+from switchyard.config import Settings
 from switchyard.errors import StateError, SwitchyardError, TransportError
 from switchyard.runtime import (
     ContextBuilder,
@@ -28,15 +25,18 @@ from switchyard.runtime import (
     run_service,
 )
 
+from tests.service.runtime_support import (
+    WAIT_S,
+    FakeState,
+    Harness,
+    harness_fixture,  # noqa: F401 (the ``harness`` fixture)
+    log_field,
+    settings_for,
+)
 from tests.support.http import raw_http
 
 if TYPE_CHECKING:
-    from switchyard.bus import Bus
-    from switchyard.state import StateStore
-    from switchyard.telemetry import Telemetry
-
-
-WAIT_S = 10.0
+    pass
 
 
 # -- HTTP over loopback ---------------------------------------------------------------
@@ -163,121 +163,6 @@ def test_backoff_doubles_from_100_ms_up_to_5_s() -> None:
 # -- fakes and a scripted service -----------------------------------------------------
 
 
-class FakeBus:
-    """Stands in for :class:`~switchyard.bus.Bus`: start may fail, ping may fail."""
-
-    def __init__(self, *, start_failures: int = 0, error: Exception | None = None) -> None:
-        self.start_failures = start_failures
-        self.error = error or TransportError("connecting on Kafka at 127.0.0.1:1 failed")
-        self.start_calls = 0
-        self.started = False
-        self.stopped = False
-        self.reachable = True
-
-    async def start(self) -> None:
-        self.start_calls += 1
-        if self.start_failures != 0:
-            self.start_failures -= 1
-            raise self.error
-        self.started = True
-
-    async def stop(self) -> None:
-        self.stopped = True
-
-    async def ping(self) -> None:
-        if not self.reachable:
-            raise TransportError("broker down")
-
-
-class FakeState:
-    def __init__(self, *, error: Exception | None = None) -> None:
-        self.error = error
-        self.closed = False
-
-    async def ping(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    async def close(self) -> None:
-        self.closed = True
-
-
-class FakeTelemetry:
-    def __init__(self) -> None:
-        self.shutdowns = 0
-
-    def shutdown(self) -> None:
-        self.shutdowns += 1
-
-
-class Records(logging.Handler):
-    """Collects the log records of one test's service logger."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-        self.arrived = asyncio.Event()  # only the event loop's thread logs here
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-        self.arrived.set()
-
-    def with_event(self, event: str) -> list[logging.LogRecord]:
-        return [r for r in self.records if getattr(r, "event", None) == event]
-
-    async def wait_for(self, event: str) -> logging.LogRecord:
-        async with asyncio.timeout(WAIT_S):
-            while not self.with_event(event):
-                self.arrived.clear()
-                await self.arrived.wait()
-        return self.with_event(event)[0]
-
-
-def _field(record: logging.LogRecord, name: str) -> Any:
-    """A field the runtime logged with ``extra=``."""
-    return record.__dict__[name]
-
-
-class Harness:
-    """Fakes, a ``build_context`` that injects them, and the records of the service's log."""
-
-    def __init__(self, *, bus: FakeBus | None = None, state: FakeState | None = None) -> None:
-        self.bus = bus or FakeBus()
-        self.state = state or FakeState()
-        self.telemetry = FakeTelemetry()
-        self.logger = logging.getLogger(f"tests.runtime.{uuid.uuid4().hex[:8]}")
-        self.logger.setLevel(logging.DEBUG)
-        self.log = Records()
-        self.logger.addHandler(self.log)
-
-    async def build_context(self, name: str, settings: Settings) -> ServiceContext:
-        return ServiceContext(
-            name=name,
-            settings=settings,
-            bus=cast("Bus", self.bus),
-            state=cast("StateStore", self.state),
-            telemetry=cast("Telemetry", self.telemetry),
-            logger=self.logger,
-            stopping=asyncio.Event(),
-        )
-
-    def close(self) -> None:
-        self.logger.removeHandler(self.log)
-
-
-@pytest.fixture
-def harness() -> Iterator[Harness]:
-    made = Harness()
-    yield made
-    made.close()
-
-
-def _settings(**overrides: object) -> Settings:
-    values: dict[str, object] = {"health_port": 0, "drain_timeout_s": 5.0}
-    values.update(overrides)
-    return load_settings({}, **values)
-
-
 Routine = Callable[["Scripted"], Awaitable[None]]
 
 
@@ -311,7 +196,7 @@ class Run:
             run_service(
                 factory,
                 name="scripted",
-                settings=_settings(**settings),
+                settings=settings_for(**settings),
                 build_context=builder,
                 stop=self.stop,
                 connect_timeout_s=connect_timeout_s,
@@ -323,7 +208,7 @@ class Run:
         return self.services[0]
 
     async def port(self) -> int:
-        return int(_field(await self.harness.log.wait_for("started"), "health_port"))
+        return int(log_field(await self.harness.log.wait_for("started"), "health_port"))
 
     async def exit_code(self) -> int:
         return await asyncio.wait_for(self.task, WAIT_S)
@@ -346,7 +231,7 @@ async def test_a_service_starts_serves_drains_and_closes_everything(harness: Har
     run = Run(harness, {"work_routine": finishes_in_hand_work})
     port = await run.port()
     started = harness.log.with_event("started")[0]
-    assert _field(started, "health_url") == f"http://127.0.0.1:{port}"
+    assert log_field(started, "health_url") == f"http://127.0.0.1:{port}"
     assert harness.bus.started
     assert await _get(port, "/healthz") == (200, {"status": "ok"})
     assert await _get(port, "/readyz") == (
@@ -448,7 +333,7 @@ async def test_a_drain_that_overruns_its_timeout_exits_1_naming_the_routine(
     run.stop.set()
     assert await run.exit_code() == 1
     timed_out = await harness.log.wait_for("drain-timeout")
-    assert _field(timed_out, "routines") == ["stubborn_routine"]
+    assert log_field(timed_out, "routines") == ["stubborn_routine"]
     assert "stubborn_routine" in timed_out.getMessage()
     assert harness.bus.stopped
 
@@ -506,7 +391,7 @@ async def test_an_unreachable_redis_is_named_without_its_password(
 async def test_the_real_kafka_bus_unreachable_exits_1_without_a_traceback(
     harness: Harness, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = _settings(bus="kafka", kafka_bootstrap="127.0.0.1:1")
+    settings = settings_for(bus="kafka", kafka_bootstrap="127.0.0.1:1")
 
     async def real_bus(name: str, settings: Settings) -> ServiceContext:
         ctx = await harness.build_context(name, settings)
@@ -547,7 +432,7 @@ async def test_a_failing_service_start_exits_1(harness: Harness) -> None:
             raise SwitchyardError("no such model registry")
 
     code = await run_service(
-        Broken, name="broken", settings=_settings(), build_context=harness.build_context
+        Broken, name="broken", settings=settings_for(), build_context=harness.build_context
     )
     assert code == 1
     failed = harness.log.with_event("start-failed")
@@ -580,32 +465,3 @@ def test_bad_configuration_exits_2_naming_the_variable(
     assert "SWITCHYARD_HEALTH_PORT='http'" in err
     assert "SWITCHYARD_DRAIN_TIMEOUT_S='-1'" in err
     assert "Traceback" not in err
-
-
-async def test_an_embedded_service_that_stops_leaves_the_programs_signal_handler(
-    harness: Harness,
-) -> None:
-    """A program running services with ``stop`` (the embedded stack) keeps its SIGTERM
-    handler when one of them stops: the next SIGTERM drains the rest instead of killing
-    the process."""
-
-    class Broken(Service):
-        async def start(self) -> None:
-            raise SwitchyardError("no such model registry")
-
-    loop = asyncio.get_running_loop()
-    program_stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, program_stop.set)
-    try:
-        code = await run_service(
-            Broken,
-            name="broken",
-            settings=_settings(),
-            build_context=harness.build_context,
-            stop=asyncio.Event(),
-        )
-        assert code == 1
-        os.kill(os.getpid(), signal.SIGTERM)
-        await asyncio.wait_for(program_stop.wait(), 5)
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)

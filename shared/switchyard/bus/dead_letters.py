@@ -1,6 +1,6 @@
 """Dead letters: the record kept of a message that could not be decoded or handled.
 
-A :class:`~switchyard.contracts.messages.DeadLetter` carries the original record whole
+A :class:`~switchyard.contracts.dead_letter.DeadLetter` carries the original record whole
 (key, value and headers, base64) with where it was read, by which group and why, so that
 it can be inspected and published again as it was (``switchyard dead-letters``).
 """
@@ -11,7 +11,7 @@ import base64
 import time
 
 from switchyard.bus.records import Envelope
-from switchyard.contracts.messages import DeadLetter
+from switchyard.contracts.dead_letter import DeadLetter
 
 _MAX_REASON_CHARS = 4000
 

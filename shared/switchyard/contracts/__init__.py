@@ -1,6 +1,7 @@
 """Message contracts: the pydantic models that cross the bus and the topics they use."""
 
 from switchyard.contracts.base import Message, SchemaVersionError, new_message_id
+from switchyard.contracts.dead_letter import DeadLetter
 from switchyard.contracts.messages import (
     AccuracyEstimate,
     Assignment,
@@ -8,7 +9,6 @@ from switchyard.contracts.messages import (
     ClassificationResult,
     Completion,
     CompletionStatus,
-    DeadLetter,
     Heartbeat,
     InferenceRequest,
     LLMPayload,

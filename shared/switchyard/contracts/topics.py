@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from switchyard.contracts.base import Message
+from switchyard.contracts.dead_letter import DeadLetter
 from switchyard.contracts.messages import (
     AccuracyEstimate,
     Assignment,
     ClassificationPayload,
     Completion,
-    DeadLetter,
     Heartbeat,
     InferenceRequest,
     Migration,

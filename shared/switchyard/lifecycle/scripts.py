@@ -68,14 +68,11 @@ return {'accepted'}
 
 
 def _accept_decided(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
-    if view.exists(keys[0]):
-        found = view.hgetall(keys[0])
-        return ["exists", *(item for pair in found.items() for item in pair)]
-    pairs = args[3:]
-    view.hset(keys[0], dict(zip(pairs[0::2], pairs[1::2], strict=True)))
-    view.expire(keys[0], int(args[0]) / 1000.0)
-    view.zadd(keys[1], {args[1]: float(args[2])})
-    return ["accepted"]
+    # An accept of the record (its ttl and fields), then the worker's assigned set.
+    result = _accept(view, keys[:1], [args[0], *args[3:]])
+    if result[0] == "accepted":
+        view.zadd(keys[1], {args[1]: float(args[2])})
+    return result
 
 
 ACCEPT_DECIDED = Script("accept-decided", _ACCEPT_DECIDED_LUA, _accept_decided)
