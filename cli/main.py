@@ -128,6 +128,12 @@ def _cmd_apps(settings: Settings, args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
+    from cli.keys import run
+
+    return run(settings, args)
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for ``argv`` (default: this process's arguments), whose command alone
     has its research module imported."""
@@ -167,6 +173,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     from cli.apps import add_arguments as add_apps_arguments
 
     add_apps_arguments(apps)
+    from cli.keys import add_arguments as add_keys_arguments
+
+    add_keys_arguments(
+        add("keys", _cmd_keys, "Make API keys for tenants (SWITCHYARD_AUTH=api-key).")
+    )
     from services import launch
 
     launch.add_service_arguments(

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -69,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument(
         "--target", required=True, metavar="URL", help="the ingress base URL, e.g. http://127.0.0.1:8000"
+    )  # fmt: skip
+    replay.add_argument(
+        "--api-key", default=os.environ.get("SWITCHYARD_API_KEY"), metavar="KEY",
+        help="sent as Authorization: Bearer KEY, for an ingress with API keys "
+        "(default: $SWITCHYARD_API_KEY)",
     )  # fmt: skip
     replay.add_argument(
         "--speedup", type=float, default=1.0,
@@ -173,6 +179,7 @@ async def _run_replay(args: argparse.Namespace, plan: Sequence[PlannedRequest]) 
             progress=not args.no_progress,
             stop=stop,
             abort=abort,
+            api_key=args.api_key,
         )
     finally:
         for signum in installed:

@@ -219,7 +219,13 @@ class KeepAliveClient:
     """
 
     def __init__(
-        self, host: str, port: int, *, timeout_s: float = 120.0, max_connections: int = 4096
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout_s: float = 120.0,
+        max_connections: int = 4096,
+        api_key: str | None = None,
     ) -> None:
         self._host = host
         self._port = port
@@ -228,6 +234,8 @@ class KeepAliveClient:
         self._open: set[_Connection] = set()
         self._slots = asyncio.Semaphore(max_connections)
         self._host_header = f"Host: {host}:{port}\r\n".encode()
+        if api_key is not None:
+            self._host_header += f"Authorization: Bearer {api_key}\r\n".encode()
 
     async def __aenter__(self) -> Self:
         return self
@@ -298,8 +306,10 @@ class HttpxClient:
         timeout_s: float = 120.0,
         max_connections: int = 4096,
         transport: httpx.AsyncBaseTransport | None = None,
+        api_key: str | None = None,
     ) -> None:
         self._client = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {api_key}"} if api_key is not None else None,
             base_url=base_url,
             timeout=httpx.Timeout(timeout_s),
             limits=httpx.Limits(

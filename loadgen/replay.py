@@ -145,6 +145,7 @@ async def replay(
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    api_key: str | None = None,
 ) -> ReplayResult:
     """Send ``plan`` to ``target`` open-loop and record what became of every request.
 
@@ -169,6 +170,7 @@ async def replay(
             ``httpx.ASGITransport``); the requests then go through httpx, as they do to
             an ``https://`` target. Otherwise the lean keep-alive client sends them.
         clock: a monotonic clock in seconds.
+        api_key: sent as ``Authorization: Bearer`` (an ingress with API keys needs one).
 
     Returns:
         A :class:`ReplayResult` with one record per planned request, in plan order.
@@ -194,7 +196,7 @@ async def replay(
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     stopped = False
     cpu_start_s = time.process_time()
-    async with open_client(base_url, timeout_s, max_connections, transport) as client:
+    async with open_client(base_url, timeout_s, max_connections, transport, api_key) as client:
         with Progress(len(ordered), "replay", enabled=None if progress else False) as bar:
             run = ReplayRun(client, run_id, clock, bar)
             tasks: set[asyncio.Task[None]] = set()

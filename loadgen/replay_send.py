@@ -122,6 +122,7 @@ def open_client(
     timeout_s: float,
     max_connections: int,
     transport: httpx.AsyncBaseTransport | None,
+    api_key: str | None = None,
 ) -> contextlib.AbstractAsyncContextManager[HttpClient]:
     """The lean keep-alive client for a plain ``http://`` target; httpx for ``https://``
     or an in-process transport."""
@@ -129,10 +130,18 @@ def open_client(
     client: HttpClient
     if transport is None and url.scheme == "http":
         client = KeepAliveClient(
-            url.host, url.port or 80, timeout_s=timeout_s, max_connections=max_connections
+            url.host,
+            url.port or 80,
+            timeout_s=timeout_s,
+            max_connections=max_connections,
+            api_key=api_key,
         )
     else:
         client = HttpxClient(
-            base_url, timeout_s=timeout_s, max_connections=max_connections, transport=transport
+            base_url,
+            timeout_s=timeout_s,
+            max_connections=max_connections,
+            transport=transport,
+            api_key=api_key,
         )
     return contextlib.aclosing(client)

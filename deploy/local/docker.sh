@@ -7,8 +7,9 @@
 #                                  (as root, in the background) when no engine answers
 #   deploy/local/docker.sh compose the compose v2 CLI plugin, built from the Go module proxy
 #                                  when `docker compose version` fails
-#   deploy/local/docker.sh images  python:3.11-slim, apache/kafka, redis, the collector and
-#                                  Jaeger: pulled; a stand-in is built only when a pull fails
+#   deploy/local/docker.sh images  python:3.11-slim, apache/kafka, redis, the collector,
+#                                  Jaeger and HAProxy: pulled; a stand-in is built only when a
+#                                  pull fails
 #   deploy/local/docker.sh stop    stop the dockerd this script started
 #
 # A stand-in is built from deploy/docker/standins/ and tagged with the real image's name,
@@ -37,13 +38,14 @@ IMAGES=(
   "redis:7 redis"
   "otel/opentelemetry-collector-contrib:0.115.0 otel-collector"
   "jaegertracing/all-in-one:1.63.0 jaeger"
+  "haproxy:2.6 haproxy"
 )
 # The Docker CLI would otherwise want the buildx plugin, which Debian's docker.io lacks;
 # the stand-ins need nothing beyond the classic builder.
 export DOCKER_BUILDKIT=0
 export DEBIAN_FRONTEND=noninteractive
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 
 mkdir -p "$CACHE"
 
@@ -207,6 +209,7 @@ build_kafka() {
 build_redis() { build_docker "$1" "$2" "$STANDINS/redis"; }
 build_otel_collector() { build_docker "$1" "$2" "$STANDINS/otel-collector"; }
 build_jaeger() { build_docker "$1" "$2" "$STANDINS/jaeger"; }
+build_haproxy() { build_docker "$1" "$2" "$STANDINS/haproxy"; }
 
 images() {
   local entry image standin

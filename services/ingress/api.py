@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from starlette.applications import Starlette
@@ -35,12 +35,13 @@ from switchyard.contracts.messages import (
     LLMPayload,
     WorkloadType,
 )
-from switchyard.lifecycle import REQUEST_TTL_S, RequestLedger
+from switchyard.lifecycle import RequestLedger
 from switchyard.serving import ServingCatalogue, UnknownServedApplicationError
 from switchyard.state.base import StateStore
 from switchyard.telemetry.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 from services.ingress.answers import AnswerRegistry
+from services.ingress.auth import TenantMiddleware, tenant_of
 from services.ingress.body import deadline_and_priority, json_body
 from services.ingress.calls import (
     CallOptions,
@@ -49,7 +50,7 @@ from services.ingress.calls import (
     RequestDesk,
     status_error,
 )
-from services.ingress.drain import Admission, AdmissionMiddleware, unavailable
+from services.ingress.drain import Admission, AdmissionMiddleware
 from services.ingress.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
@@ -66,18 +67,18 @@ from services.ingress.openai_schema import (
     SwitchyardOptions,
     parse,
 )
-from services.ingress.openapi import openapi_document
+from services.ingress.quotas import Quotas
+from services.ingress.read_api import ReadApi
 from services.ingress.responses import (
     Flavour,
     LlmCall,
     answer_headers,
     classification_answer,
     llm_answer,
-    switchyard_block,
-    timeline,
 )
 from services.ingress.streaming import stream_answer
 from services.ingress.telemetry import HttpTelemetryMiddleware, call_record
+from services.ingress.tenants import KeyRing, public_request_id
 from services.ingress.tokens import approximate_tokens, chat_prompt
 
 if TYPE_CHECKING:
@@ -131,6 +132,8 @@ def build_app(
     clock: Callable[[], float] = time.time,
     telemetry: Telemetry | None = None,
     decisions: FirstDecisions | None = None,
+    keys: KeyRing | None = None,
+    quotas: Quotas | None = None,
 ) -> Starlette:
     """The ingress ASGI app.
 
@@ -152,6 +155,9 @@ def build_app(
             metrics go to the process-wide providers, and there is no ``/metrics``.
         decisions: direct dispatch (:mod:`services.ingress.dispatch`): new LLM requests
             are placed here and recorded with their decision in one round trip.
+        keys: the tenants' API keys (:mod:`services.ingress.tenants`); None: no keys,
+            one anonymous tenant.
+        quotas: where tenants' rate limits and concurrency quotas are kept; None: none.
     """
     options = options or ApiOptions()
     desk = RequestDesk(
@@ -163,16 +169,18 @@ def build_app(
         gate=gate,
         decisions=decisions,
     )
+    drain = admission if admission is not None else Admission()
     api = _Api(catalogue, desk, options, clock)
+    read = ReadApi(catalogue, desk.ledger, desk.answers, drain)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/apps/{app}/infer", api.infer, methods=["POST"]),
-        Route("/v1/requests/{request_id:path}", api.request_status, methods=["GET"]),
-        Route("/v1/models", api.models, methods=["GET"]),
-        Route("/v1/apps", api.apps, methods=["GET"]),
-        Route("/openapi.json", api.openapi, methods=["GET"]),
-        Route("/healthz", api.healthz, methods=["GET"]),
+        Route("/v1/requests/{request_id:path}", read.request_status, methods=["GET"]),
+        Route("/v1/models", read.models, methods=["GET"]),
+        Route("/v1/apps", read.apps, methods=["GET"]),
+        Route("/openapi.json", read.openapi, methods=["GET"]),
+        Route("/healthz", read.healthz, methods=["GET"]),
     ]
     prometheus = telemetry.prometheus if telemetry is not None else None
     if prometheus is not None:
@@ -183,8 +191,6 @@ def build_app(
             return Response(render(), media_type=METRICS_CONTENT_TYPE)
 
         routes.append(Route("/metrics", metrics, methods=["GET"]))
-    drain = admission if admission is not None else Admission()
-    api.admission = drain
     return Starlette(
         routes=routes,
         middleware=[
@@ -196,6 +202,7 @@ def build_app(
                 meter_provider=telemetry.meter_provider if telemetry is not None else None,
             ),
             Middleware(AdmissionMiddleware, admission=drain),
+            Middleware(TenantMiddleware, keys=keys, quotas=quotas, clock=clock),
         ],
         exception_handlers={
             ApiError: _api_error,
@@ -258,9 +265,7 @@ class _Api:
         self.ledger = desk.ledger
         self.options = options
         self.clock = clock
-        self.admission = Admission()
         self._classification_service_s: dict[str, float | None] = {}
-        self._openapi: dict[str, Any] | None = None
 
     def _profiled_service_s(self, name: str) -> float | None:
         """The fastest profiled batch-of-one latency of application ``name``'s variants,
@@ -399,6 +404,7 @@ class _Api:
         accepted = await self.desk.accept(
             options.request_id,
             make_request,
+            tenant=tenant_of(request.scope),
             stream=stream,
             demand=demand,
             what=f"model {app.name!r}",
@@ -406,7 +412,7 @@ class _Api:
         _trace_request_id(accepted.request_id)
         record = accepted.record
         call = LlmCall(
-            request_id=accepted.request_id,
+            request_id=public_request_id(accepted.request_id),
             model=app.name,
             created=int(record.arrival_s if record and record.arrival_s else arrival_s),
             prompt_tokens=(
@@ -475,6 +481,7 @@ class _Api:
         accepted = await self.desk.accept(
             body.request_id,
             make_request,
+            tenant=tenant_of(request.scope),
             stream=False,
             demand=demand,
             what=f"application {app.name!r}",
@@ -492,108 +499,7 @@ class _Api:
             raise error
         return JSONResponse(
             classification_answer(completion, app.classes, deadline_s),
-            headers=answer_headers(accepted.request_id, emulated=completion.emulated),
+            headers=answer_headers(
+                public_request_id(accepted.request_id), emulated=completion.emulated
+            ),
         )
-
-    # -- status and catalogue ----------------------------------------------------------------
-
-    async def request_status(self, request: Request) -> Response:
-        """``GET /v1/requests/{request_id}``."""
-        request_id = request.path_params["request_id"]
-        try:
-            record = await self.ledger.read(request_id)
-        except Exception as exc:
-            raise unavailable(f"the state store is unavailable: {exc}") from None
-        if record is None:
-            raise ApiError(
-                404,
-                f"unknown request {request_id!r} (never accepted, or its record expired "
-                f"after {REQUEST_TTL_S:g} s)",
-                type_=NOT_FOUND,
-                param="request_id",
-                code="request_not_found",
-            )
-        body: dict[str, Any] = {
-            "request_id": record.request_id,
-            "app": record.app,
-            "kind": record.kind or None,
-            "status": record.status,
-            "deadline_s": record.deadline_s,
-            "worker_id": record.worker_id,
-        }
-        completion = record.completion
-        if completion is None:
-            body["timeline"] = {
-                "arrival_s": record.arrival_s,
-                "assigned_s": None,
-                "started_s": None,
-                "first_token_s": None,
-                "finished_s": None,
-            }
-            return JSONResponse(body)
-        block = switchyard_block(completion, record.deadline_s)
-        body.update(
-            status=str(completion.status),
-            worker_id=completion.worker_id,
-            worker_type=completion.worker_type,
-            variant=completion.variant,
-            emulated=completion.emulated,
-            deadline_s=block["deadline_s"],
-            deadline_met=block["deadline_met"],
-            result=None if completion.result is None else completion.result.model_dump(mode="json"),
-            error=completion.error,
-            timeline=timeline(completion),
-        )
-        return JSONResponse(
-            body, headers=answer_headers(record.request_id, emulated=completion.emulated)
-        )
-
-    async def models(self, request: Request) -> Response:
-        """``GET /v1/models``: the LLM applications, as OpenAI lists models."""
-        data = [
-            {
-                "id": app.name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "switchyard",
-                "switchyard": {
-                    "served_model": app.model,
-                    "slo_s": app.slo_s,
-                    "max_prompt_tokens": app.max_prompt_tokens,
-                    "max_output_tokens": app.max_output_tokens,
-                    "workload": str(app.workload),
-                },
-            }
-            for app in sorted(self.catalogue.llm.values(), key=lambda a: a.name)
-        ]
-        return JSONResponse({"object": "list", "data": data})
-
-    async def apps(self, request: Request) -> Response:
-        """``GET /v1/apps``: the classification applications."""
-        data = [
-            {
-                "name": app.name,
-                "feature_dim": app.feature_dim,
-                "classes": list(app.classes),
-                "deadline_ms": app.deadline_s * 1000.0,
-                "variants": list(app.variants),
-            }
-            for app in sorted(self.catalogue.classification.values(), key=lambda a: a.name)
-        ]
-        return JSONResponse({"object": "list", "data": data})
-
-    async def openapi(self, request: Request) -> Response:
-        """``GET /openapi.json``."""
-        if self._openapi is None:
-            self._openapi = openapi_document(self.catalogue)
-        return JSONResponse(self._openapi)
-
-    async def healthz(self, request: Request) -> Response:
-        """``GET /healthz``: 200 while serving, 503 once draining."""
-        if not self.admission.accepting:
-            return JSONResponse(
-                {"status": "draining", "in_flight": self.admission.in_flight},
-                status_code=503,
-                headers={"Retry-After": "1"},
-            )
-        return JSONResponse({"status": "ok", "waiting": len(self.answers)})

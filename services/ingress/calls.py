@@ -52,6 +52,7 @@ from services.ingress.drain import unavailable
 from services.ingress.errors import SERVER_ERROR, ApiError
 from services.ingress.load_shedding import AdmissionGate, Decision, Demand, Verdict
 from services.ingress.responses import answer_headers, switchyard_block
+from services.ingress.tenants import ANONYMOUS, Tenant, public_request_id
 
 log = logging.getLogger("switchyard.ingress")
 
@@ -168,6 +169,7 @@ class RequestDesk:
         stream: bool,
         demand: Demand | None = None,
         what: str = "",
+        tenant: Tenant = ANONYMOUS,
     ) -> Accepted:
         """Record and publish a request, or find the earlier one a retry names.
 
@@ -175,12 +177,13 @@ class RequestDesk:
         its model or application in a refusal. One round trip to the store in the common
         case: the ledger's accept creates the record or returns the earlier one; a
         refusal looks for an earlier one first (a retry of an accepted request gets its
-        answer, it is not judged again)."""
-        request_id = client_id or f"req-{uuid.uuid4().hex}"
+        answer, it is not judged again). The request is recorded under its id scoped by
+        ``tenant`` (:mod:`services.ingress.tenants`)."""
+        request_id = tenant.scoped(client_id or f"req-{uuid.uuid4().hex}")
         if self.gate is not None and demand is not None:
             decision = self.gate.decide(demand, self.clock())
             if not decision.admitted:
-                earlier = await self._read(client_id) if client_id is not None else None
+                earlier = await self._read(request_id) if client_id is not None else None
                 if earlier is not None:
                     _same_call_or_conflict(earlier, make_request(request_id))
                     return await self._existing(earlier, stream=stream)
@@ -221,14 +224,15 @@ class RequestDesk:
             self.answers.release(waiter)
             reason = str(exc) or type(exc).__name__
             log.warning("could not confirm the publish of request %s: %s", request_id, reason)
+            public_id = public_request_id(request_id)
             raise ApiError(
                 503,
-                f"request {request_id} may or may not have been queued ({reason}); retry "
+                f"request {public_id} may or may not have been queued ({reason}); retry "
                 f"with the same request_id to get its one answer",
                 type_=SERVER_ERROR,
                 code="outcome_unknown",
                 headers={"Retry-After": "1"},
-                extra={"switchyard": {"request_id": request_id, "status": "unknown"}},
+                extra={"switchyard": {"request_id": public_id, "status": "unknown"}},
             ) from None
         return Accepted(request_id, waiter=waiter)
 
@@ -292,6 +296,7 @@ class RequestDesk:
 
     def timeout(self, request_id: str) -> ApiError:
         """The 504 of a call whose answer did not come in time."""
+        request_id = public_request_id(request_id)
         return ApiError(
             504,
             f"no answer for request {request_id} within {self.options.answer_timeout_s:g} s; "
@@ -349,7 +354,7 @@ def _same_call_or_conflict(record: RequestRecord, request: InferenceRequest) -> 
         return
     raise ApiError(
         409,
-        f"request_id {record.request_id!r} was used for a different request (another "
+        f"request_id {public_request_id(record.request_id)!r} was used for a different request (another "
         f"application, model, prompt, features, max_tokens or priority); a retry must "
         f"repeat the request exactly, and a new request needs a new request_id",
         param="request_id",

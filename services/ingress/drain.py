@@ -1,5 +1,9 @@
 """Admission control for the drain: stop taking new calls, count the ones in flight.
 
+A drain is announced before calls are refused: ``/healthz`` answers 503 from the
+announcement, so a load balancer polling it takes the replica out while the replica still
+takes what was already on its way (``SWITCHYARD_DRAIN_NOTICE_S`` apart).
+
 :class:`AdmissionMiddleware` wraps the whole ASGI app, so a call counts as in flight
 until its response is fully sent, streamed answers included.
 """
@@ -24,12 +28,19 @@ class Admission:
 
     def __init__(self) -> None:
         self.accepting = True
+        self.draining = False
+        """Announced: health checks see the drain; calls may still be accepted."""
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
+    def announce_drain(self) -> None:
+        """From now on ``/healthz`` answers 503 draining; calls are still accepted."""
+        self.draining = True
+
     def stop_accepting(self) -> None:
         """From now on new calls get 503 with ``Retry-After``."""
+        self.draining = True
         self.accepting = False
 
     def enter(self) -> None:

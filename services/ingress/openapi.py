@@ -204,12 +204,14 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {
         400: "Invalid input; the message and param name the field.",
+        401: "No API key, or an unknown one (with SWITCHYARD_AUTH=api-key).",
         404: "Unknown model, application or request.",
         405: "Wrong method.",
         409: "The request_id was used for a different request (a retry must repeat it exactly).",
         413: "Body larger than the configured limit.",
         415: "Content-Type is not JSON.",
-        429: "Admission control: no worker can finish it before its deadline; see Retry-After.",
+        429: "Admission control: no worker can finish it before its deadline, or the "
+        "tenant's rate limit or concurrency quota; see Retry-After and x-ratelimit-*.",
         502: "The worker failed (or cancelled) the request.",
         503: "Could not queue the request, or draining; see Retry-After.",
         504: "Expired before being served, or no answer within the answer timeout "
@@ -218,7 +220,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return {str(s): _json(_ref("Error"), text[s]) for s in statuses}
 
 
-_POST_ERRORS = (400, 404, 405, 409, 413, 415, 429, 502, 503, 504)
+_POST_ERRORS = (400, 401, 404, 405, 409, 413, 415, 429, 502, 503, 504)
 
 _HEADERS = [
     {
@@ -335,31 +337,36 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
                     ],
                     "responses": {
                         "200": _json(_ref("RequestStatus"), "The request's record."),
-                        **_errors(404, 503),
+                        **_errors(401, 404, 503),
                     },
                 }
             },
             "/v1/models": {
                 "get": {
                     "summary": "The LLM applications (OpenAI model list).",
-                    "responses": {"200": _json(_ref("ModelList"), "The models.")},
+                    "responses": {"200": _json(_ref("ModelList"), "The models."), **_errors(401)},
                 }
             },
             "/v1/apps": {
                 "get": {
                     "summary": "The classification applications.",
-                    "responses": {"200": _json(_ref("AppList"), "The applications.")},
+                    "responses": {
+                        "200": _json(_ref("AppList"), "The applications."),
+                        **_errors(401),
+                    },
                 }
             },
             "/openapi.json": {
                 "get": {
                     "summary": "This document.",
+                    "security": [],
                     "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1.")},
                 }
             },
             "/healthz": {
                 "get": {
                     "summary": "200 while serving, 503 while draining.",
+                    "security": [],
                     "responses": {
                         "200": _json({"type": "object"}, "Serving."),
                         "503": _json({"type": "object"}, "Draining."),
@@ -367,5 +374,16 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": components},
+        # Calls under /v1/ need it when the ingress runs with SWITCHYARD_AUTH=api-key.
+        "security": [{"apiKey": []}],
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A tenant's API key (`switchyard keys new TENANT`).",
+                }
+            },
+        },
     }

@@ -21,6 +21,8 @@ from typing import Any
 
 from switchyard.contracts.messages import ClassificationResult, Completion, LLMResult
 
+from services.ingress.tenants import public_request_id
+
 EMULATED_HEADER = "X-Switchyard-Emulated"
 REQUEST_ID_HEADER = "X-Switchyard-Request-Id"
 
@@ -76,7 +78,7 @@ def switchyard_block(completion: Completion, deadline_s: float | None) -> dict[s
     """The ``switchyard`` block of an answer (see the module docstring)."""
     deadline = deadline_of(completion, deadline_s)
     return {
-        "request_id": completion.request_id,
+        "request_id": public_request_id(completion.request_id),
         "status": str(completion.status),
         "worker_id": completion.worker_id,
         "worker_type": completion.worker_type,
@@ -182,7 +184,7 @@ def classification_answer(
     class_name = classes[label] if label is not None and label < len(classes) else None
     deadline = deadline_of(completion, deadline_s)
     return {
-        "request_id": completion.request_id,
+        "request_id": public_request_id(completion.request_id),
         "app": completion.app,
         "status": str(completion.status),
         "label": label,

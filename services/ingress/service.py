@@ -33,7 +33,9 @@ from services.ingress.api import ApiOptions, build_app
 from services.ingress.dispatch import DirectDispatcher
 from services.ingress.drain import Admission
 from services.ingress.load_shedding import AdmissionGate
+from services.ingress.quotas import Quotas
 from services.ingress.routing import answer_subscription, route_answers, sweep_overdue
+from services.ingress.tenants import load_key_ring
 
 _START_TIMEOUT_S = 10.0
 # The API has drained its calls before uvicorn is told to stop; this only bounds
@@ -112,6 +114,8 @@ class IngressService(Service):
 
     async def start(self) -> None:
         settings = self.ctx.settings
+        # First: a bad key configuration stops the start with a message naming it.
+        keys = load_key_ring(settings)
         await self.inbox.open()
         # Reading (from the partition's end) before any request names the partition.
         self._answer_sub = answer_subscription(self.inbox, self.answers, self._answers_stop)
@@ -136,6 +140,11 @@ class IngressService(Service):
             # A context built without real telemetry (tests) gets the global providers.
             telemetry=self.ctx.telemetry if isinstance(self.ctx.telemetry, Telemetry) else None,
             decisions=self.dispatcher,
+            keys=keys,
+            # A call's place is held at most until its answer times out, and a margin.
+            quotas=Quotas(self.ctx.state, hold_s=settings.answer_timeout_s + 30)
+            if keys is not None
+            else None,
         )
         # Bind here rather than in uvicorn: a taken port is then an OSError naming it,
         # not uvicorn's sys.exit, and port 0 tells us the port it got.
@@ -232,9 +241,13 @@ class IngressService(Service):
         await sweep_overdue(self.ledger, self.answers, stopping=self._answers_stop)
 
     async def drain(self) -> None:
-        """Refuse new calls (503 with Retry-After), let the calls in flight finish (the
-        runtime bounds this with ``drain_timeout_s``), stop uvicorn, then the answer
+        """Announce the drain on ``/healthz``, go on taking calls for ``drain_notice_s``,
+        then refuse new calls (503 with Retry-After), let the calls in flight finish (the
+        runtime bounds all this with ``drain_timeout_s``), stop uvicorn, then the answer
         routines."""
+        self.admission.announce_drain()
+        if self.ctx.settings.drain_notice_s > 0:
+            await asyncio.sleep(self.ctx.settings.drain_notice_s)
         self.admission.stop_accepting()
         try:
             await self.admission.wait_idle()

@@ -143,6 +143,54 @@ class Settings(BaseModel):
         gt=0,
         description="Longest the ingress holds an HTTP call open waiting for its answer.",
     )
+    drain_notice_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=60,
+        description=(
+            "After SIGTERM, how long the ingress goes on taking calls while /healthz already "
+            "answers 503 draining, so a load balancer stops sending it calls before it "
+            "refuses any; set it above the balancer's health-check interval (compose: 2)."
+        ),
+    )
+
+    auth: Literal["off", "api-key"] = Field(
+        default="off",
+        description=(
+            "api-key: every /v1/ call needs Authorization: Bearer KEY, a key of a tenant in "
+            "SWITCHYARD_API_KEYS_FILE or SWITCHYARD_API_KEYS (401 otherwise), and request "
+            "ids are scoped to their tenant; off: one anonymous tenant (the embedded demo)."
+        ),
+    )
+    api_keys_file: str | None = Field(
+        default=None,
+        description=(
+            "JSON file of tenants: name, the SHA-256 of each key, and limits "
+            "(`switchyard keys new TENANT` makes a key and its entry)."
+        ),
+    )
+    api_keys: str | None = Field(
+        default=None,
+        description=(
+            "Tenants as NAME=SHA256,...: the SHA-256 (hex) of each key, never the key; "
+            "limits from SWITCHYARD_TENANT_*."
+        ),
+    )
+    tenant_requests_per_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Calls a second a tenant may make (token bucket); 0: no limit.",
+    )
+    tenant_burst: int = Field(
+        default=0,
+        ge=0,
+        description="Calls a tenant may make at once above its rate; 0: one second's worth.",
+    )
+    tenant_max_concurrent: int = Field(
+        default=0,
+        ge=0,
+        description="Inference calls a tenant may have in flight at once; 0: no limit.",
+    )
 
     admission: Literal["off", "deadline"] = Field(
         default="deadline",

@@ -28,6 +28,9 @@ DOCKERFILE = "deploy/docker/Dockerfile"
 PROJECT = "switchyard"
 """The compose file's ``name``."""
 INGRESS = "http://127.0.0.1:8080"
+COMPOSE_DEMO_API_KEY = "sy-compose-demo-key-change-me"
+"""The key of the compose file's demo tenant (its SWITCHYARD_API_KEYS default)."""
+AUTH = {"Authorization": f"Bearer {COMPOSE_DEMO_API_KEY}"}
 KAFKA = "127.0.0.1:19092"
 REDIS = "redis://127.0.0.1:16379/0"
 JAEGER = "http://127.0.0.1:16686"
@@ -125,6 +128,16 @@ def compose(
     return done
 
 
+def scale(service: str, replicas: int, *, wait: bool = True) -> None:
+    """``service`` to ``replicas`` containers, the others left as they are; with
+    ``wait``, until the new ones are healthy."""
+    waiting = ["--wait"] if wait else []
+    compose(
+        "up", "--detach", "--no-deps", "--no-build", *waiting,
+        "--scale", f"{service}={replicas}", service,
+    )  # fmt: skip
+
+
 def project_containers(
     client: docker.DockerClient, service: str | None = None, *, stopped: bool = False
 ) -> list[Container]:
@@ -157,6 +170,26 @@ def probe(container: Container, *paths: str) -> str:
     text = output.decode(errors="replace")
     assert exit_code == 0, (container.name, paths, text[-2000:])
     return text
+
+
+def ingress_calls(container: Container) -> float:
+    """The inference calls an ingress replica has answered (its own /metrics)."""
+    metrics = "http://127.0.0.1:8080/metrics"
+    exit_code, output = container.exec_run(
+        [
+            "python",
+            "-c",
+            f"import urllib.request; print(urllib.request.urlopen({metrics!r}).read().decode())",
+        ]
+    )
+    assert isinstance(output, bytes)  # not streamed
+    text = output.decode(errors="replace")
+    assert exit_code == 0, (container.name, text[-2000:])
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("switchyard_ingress_requests")
+    )
 
 
 def leftovers(client: docker.DockerClient) -> dict[str, list[str]]:

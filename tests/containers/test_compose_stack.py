@@ -5,10 +5,13 @@
 2. every health endpoint: each Switchyard service's /healthz and /readyz (probed inside
    its container: they listen on loopback), the ingress, Kafka, Redis, the collector and
    Jaeger through their published ports;
-3. through the ingress's published port: completions on the emulated workers and on the
-   torch worker's tiny-lm, classification calls, a streamed chat;
+3. through the published API port (HAProxy over the ingress replicas): completions on
+   the emulated workers and on the torch worker's tiny-lm, classification calls, a
+   streamed chat;
 4. ``worker-llm`` scaled to three replicas (the new one takes work) and back to two (the
    removed one drains: what ran on it finishes there, it exits 0, it is recorded drained);
+   ``ingress`` scaled to two behind the one port (both take calls) and back to one while
+   calls keep coming (none refused);
 5. a worker container SIGKILLed (``docker kill``) mid-replay: every request answered
    once, none run twice, the dead worker's requests re-assigned;
 6. the compose file's ``loadgen`` profile; traces of the calls found in Jaeger;
@@ -21,26 +24,30 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import docker
 import httpx
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from switchyard.contracts.messages import Assignment, Completion, CompletionStatus
-from switchyard.contracts.topics import ANSWERS, WORKER_EVENTS, WORKER_INBOX
+from switchyard.contracts.topics import ANSWERS, HEARTBEATS, WORKER_EVENTS, WORKER_INBOX, Topic
 from switchyard.traces import resolve_trace
 
 from loadgen.harness.process_stack import read_topic
 from loadgen.harness.recovery import third_of_the_way_s
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
+from services.scheduler.windows import SHORT_CIRCUIT_WORKER
 from tests.containers.stack import (
+    AUTH,
     COLLECTOR,
+    COMPOSE_DEMO_API_KEY,
     IMAGES,
     INGRESS,
     JAEGER,
@@ -49,10 +56,12 @@ from tests.containers.stack import (
     build_image,
     compose,
     hostname_of,
+    ingress_calls,
     leftovers,
     probe,
     project_containers,
     record_timing,
+    scale,
     service_of,
     torch_index,
 )
@@ -71,6 +80,7 @@ SWITCHYARD_SERVICES = {
     "worker-llm-13b",
     "worker-torch",
 }
+T = TypeVar("T")
 LONG_DEADLINE = {"deadline_ms": 120_000}
 """Calls the tests need answered: a deadline admission control can always meet."""
 
@@ -140,10 +150,32 @@ def complete(model: str, max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
         "switchyard": LONG_DEADLINE,
         **extra,
     }
-    answer = httpx.post(f"{INGRESS}/v1/completions", json=body, timeout=180)
+    answer = httpx.post(f"{INGRESS}/v1/completions", json=body, headers=AUTH, timeout=180)
     assert answer.status_code == 200, (model, answer.status_code, answer.text)
     document: dict[str, Any] = answer.json()
     return document
+
+
+def post_completion(model: str) -> int:
+    """A short completion through the published port; its HTTP status."""
+    body = {"model": model, "prompt": "Hello", "max_tokens": 4, "switchyard": LONG_DEADLINE}
+    return httpx.post(f"{INGRESS}/v1/completions", json=body, headers=AUTH, timeout=180).status_code
+
+
+def call_every(
+    pool: ThreadPoolExecutor, every_s: float, stop: threading.Event, call: Callable[[], T]
+) -> list[Future[T]]:
+    """Submit ``call`` to the pool every ``every_s`` until ``stop``; the calls' futures."""
+    calls: list[Future[T]] = []
+    while not stop.is_set():
+        calls.append(pool.submit(call))
+        time.sleep(every_s)
+    return calls
+
+
+async def gather_topics(*topics: Topic[Any]) -> list[list[Any]]:
+    """Every record of each topic, read from the start."""
+    return list(await asyncio.gather(*(read_topic(KAFKA, "", t) for t in topics)))
 
 
 def test_every_service_is_up_and_every_health_endpoint_answers(
@@ -151,7 +183,7 @@ def test_every_service_is_up_and_every_health_endpoint_answers(
 ) -> None:
     running = project_containers(stack)
     services = {service_of(c) for c in running}
-    assert services >= SWITCHYARD_SERVICES | {"kafka", "redis", "otel-collector", "jaeger"}
+    assert services >= SWITCHYARD_SERVICES | {"kafka", "redis", "otel-collector", "jaeger", "proxy"}
     assert len(project_containers(stack, "worker-llm")) == 2
     for container in running:
         health = container.attrs["State"].get("Health")
@@ -168,7 +200,9 @@ def test_every_service_is_up_and_every_health_endpoint_answers(
     metrics = httpx.get(f"{INGRESS}/metrics", timeout=10)
     assert metrics.status_code == 200
     assert metrics.headers["content-type"].startswith("text/plain")
-    models = httpx.get(f"{INGRESS}/v1/models", timeout=10).json()
+    # The API wants the demo tenant's key.
+    assert httpx.get(f"{INGRESS}/v1/models", timeout=10).status_code == 401
+    models = httpx.get(f"{INGRESS}/v1/models", headers=AUTH, timeout=10).json()
     assert {"llama-2-7b", "llama-2-13b", "tiny-lm"} <= {m["id"] for m in models["data"]}
     # Redis and Kafka through the ports published for tools on the host.
     assert workers.redis.ping()
@@ -218,24 +252,27 @@ def test_completions_run_on_the_emulated_workers_and_tiny_lm_on_the_torch_worker
 
 
 def test_classification_calls_run_on_the_torch_worker(stack: docker.DockerClient) -> None:
+    """Every call answered with a label: by the torch worker's model, or by the
+    estimator's own prediction where SneakPeek's plan short-circuits a call; every
+    application's calls reach the torch worker."""
     torch_hosts = {hostname_of(c) for c in project_containers(stack, "worker-torch")}
     plan = build_plan(resolve_trace("azure-conv-sample"), "classification", 30, 0)
-    apps_seen: set[str] = set()
+    ran_on_torch: Counter[str] = Counter()
     for planned in plan:
-        if planned.app in apps_seen:
-            continue
-        apps_seen.add(planned.app)
         answer = httpx.post(
             f"{INGRESS}/v1/apps/{planned.app}/infer",
             json={"features": list(planned.features), "switchyard": LONG_DEADLINE},
+            headers=AUTH,
             timeout=120,
         )
         assert answer.status_code == 200, (planned.app, answer.text)
         document = answer.json()
         assert document["label"] is not None, document
         worker = str(document["worker_id"])
-        assert any(worker.startswith(h) for h in torch_hosts), (worker, torch_hosts)
-    assert apps_seen == {"digits", "fraud-like", "wine-dominant"}
+        if worker != SHORT_CIRCUIT_WORKER:
+            assert any(worker.startswith(h) for h in torch_hosts), (worker, torch_hosts)
+            ran_on_torch[planned.app] += 1
+    assert set(ran_on_torch) == {"digits", "fraud-like", "wine-dominant"}, ran_on_torch
 
 
 def test_a_streamed_chat_arrives_in_chunks(stack: docker.DockerClient) -> None:
@@ -247,7 +284,9 @@ def test_a_streamed_chat_arrives_in_chunks(stack: docker.DockerClient) -> None:
         "switchyard": LONG_DEADLINE,
     }
     events: list[str] = []
-    with httpx.stream("POST", f"{INGRESS}/v1/chat/completions", json=body, timeout=120) as answer:
+    with httpx.stream(
+        "POST", f"{INGRESS}/v1/chat/completions", json=body, headers=AUTH, timeout=120
+    ) as answer:
         assert answer.status_code == 200, answer.read()
         assert answer.headers["content-type"].startswith("text/event-stream")
         events = [line[6:] for line in answer.iter_lines() if line.startswith("data: ")]
@@ -262,26 +301,33 @@ def test_worker_llm_scales_up_the_new_worker_takes_work_and_scaled_down_one_drai
     stack: docker.DockerClient, workers: Workers
 ) -> None:
     before = {c.name for c in project_containers(stack, "worker-llm")}
-    compose(
-        "up",
-        "--detach",
-        "--no-deps",
-        "--no-build",
-        "--wait",
-        "--scale",
-        "worker-llm=3",
-        "worker-llm",
-    )
-    replicas = project_containers(stack, "worker-llm")
-    assert len(replicas) == 3
-    (new,) = [c for c in replicas if c.name not in before]
-    new_id = workers.id_of(new)
-
-    # The new worker takes a share of what comes next.
+    # Calls keep coming, a few a second, while a third replica starts: it takes a share.
     with ThreadPoolExecutor(max_workers=12) as pool:
-        answers = list(pool.map(lambda _: complete("llama-2-7b", 32), range(24)))
+        stop = threading.Event()
+        trickle = pool.submit(call_every, pool, 0.1, stop, lambda: complete("llama-2-7b", 8))
+        scale("worker-llm", 3)
+        replicas = project_containers(stack, "worker-llm")
+        assert len(replicas) == 3
+        (new,) = [c for c in replicas if c.name not in before]
+        new_id = workers.id_of(new)
+        time.sleep(3)
+        stop.set()
+        answers = [call.result(timeout=180) for call in trickle.result()]
     served = Counter(str(a["switchyard"]["worker_id"]) for a in answers)
     assert served[new_id] >= 1, (new_id, served)
+    # How soon: from its first heartbeat (how the cluster learns of it) to its first work.
+    beats, inbox = asyncio.run(gather_topics(HEARTBEATS, WORKER_INBOX))
+    first_beat_ms = min(r.timestamp_ms for r in beats if r.message.worker_id == new_id)
+    first_work_ms = min(
+        r.timestamp_ms
+        for r in inbox
+        if isinstance(r.message, Assignment) and r.message.worker_id == new_id
+    )
+    print(
+        f"\nscale: the new worker {new_id} took its first assignment "
+        f"{(first_work_ms - first_beat_ms) / 1000:.2f} s after its first heartbeat "
+        f"(heartbeats every 0.5 s); it answered {served[new_id]} of {len(answers)} calls"
+    )
 
     # Long requests on every replica, then back to two: the removed one drains.
     ids = {c.name: workers.id_of(c) for c in replicas}
@@ -290,9 +336,7 @@ def test_worker_llm_scales_up_the_new_worker_takes_work_and_scaled_down_one_drai
         workers.wait_running(list(ids.values()))
         since = int(time.time()) - 1
         stopped_at_s = time.time()
-        compose(
-            "up", "--detach", "--no-deps", "--no-build", "--scale", "worker-llm=2", "worker-llm"
-        )
+        scale("worker-llm", 2, wait=False)
         long_answers = [call.result(timeout=180) for call in calls]
     remaining = {c.name for c in project_containers(stack, "worker-llm")}
     (removed,) = set(ids) - remaining
@@ -322,8 +366,55 @@ def test_worker_llm_scales_up_the_new_worker_takes_work_and_scaled_down_one_drai
     reasons = [e.message.reason for e in events if e.message.worker_id == removed_id]
     assert reasons in (["draining", "drained"], ["drained"]), (reasons, details)
     print(
-        f"\nscale: new worker {new_id} answered {served[new_id]} of 24; {removed} drained, "
-        f"{len(finished_there)} running requests finished on it after SIGTERM"
+        f"\nscale: {removed} drained, {len(finished_there)} running requests finished on it "
+        "after SIGTERM"
+    )
+
+
+def test_ingress_replicas_scale_behind_the_one_published_port(stack: docker.DockerClient) -> None:
+    """The proxy spreads calls over every ingress replica, and a replica scaled away
+    drains without a call refused or lost."""
+    scale("ingress", 2)
+    replicas = project_containers(stack, "ingress")
+    assert len(replicas) == 2
+    before = {str(c.name): ingress_calls(c) for c in replicas}
+    # The proxy finds the new replica by DNS within a second or two.
+    deadline_s = time.monotonic() + 30
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        while True:
+            answers = list(pool.map(lambda _: complete("llama-2-7b", 4), range(8)))
+            assert all(a["object"] == "text_completion" for a in answers)
+            taken = {str(c.name): ingress_calls(c) - before[str(c.name)] for c in replicas}
+            if min(taken.values()) >= 1 or time.monotonic() > deadline_s:
+                break
+    assert min(taken.values()) >= 1, (taken, why())
+
+    # Back to one while calls keep coming: every one is answered 200.
+    since = int(time.time()) - 1
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        stop = threading.Event()
+        trickle = pool.submit(call_every, pool, 0.05, stop, lambda: post_completion("llama-2-7b"))
+        time.sleep(1)
+        scale("ingress", 1, wait=False)
+        time.sleep(2)
+        stop.set()
+        statuses = Counter(call.result(timeout=180) for call in trickle.result())
+    (removed,) = {str(c.name) for c in replicas} - {
+        str(c.name) for c in project_containers(stack, "ingress")
+    }
+    died = list(
+        stack.events(
+            since=since,
+            until=int(time.time()) + 1,
+            decode=True,
+            filters={"type": "container", "event": "die", "container": removed},
+        )
+    )
+    assert [e["Actor"]["Attributes"]["exitCode"] for e in died] == ["0"], (died, why())
+    assert set(statuses) == {200}, (statuses, why())
+    print(
+        f"\ningress: 2 replicas behind :8080 took {taken} calls; {removed} scaled away "
+        f"during {sum(statuses.values())} calls, all answered 200"
     )
 
 
@@ -333,22 +424,20 @@ async def test_a_killed_worker_container_loses_no_request_and_runs_none_twice(
     # Three replicas, so that the two left after the kill keep up with the replay: the
     # compose file leaves admission control on, and an overloaded stack would refuse
     # some requests (429) instead of queueing them.
-    compose(
-        "up",
-        "--detach",
-        "--no-deps",
-        "--no-build",
-        "--wait",
-        "--scale",
-        "worker-llm=3",
-        "worker-llm",
-    )
+    scale("worker-llm", 3)
     replicas = project_containers(stack, "worker-llm")
     ids = {c.name: workers.id_of(c) for c in replicas}
     plan = build_plan(resolve_trace("azure-conv-sample"), "llm", 120, 0)
     speedup = 2.5
     task = asyncio.create_task(
-        replay(plan, INGRESS, speedup=speedup, timeout_s=120, progress=False)
+        replay(
+            plan,
+            INGRESS,
+            speedup=speedup,
+            timeout_s=120,
+            progress=False,
+            api_key=COMPOSE_DEMO_API_KEY,
+        )
     )
     try:
         await asyncio.sleep(third_of_the_way_s(plan, speedup))

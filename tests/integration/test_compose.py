@@ -16,6 +16,8 @@ What differs from a container, and why:
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import uuid
@@ -29,6 +31,7 @@ from switchyard.traces import resolve_trace
 from loadgen.harness.process_stack import REPO_ROOT, ProcessStack
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
+from tests.containers.stack import COMPOSE_DEMO_API_KEY
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 REGISTRY_MOUNT = "/var/lib/switchyard/registry"
@@ -62,7 +65,8 @@ def local_env(
     for key, value in environment.items():
         if key in HARNESS_VARIABLES:
             continue
-        text = str(value)
+        # Compose's ${NAME:-default}, as `docker compose` expands it.
+        text = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m[1]) or m[2], str(value))
         text = text.replace("kafka:29092", kafka_bootstrap)
         text = text.replace("redis://redis:6379/0", redis_url)
         text = text.replace(REGISTRY_MOUNT, str(registry))
@@ -129,7 +133,14 @@ async def test_the_compose_stack_runs_as_local_processes_and_answers_a_replay(
         plan = build_plan(
             resolve_trace("azure-mix-sample"), "mixed", 60, 0, classification_share=0.3
         )
-        result = await replay(plan, stack.url, speedup=10.0, timeout_s=60, progress=False)
+        result = await replay(
+            plan,
+            stack.url,
+            speedup=10.0,
+            timeout_s=60,
+            progress=False,
+            api_key=COMPOSE_DEMO_API_KEY,
+        )
         # The file leaves admission control on: a request whose deadline the stack
         # cannot meet may be refused (429 with Retry-After); anything else must be a 200.
         failures = [

@@ -62,7 +62,9 @@ from switchyard.state.memory import MemoryStateStore
 from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
 from services.ingress.drain import Admission
+from services.ingress.quotas import Quotas
 from services.ingress.routing import answer_subscription, route_answers
+from services.ingress.tenants import KeyRing
 
 if TYPE_CHECKING:
     from switchyard.telemetry import Telemetry
@@ -348,7 +350,10 @@ class Stack:
         *,
         options: ApiOptions | None = None,
         publish: Callable[[InferenceRequest], Awaitable[object]] | None = None,
+        keys: KeyRing | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> Replica:
+        """A replica; with ``keys``, its tenants' limits kept in the stack's state."""
         answers, routing = await routed_answers(self.bus, self.state, instance_id, self.stopping)
         self.tasks.append(routing)
         admission = Admission()
@@ -359,6 +364,9 @@ class Stack:
             self.state,
             options=options or ApiOptions(answer_timeout_s=5.0),
             admission=admission,
+            clock=clock,
+            keys=keys,
+            quotas=Quotas(self.state, hold_s=30.0) if keys is not None else None,
         )
         client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://ingress", timeout=10.0

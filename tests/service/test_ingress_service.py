@@ -9,6 +9,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -67,10 +68,11 @@ class Running:
 
 
 @pytest.fixture
-async def running() -> AsyncIterator[Running]:
+async def running(request: pytest.FixtureRequest) -> AsyncIterator[Running]:
+    """A replica on a memory bus; ``indirect`` parameters are extra settings."""
     bus = Bus(MemoryTransport(), commit_interval_s=0.05)
     await bus.start()
-    ctx = make_context(bus)
+    ctx = make_context(bus, **getattr(request, "param", {}))
     service = await create(ctx, make_catalogue())
     assert isinstance(service, IngressService)
     worker = FakeWorker(bus, ctx.state)
@@ -148,6 +150,30 @@ async def test_drain_finishes_calls_in_flight_and_refuses_new_ones(running: Runn
     assert partition is not None
     lease = keys.lease(service.ctx.bus.topic_name(ANSWERS), partition)
     assert await service.ctx.state.get(lease) is None
+    with pytest.raises(httpx.ConnectError):
+        await running.client.get("/healthz")
+
+
+@pytest.mark.parametrize("running", [{"drain_notice_s": 0.6}], indirect=True)
+async def test_a_drain_notice_fails_the_health_check_before_calls_are_refused(
+    running: Running,
+) -> None:
+    """What a load balancer in front of replicas needs: /healthz says draining at once,
+    and calls sent before the balancer noticed are still served, for the notice."""
+    service = running.service
+    service.ctx.stopping.set()
+    started_s = time.monotonic()
+    drain = asyncio.create_task(service.drain())
+    await asyncio.sleep(0.05)
+    health = await running.client.get("/healthz")
+    assert health.status_code == 503
+    assert health.json()["status"] == "draining"
+    served = await running.client.post("/v1/completions", json=completion_body())
+    assert served.status_code == 200, served.text
+    assert not drain.done()
+
+    await asyncio.wait_for(drain, 5)
+    assert time.monotonic() - started_s >= 0.6
     with pytest.raises(httpx.ConnectError):
         await running.client.get("/healthz")
 

@@ -24,7 +24,9 @@ from pydantic import (
 
 from switchyard.contracts.base import Message
 
-Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
+Identifier = Annotated[str, Field(min_length=1, max_length=192, pattern=r"^[A-Za-z0-9._:/@~-]+$")]
+"""Ids of requests, workers, apps: a client's request id (at most 128 characters of
+these, ``~`` excepted) scoped by its tenant's name (``tenant~id``) fits."""
 
 FLOAT32_MAX: Final = 3.4028234663852886e38
 """The largest finite 32-bit float: models read features as float32."""

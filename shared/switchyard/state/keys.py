@@ -26,6 +26,10 @@ key                            type        owner (writes) -- readers
                                            leases of addressed topics)
 ``lease:rebalancer``           string      the rebalancer replica that runs rounds
 ``claim:worker-down:{id}:..``  string      monitor (one WorkerDown per death)
+``tenant:{name}:bucket``       hash        :mod:`services.ingress.quotas` (a tenant's
+                                           request-rate token bucket)
+``tenant:{name}:calls``        hash        :mod:`services.ingress.quotas` (a tenant's
+                                           calls in flight, for its concurrency quota)
 =============================  ==========  ===============================================
 """
 
@@ -76,3 +80,14 @@ def worker_down_claim(worker_id: str, detail: str) -> str:
     """``claim:worker-down:{id}:{detail}``: taken by the monitor replica that announces
     one death, drain or sweep of a worker (``detail`` names which)."""
     return f"claim:worker-down:{worker_id}:{detail}"
+
+
+def tenant_bucket(tenant: str) -> str:
+    """``tenant:{name}:bucket``: ``tokens`` and ``at_ms``, a tenant's request-rate bucket."""
+    return f"tenant:{tenant}:bucket"
+
+
+def tenant_calls(tenant: str) -> str:
+    """``tenant:{name}:calls``: call id -> epoch ms it is held until, a tenant's calls in
+    flight on every ingress replica."""
+    return f"tenant:{tenant}:calls"

@@ -1,0 +1,137 @@
+"""The ingress's reading endpoints: a request's status, the catalogue (``/v1/models``,
+``/v1/apps``), the OpenAPI document and ``/healthz``; the calls that start work are in
+:mod:`services.ingress.api`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from switchyard.lifecycle import REQUEST_TTL_S, RequestLedger
+from switchyard.serving import ServingCatalogue
+
+from services.ingress.answers import AnswerRegistry
+from services.ingress.auth import tenant_of
+from services.ingress.drain import Admission, unavailable
+from services.ingress.errors import NOT_FOUND, ApiError
+from services.ingress.openapi import openapi_document
+from services.ingress.responses import answer_headers, switchyard_block, timeline
+from services.ingress.tenants import public_request_id
+
+
+class ReadApi:
+    """The reading route handlers (see the module docstring)."""
+
+    def __init__(
+        self,
+        catalogue: ServingCatalogue,
+        ledger: RequestLedger,
+        answers: AnswerRegistry,
+        admission: Admission,
+    ) -> None:
+        self.catalogue = catalogue
+        self.ledger = ledger
+        self.answers = answers
+        self.admission = admission
+        self._openapi: dict[str, Any] | None = None
+
+    async def request_status(self, request: Request) -> Response:
+        """``GET /v1/requests/{request_id}``."""
+        request_id = request.path_params["request_id"]
+        try:
+            # Only the caller's tenant's: another's request with this id is not found.
+            record = await self.ledger.read(tenant_of(request.scope).scoped(request_id))
+        except Exception as exc:
+            raise unavailable(f"the state store is unavailable: {exc}") from None
+        if record is None:
+            raise ApiError(
+                404,
+                f"unknown request {request_id!r} (never accepted, or its record expired "
+                f"after {REQUEST_TTL_S:g} s)",
+                type_=NOT_FOUND,
+                param="request_id",
+                code="request_not_found",
+            )
+        body: dict[str, Any] = {
+            "request_id": public_request_id(record.request_id),
+            "app": record.app,
+            "kind": record.kind or None,
+            "status": record.status,
+            "deadline_s": record.deadline_s,
+            "worker_id": record.worker_id,
+        }
+        completion = record.completion
+        if completion is None:
+            body["timeline"] = {
+                "arrival_s": record.arrival_s,
+                "assigned_s": None,
+                "started_s": None,
+                "first_token_s": None,
+                "finished_s": None,
+            }
+            return JSONResponse(body)
+        block = switchyard_block(completion, record.deadline_s)
+        body.update(
+            status=str(completion.status),
+            worker_id=completion.worker_id,
+            worker_type=completion.worker_type,
+            variant=completion.variant,
+            emulated=completion.emulated,
+            deadline_s=block["deadline_s"],
+            deadline_met=block["deadline_met"],
+            result=None if completion.result is None else completion.result.model_dump(mode="json"),
+            error=completion.error,
+            timeline=timeline(completion),
+        )
+        return JSONResponse(body, headers=answer_headers(request_id, emulated=completion.emulated))
+
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models``: the LLM applications, as OpenAI lists models."""
+        data = [
+            {
+                "id": app.name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "switchyard",
+                "switchyard": {
+                    "served_model": app.model,
+                    "slo_s": app.slo_s,
+                    "max_prompt_tokens": app.max_prompt_tokens,
+                    "max_output_tokens": app.max_output_tokens,
+                    "workload": str(app.workload),
+                },
+            }
+            for app in sorted(self.catalogue.llm.values(), key=lambda a: a.name)
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def apps(self, request: Request) -> Response:
+        """``GET /v1/apps``: the classification applications."""
+        data = [
+            {
+                "name": app.name,
+                "feature_dim": app.feature_dim,
+                "classes": list(app.classes),
+                "deadline_ms": app.deadline_s * 1000.0,
+                "variants": list(app.variants),
+            }
+            for app in sorted(self.catalogue.classification.values(), key=lambda a: a.name)
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def openapi(self, request: Request) -> Response:
+        """``GET /openapi.json``."""
+        if self._openapi is None:
+            self._openapi = openapi_document(self.catalogue)
+        return JSONResponse(self._openapi)
+
+    async def healthz(self, request: Request) -> Response:
+        """``GET /healthz``: 200 while serving, 503 once draining."""
+        if self.admission.draining:
+            return JSONResponse(
+                {"status": "draining", "in_flight": self.admission.in_flight},
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
+        return JSONResponse({"status": "ok", "waiting": len(self.answers)})
