@@ -32,7 +32,24 @@ def test_no_host_port_meets_the_local_infrastructure() -> None:
     for name, ports in published.items():
         assert all("-" not in port for port in ports), (name, ports)  # no port ranges
         assert not {int(port) for port in ports} & LOCAL_PORTS, (name, ports)
-    assert published["ingress"] == ["8080"]
+    # The API on one fixed port, whatever the number of ingress replicas behind it.
+    assert published["proxy"] == ["8080"]
+    assert published["ingress"] == []
+
+
+def test_the_proxy_checks_and_fronts_every_ingress_replica() -> None:
+    services = _services()
+    ingress, proxy = services["ingress"], services["proxy"]
+    config = (ROOT / "deploy/haproxy/haproxy.cfg").read_text(encoding="utf-8")
+    port = ingress["environment"]["SWITCHYARD_HTTP_PORT"]
+    assert f"server-template ingress 10 ingress:{port}" in config
+    assert "option httpchk GET /healthz" in config
+    # A stopping replica fails the check (every 1 s) before it refuses calls.
+    assert "inter 1s" in config
+    assert float(ingress["environment"]["SWITCHYARD_DRAIN_NOTICE_S"]) > 1
+    mounted = "./deploy/haproxy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"
+    assert mounted in proxy["volumes"]
+    assert "http://proxy:8080" in services["loadgen"]["command"]
 
 
 def test_kafka_advertises_the_host_port_it_publishes() -> None:

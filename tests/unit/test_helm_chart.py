@@ -54,6 +54,15 @@ WORKER_ID, HTTP_PORT = "SWITCHYARD_WORKER_ID", "SWITCHYARD_HTTP_PORT"
 ADDRESSES = frozenset(
     {"SWITCHYARD_KAFKA_BOOTSTRAP", "SWITCHYARD_REDIS_URL", "SWITCHYARD_OTLP_ENDPOINT"}
 )
+# The ingress's API keys: from `auth` (a Secret), never from `config`.
+AUTH_OWNED = frozenset({"SWITCHYARD_AUTH", "SWITCHYARD_API_KEYS", "SWITCHYARD_API_KEYS_FILE"})
+# Compose only: its tenants' default, and the drain notice its proxy needs (the chart's
+# ingress has preStopSleepSeconds for the same end).
+COMPOSE_ONLY = frozenset({"SWITCHYARD_API_KEYS", "SWITCHYARD_DRAIN_NOTICE_S"})
+TENANT_KEY_HASH = "a" * 64
+TEST_TENANTS = ["--set-json", f'auth.apiKeys=["test={TENANT_KEY_HASH}"]']
+"""The chart renders only with a tenant (or keys off): every render but the ones that
+test exactly that gets this one."""
 
 # Every option on: KEDA, the load generator, an extra trigger, a topic prefix, the Redis
 # URL from a Secret of one's own, scheduling constraints, a collector.
@@ -93,7 +102,7 @@ ALL_OPTIONS: dict[str, Any] = {
         "llm-13b": {"autoscaling": {"enabled": True}},
         "torch": {"autoscaling": {"enabled": True}},
     },
-    "loadgen": {"enabled": True},
+    "loadgen": {"enabled": True, "apiKeySecret": "loadgen-key"},
 }
 VARIANTS = ("defaults", "all-options")
 
@@ -131,8 +140,9 @@ def _values_args(variant: str, all_options_file: Path) -> list[str]:
     return ["-f", str(all_options_file)] if variant == "all-options" else []
 
 
-def _template(*args: str) -> subprocess.CompletedProcess[str]:
-    return _helm_run("template", "sy", str(CHART), "--namespace", "switchyard", *args)
+def _template(*args: str, tenants: bool = True) -> subprocess.CompletedProcess[str]:
+    extra = TEST_TENANTS if tenants else []
+    return _helm_run("template", "sy", str(CHART), "--namespace", "switchyard", *extra, *args)
 
 
 @cache
@@ -206,7 +216,9 @@ def _compose_services() -> dict[str, Any]:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_helm_lint_is_clean(variant: str, all_options_file: Path) -> None:
-    done = _helm_run("lint", "--strict", str(CHART), *_values_args(variant, all_options_file))
+    done = _helm_run(
+        "lint", "--strict", str(CHART), *TEST_TENANTS, *_values_args(variant, all_options_file)
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[WARNING]" not in done.stdout, done.stdout
     assert "[ERROR]" not in done.stdout, done.stdout
@@ -321,7 +333,7 @@ def test_an_unknown_variable_is_refused_by_name(override: str) -> None:
 def test_the_values_schema_accepts_every_setting_the_chart_does_not_set_itself() -> None:
     schema = yaml.safe_load((CHART / "values.schema.json").read_text(encoding="utf-8"))
     accepted = set(schema["$defs"]["switchyardEnv"]["properties"])
-    assert accepted == KNOWN_VARIABLES - CHART_OWNED - {WORKER_ID, HTTP_PORT}
+    assert accepted == KNOWN_VARIABLES - CHART_OWNED - AUTH_OWNED - {WORKER_ID, HTTP_PORT}
     deployments = _deployments(_render())
     for name, deployment in deployments.items():
         env = _env(deployment, _render())
@@ -356,7 +368,9 @@ def test_compose_settings_carry_over_with_the_same_values() -> None:
     deployments = _deployments(manifests)
     for name, spec in _compose_services().items():
         env = _env(deployments[name], manifests)
-        wanted = {k: str(v) for k, v in spec["environment"].items() if k not in ADDRESSES}
+        wanted = {
+            k: str(v) for k, v in spec["environment"].items() if k not in ADDRESSES | COMPOSE_ONLY
+        }
         assert {k: env.get(k) for k in wanted} == wanted, name
 
 
@@ -519,3 +533,52 @@ def test_lag_triggers_name_groups_and_topics_the_services_consume(
             assert {topic for _, topic in pairs} == requests_topics
         else:
             assert pairs <= everywhere, (name, pairs - everywhere)
+
+
+# -- API keys --------------------------------------------------------------------------------
+
+
+def test_the_ingress_alone_needs_api_keys_kept_in_a_secret() -> None:
+    manifests = _render()
+    deployments = _deployments(manifests)
+    env = _env(deployments["ingress"], manifests)
+    assert env["SWITCHYARD_AUTH"] == "api-key"
+    assert env["SWITCHYARD_API_KEYS"] == f"test={TENANT_KEY_HASH}"
+    for name, deployment in deployments.items():
+        if name != "ingress":
+            assert "SWITCHYARD_AUTH" not in _env(deployment, manifests), name
+    config_maps = [m["data"] for m in _of_kind(manifests, "ConfigMap")]
+    assert not any("SWITCHYARD_API_KEYS" in data for data in config_maps)
+
+
+def test_keys_on_without_a_tenant_refuse_to_render_and_keys_off_render_none() -> None:
+    refused = _template(tenants=False)
+    assert refused.returncode != 0
+    assert "auth.apiKeys is empty" in refused.stderr
+    off = _render("--set", "auth.enabled=false")
+    ingress_env = _env(_deployments(off)["ingress"], off)
+    assert "SWITCHYARD_AUTH" not in ingress_env
+    assert not [s for s in _of_kind(off, "Secret") if s["metadata"]["name"].endswith("api-keys")]
+    own = _render("--set", "auth.existingSecret=tenants", "--set", "auth.existingSecretKey=keys")
+    (item,) = [
+        e
+        for e in _main_container(_deployments(own)["ingress"])["env"]
+        if e["name"] == "SWITCHYARD_API_KEYS"
+    ]
+    assert item["valueFrom"]["secretKeyRef"] == {"name": "tenants", "key": "keys"}
+
+
+def test_a_raw_key_instead_of_its_hash_is_refused_by_the_schema() -> None:
+    done = _template("--set-json", 'auth.apiKeys=["test=sy-the-raw-key"]', tenants=False)
+    assert done.returncode != 0
+    assert "apiKeys" in done.stderr
+
+
+def test_the_load_generator_sends_a_key_from_a_secret(full: tuple[Manifest, ...]) -> None:
+    (job,) = [j for j in _of_kind(full, "Job") if _component(j) == "loadgen"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    (item,) = container["env"]
+    assert item["valueFrom"]["secretKeyRef"] == {"name": "loadgen-key", "key": "SWITCHYARD_API_KEY"}
+    refused = _template("--set", "loadgen.enabled=true")
+    assert refused.returncode != 0
+    assert "loadgen.apiKeySecret is empty" in refused.stderr
