@@ -209,6 +209,13 @@ class EmbeddedStack:
 
     # -- what runs -----------------------------------------------------------------------
 
+    def metrics(self) -> str:
+        """The process's metrics, the Prometheus text every service's ``/metrics`` (on its
+        health port) serves."""
+        assert self._telemetry is not None
+        assert self._telemetry.prometheus is not None
+        return self._telemetry.prometheus.render()
+
     def service(self, name: str) -> Service:
         """The running service called ``name`` (the first, for workers)."""
         for running in self._running:

@@ -53,6 +53,12 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         "--port", type=_positive_int, default=8080, help="HTTP API port (default 8080)"
     )
     parser.add_argument(
+        "--host",
+        default=None,
+        help="HTTP API address (default $SWITCHYARD_HTTP_HOST, else 127.0.0.1: this machine "
+        "only; 0.0.0.0 serves others)",
+    )
+    parser.add_argument(
         "--llm-workers",
         default=",".join(DEFAULT_LLM_WORKERS),
         help="emulated LLM workers, one performance profile (GPU/model) each, comma-separated "
@@ -89,6 +95,8 @@ def run_up(settings: Settings, args: argparse.Namespace) -> int:
                 f"switchyard up: --llm-workers: unknown profile {profile!r}; known: {', '.join(known)}"
             )
             return 2
+    if args.host:
+        settings = settings.model_copy(update={"http_host": args.host})
     plan = EmbeddedPlan(llm_workers=profiles, torch_workers=args.torch_workers, http_port=args.port)
     return run(
         run_embedded(settings, plan, over_settings_transports=args.transports == "configured")

@@ -10,8 +10,8 @@ request ledger, publishing, waiting for the answer) and shape the answer
 (:mod:`services.ingress.responses`, :mod:`services.ingress.streaming`).
 
 Every call but the probes runs inside a SERVER span (:mod:`services.ingress.telemetry`),
-so the request is published in the call's trace; ``GET /metrics`` serves the process's
-metrics in the Prometheus text format, so one scrape target per ingress replica suffices.
+so the request is published in the call's trace. Metrics are served on the health port
+(``SWITCHYARD_HEALTH_PORT``), never on the API's: a client of the API does not see them.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from switchyard.contracts.messages import (
 from switchyard.lifecycle import RequestLedger
 from switchyard.serving import ServingCatalogue, UnknownServedApplicationError
 from switchyard.state.base import StateStore
-from switchyard.telemetry.prometheus import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 from services.ingress.answers import AnswerRegistry
 from services.ingress.auth import TenantMiddleware, tenant_of
@@ -150,9 +149,8 @@ def build_app(
             for a model no worker has served for a while with 503, both before anything
             is recorded or published. None: every valid request is accepted.
         clock: epoch seconds (arrival times).
-        telemetry: the providers SERVER spans and request metrics go to, and the
-            Prometheus reader ``GET /metrics`` renders (404 without one); None: spans and
-            metrics go to the process-wide providers, and there is no ``/metrics``.
+        telemetry: the providers SERVER spans and request metrics go to; None: spans
+            and metrics go to the process-wide providers.
         decisions: direct dispatch (:mod:`services.ingress.dispatch`): new LLM requests
             are placed here and recorded with their decision in one round trip.
         keys: the tenants' API keys (:mod:`services.ingress.tenants`); None: no keys,
@@ -182,15 +180,6 @@ def build_app(
         Route("/openapi.json", read.openapi, methods=["GET"]),
         Route("/healthz", read.healthz, methods=["GET"]),
     ]
-    prometheus = telemetry.prometheus if telemetry is not None else None
-    if prometheus is not None:
-        render = prometheus.render
-
-        async def metrics(request: Request) -> Response:
-            """``GET /metrics``: this process's metrics, Prometheus text format 0.0.4."""
-            return Response(render(), media_type=METRICS_CONTENT_TYPE)
-
-        routes.append(Route("/metrics", metrics, methods=["GET"]))
     return Starlette(
         routes=routes,
         middleware=[

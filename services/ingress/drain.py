@@ -19,8 +19,8 @@ from services.ingress.errors import SERVER_ERROR, ApiError
 RETRY_AFTER_S = 1
 """What ``Retry-After`` says when the ingress cannot take a call now."""
 
-# Probes must see the drain, not a refusal; a scrape goes on while the replica drains.
-_ALWAYS_ANSWERED = frozenset({"/healthz", "/metrics"})
+# Probes must see the drain, not a refusal.
+_ALWAYS_ANSWERED = frozenset({"/healthz"})
 
 
 class Admission:

@@ -170,6 +170,11 @@ class IngressService(Service):
             # request metrics and spans (services/ingress/telemetry.py) count them.
             access_log=False,
             timeout_graceful_shutdown=_UVICORN_GRACE_S,
+            # A cap on sockets and calls: past it uvicorn answers 503 rather than letting
+            # a flood of connections exhaust file descriptors and memory.
+            # (uvicorn counts the connection being refused too, hence the 1.)
+            limit_concurrency=settings.http_max_connections + 1,
+            timeout_keep_alive=max(1, round(settings.http_keep_alive_s)),
         )
         self._server = _EmbeddedServer(config)
         self.spawn_routine("answers_routine", self.answers_routine)

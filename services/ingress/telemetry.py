@@ -1,8 +1,8 @@
 """The ingress's HTTP telemetry: a SERVER span per call, and the request metrics.
 
 :class:`HttpTelemetryMiddleware` wraps the whole ASGI app (outside admission control, so
-refusals while draining are counted too). For every HTTP call but the probes and the
-metrics scrape it starts a SERVER span named ``{METHOD} {route}`` (``POST
+refusals while draining are counted too). For every HTTP call but the health probe it
+starts a SERVER span named ``{METHOD} {route}`` (``POST
 /v1/completions``), whose parent is the caller's W3C ``traceparent`` header when it sent
 one, and keeps it current while the app handles the call: the request is published
 inside it, so the bus's PRODUCER span, and everything downstream (scheduler, worker, the
@@ -51,7 +51,7 @@ INSTRUMENTATION_NAME = "switchyard.ingress"
 
 UNKNOWN_APP = "unknown"
 
-_UNTRACED_PATHS = frozenset({"/healthz", "/metrics"})
+_UNTRACED_PATHS = frozenset({"/healthz"})
 _KIND_OF_ROUTE = {
     "/v1/completions": "llm",
     "/v1/chat/completions": "llm",

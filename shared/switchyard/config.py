@@ -131,9 +131,29 @@ class Settings(BaseModel):
     )
 
     # -- ingress ---------------------------------------------------------------------
-    http_host: str = Field(default="0.0.0.0", description="Address of the ingress HTTP API.")
+    http_host: str = Field(
+        default="127.0.0.1",
+        description=(
+            "Address of the ingress HTTP API: loopback unless set (0.0.0.0 serves other "
+            "machines; the container images set it)."
+        ),
+    )
     http_port: int = Field(
         default=8080, ge=0, le=65535, description="Port of the ingress HTTP API; 0 picks one."
+    )
+    http_max_connections: int = Field(
+        default=4096,
+        ge=1,
+        description=(
+            "Connections and calls the ingress serves at once; beyond, new ones get 503 "
+            "at once (keep the process's open-file limit above it)."
+        ),
+    )
+    http_keep_alive_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="How long the ingress keeps an idle keep-alive connection open.",
     )
     max_body_bytes: int = Field(
         default=1_048_576, ge=1024, description="Largest request body the ingress accepts."

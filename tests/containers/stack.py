@@ -173,8 +173,9 @@ def probe(container: Container, *paths: str) -> str:
 
 
 def ingress_calls(container: Container) -> float:
-    """The inference calls an ingress replica has answered (its own /metrics)."""
-    metrics = "http://127.0.0.1:8080/metrics"
+    """The inference calls an ingress replica has answered (its /metrics, on the health
+    port inside its container)."""
+    metrics = f"http://127.0.0.1:{HEALTH_PORT}/metrics"
     exit_code, output = container.exec_run(
         [
             "python",

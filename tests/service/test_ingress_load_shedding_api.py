@@ -140,7 +140,8 @@ async def test_a_saturated_worker_gets_429_and_nothing_is_recorded_or_published(
     assert accepted.status_code == 200, accepted.text
     assert [r.request_id for r in await gated.published()] == ["busy-1"]
 
-    metrics = (await gated.client.get("/metrics")).text
+    assert gated.telemetry.prometheus is not None
+    metrics = gated.telemetry.prometheus.render()
     assert (
         'switchyard_ingress_requests_total{app="chat",kind="llm",outcome="rejected",'
         'status_class="4xx"} 1' in metrics

@@ -178,6 +178,29 @@ async def test_a_drain_notice_fails_the_health_check_before_calls_are_refused(
         await running.client.get("/healthz")
 
 
+@pytest.mark.parametrize("running", [{"http_max_connections": 2}], indirect=True)
+async def test_past_its_connection_cap_the_ingress_answers_503_at_once(
+    running: Running,
+) -> None:
+    """A flood of connections is refused rather than served until memory or file
+    descriptors run out; the calls already taken are answered."""
+    slow = [
+        asyncio.create_task(
+            running.client.post("/v1/completions", json=completion_body(prompt=f"DELAY {i}"))
+        )
+        for i in range(2)
+    ]
+    for _ in range(500):
+        if running.service.admission.in_flight == 2:
+            break
+        await asyncio.sleep(0.01)
+    refused = await running.client.post("/v1/completions", json=completion_body())
+    assert refused.status_code == 503
+    assert [r.status_code for r in await asyncio.gather(*slow)] == [200, 200]
+    again = await running.client.post("/v1/completions", json=completion_body())
+    assert again.status_code == 200, again.text
+
+
 async def test_create_loads_the_catalogue_from_the_registry_file(tmp_path: Path) -> None:
     registry = tmp_path / "registry.json"
     registry.write_text(
