@@ -36,7 +36,10 @@ trace to lose.
   heartbeat, plus the service times of the requests this replica admitted to that
   worker since (local accounting, as the scheduler's :mod:`switchyard.cluster.placer`
   does; cleared by the first heartbeat sent after them).
-- *expected finish*: with a free slot (running + waiting + admitted-since < ``n``) the
+- *expected finish*: with a free slot (running + waiting + admitted-since < ``n``) and,
+  on a worker that reports its KV cache, room in it for the request's whole context
+  (capacity less ``queued_tokens``, what running and waiting requests hold or will, less
+  the contexts admitted since: a batch slot is no use while the KV is taken) the
   request starts at once and runs in a batch one larger: ``s * slowdown(k + 1)``;
   otherwise it waits for the backlog to drain at the full-batch rate:
   ``W / rate + s * slowdown(n)``. (``W / rate`` counts the running requests' remaining
@@ -44,9 +47,11 @@ trace to lose.
 
 The least-loaded worker (smallest expected finish) is the one the request is judged
 on. It is **rejected with 429** when that expected finish exceeds ``slack`` times the
-time left to its deadline (``SWITCHYARD_ADMISSION_SLACK``) while its service time alone
-fits (a request that cannot make its deadline even on an idle worker is not overload:
-it is admitted). ``Retry-After`` is the time for the backlog to drain enough that the
+time left to its deadline (``SWITCHYARD_ADMISSION_SLACK``). A request that cannot make
+its deadline even on an idle worker is admitted only when it would start at once (it
+delays no one's start); one that would wait is refused like any other, so requests that
+are late whatever happens cannot pile up in front of the ones that can still be on
+time. ``Retry-After`` is the time for the backlog to drain enough that the
 same request, arriving fresh, would be admitted: ``expected - slack * (deadline -
 arrival)``, rounded up, at least 1 s.
 
@@ -186,10 +191,11 @@ class Estimate:
 class _Pending:
     """Work this replica admitted to a worker, each with when it was admitted."""
 
-    admissions: list[tuple[float, float]] = field(default_factory=list)
+    admissions: list[tuple[float, float, int]] = field(default_factory=list)
+    """(admitted at, idle service seconds, context tokens) of each."""
 
     def forget_before(self, sent_at_s: float) -> None:
-        self.admissions = [(at, s) for at, s in self.admissions if at > sent_at_s - IN_TRANSIT_S]
+        self.admissions = [a for a in self.admissions if a[0] > sent_at_s - IN_TRANSIT_S]
 
     @property
     def count(self) -> int:
@@ -197,7 +203,11 @@ class _Pending:
 
     @property
     def work_s(self) -> float:
-        return sum(s for _, s in self.admissions)
+        return sum(s for _, s, _ in self.admissions)
+
+    @property
+    def tokens(self) -> int:
+        return sum(t for _, _, t in self.admissions)
 
 
 @functools.cache
@@ -242,6 +252,7 @@ def estimate(
     now_s: float,
     pending_count: int = 0,
     pending_work_s: float = 0.0,
+    pending_tokens: int = 0,
 ) -> Estimate:
     """The expected wait and service of ``demand`` on the worker of ``record`` at
     ``now_s``, given what was admitted to it since its heartbeat (module documentation).
@@ -260,13 +271,22 @@ def estimate(
     age_s = max(0.0, now_s - record.last_seen_s)
     backlog_s = max(0.0, heartbeat.queued_work_s - rate * age_s) + pending_work_s
     occupancy = heartbeat.running + heartbeat.queue_length + pending_count
-    if occupancy < slots:
+    if occupancy < slots and _kv_room(demand, heartbeat, pending_tokens, shape is not None):
         wait_s, service_s = 0.0, own_s * slowdown(occupancy + 1)
     else:
         wait_s, service_s = backlog_s / rate, own_s * slowdown(slots)
     return Estimate(
         worker_id=record.worker_id, wait_s=wait_s, service_s=service_s, idle_service_s=own_s
     )
+
+
+def _kv_room(demand: Demand, heartbeat: Heartbeat, pending_tokens: int, profiled: bool) -> bool:
+    """Whether the worker's KV cache can take the request's whole context now; True
+    where the worker does not report one."""
+    if not profiled or heartbeat.kv_capacity_tokens <= 0:
+        return True
+    free = heartbeat.kv_capacity_tokens - heartbeat.queued_tokens - pending_tokens
+    return free >= demand.prompt_tokens + demand.output_tokens
 
 
 def _llm_shape(demand: Demand, heartbeat: Heartbeat) -> _Shape | None:
@@ -388,6 +408,7 @@ class AdmissionGate:
                 now_s,
                 pending.count if pending else 0,
                 pending.work_s if pending else 0.0,
+                pending.tokens if pending else 0,
             )
             if best is None or found.expected_s < best.expected_s:
                 best = found
@@ -395,7 +416,8 @@ class AdmissionGate:
             return self._without_worker(demand, now_s, time_left_s)
         budget_s = self.slack * time_left_s
         fits_idle = best.idle_service_s <= budget_s
-        if best.expected_s > budget_s and fits_idle:
+        # Late even idle: admitted only when it starts at once, queued behind no one.
+        if best.expected_s > budget_s and (fits_idle or best.wait_s > 0):
             relative_s = self.slack * (demand.deadline_s - demand.arrival_s)
             retry_s = max(1, math.ceil(best.expected_s - relative_s))
             return Decision(
@@ -411,14 +433,17 @@ class AdmissionGate:
                 ),
             )
         pending = self._pending.setdefault(best.worker_id, _Pending())
-        pending.admissions.append((now_s, best.idle_service_s))
+        tokens = demand.prompt_tokens + demand.output_tokens if demand.kind == "llm" else 0
+        pending.admissions.append((now_s, best.idle_service_s, tokens))
         return Decision(
             verdict=Verdict.ADMIT,
             worker_id=best.worker_id,
             wait_s=best.wait_s,
             service_s=best.service_s,
             time_left_s=time_left_s,
-            reason="fits its deadline" if fits_idle else "cannot fit even idle (not overload)",
+            reason="fits its deadline"
+            if fits_idle
+            else "cannot fit even idle, starts at once (not overload)",
         )
 
     def _without_worker(self, demand: Demand, now_s: float, time_left_s: float) -> Decision:

@@ -201,6 +201,22 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {
+            "type": "string",
+            "description": "A chunk (the Completion's shape with the new text) as JSON, or "
+            "[DONE] after the last.",
+        },
+        "event": _STRING,
+        "id": _STRING,
+        "retry": {"type": "integer"},
+    },
+}
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {
         400: "Invalid input; the message and param name the field.",
@@ -266,6 +282,9 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
     completion_body = _body_schema(CompletionBody, components)
     chat_body = _body_schema(ChatBody, components)
     infer_body = _body_schema(InferBody, components)
+    # The served names, so that a client (or a fuzzer) knows them; another gets 404.
+    for body in ("CompletionBody", "ChatBody"):
+        components[body]["properties"]["model"]["enum"] = sorted(catalogue.llm)
     answer_ok = {
         "description": "The answer (or, with stream=true, text/event-stream chunks).",
         "headers": {
@@ -277,7 +296,8 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
         },
         "content": {
             "application/json": {"schema": _ref("Completion")},
-            "text/event-stream": {"schema": _STRING},
+            # One server-sent event: a chunk of the answer as JSON, "[DONE]" the last.
+            "text/event-stream": {"schema": _SSE_EVENT},
         },
     }
     return {
@@ -316,7 +336,12 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
                 "post": {
                     "summary": f"Classify one feature vector. Applications: {apps}.",
                     "parameters": [
-                        {"name": "app", "in": "path", "required": True, "schema": _STRING},
+                        {
+                            "name": "app",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "enum": sorted(catalogue.classification)},
+                        },
                         *_HEADERS,
                     ],
                     "requestBody": {

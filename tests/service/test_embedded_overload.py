@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 from switchyard.cluster import read_cluster
 from switchyard.config import load_settings
 from switchyard.traces import resolve_trace
@@ -87,3 +88,50 @@ async def test_overload_is_shed_with_429_and_admitted_requests_meet_their_deadli
     assert met >= 0.9 * len(admitted), f"{met} of {len(admitted)} admitted met their deadline"
     # The queue stays bounded (without admission it grows past 100 on this replay).
     assert longest_queue < REQUESTS // 4, longest_queue
+
+
+async def test_giant_requests_that_cannot_be_on_time_do_not_starve_a_normal_one() -> None:
+    """The starvation of the report: 60 completions of 4,096 tokens with a 1 ms deadline,
+    then a normal 64-token one. The giants that fit the KV cache start (late whatever
+    happens), the others are refused at once; the normal request is answered promptly,
+    served or told when to retry, never left waiting behind them."""
+    settings = load_settings(
+        {},
+        worker_time_scale=20.0,
+        heartbeat_interval_s=0.1,
+        log_level="WARNING",
+        admission="deadline",
+    )
+    plan = EmbeddedPlan(llm_workers=("h100-80gb/llama-2-13b",), torch_workers=0, http_port=0)
+    giant = {
+        "model": "llama-2-13b",
+        "prompt": "Tell me everything. " * 200,
+        "max_tokens": 4096,
+        "switchyard": {"deadline_ms": 1},
+    }
+    async with (
+        EmbeddedStack(settings, plan) as stack,
+        httpx.AsyncClient(base_url=stack.url, timeout=120.0) as client,
+    ):
+        # Once the ingress has read the worker's heartbeat.
+        await asyncio.sleep(0.5)
+        giants = [
+            asyncio.create_task(client.post("/v1/completions", json=giant)) for _ in range(60)
+        ]
+        await asyncio.sleep(0.5)
+        started_s = time.monotonic()
+        normal = await client.post(
+            "/v1/completions",
+            json={"model": "llama-2-13b", "prompt": "Hello", "max_tokens": 64},
+        )
+        answered_s = time.monotonic() - started_s
+        for task in giants:
+            task.cancel()
+        await asyncio.gather(*giants, return_exceptions=True)
+    assert normal.status_code in (200, 429), normal.text
+    assert answered_s < 10.0
+    if normal.status_code == 429:
+        assert int(normal.headers["Retry-After"]) >= 1
+    statuses = [t.result().status_code for t in giants if not t.cancelled() and t.done()]
+    # The giants beyond what the KV cache holds were refused, not queued.
+    assert statuses.count(429) >= 30, statuses

@@ -36,6 +36,8 @@ def beat(
     sent_at_s: float = NOW,
     draining: bool = False,
     decode_step_s: float = 0.0,
+    kv_capacity: int = 0,
+    queued_tokens: int = 0,
 ) -> Heartbeat:
     return Heartbeat(
         worker_id=worker_id,
@@ -51,6 +53,8 @@ def beat(
         time_scale=time_scale,
         draining=draining,
         decode_step_s=decode_step_s,
+        kv_capacity_tokens=kv_capacity,
+        queued_tokens=queued_tokens,
         sent_at_s=sent_at_s,
     )
 
@@ -187,6 +191,41 @@ def test_a_request_that_cannot_meet_its_deadline_even_idle_is_not_overload() -> 
     decision = gate(record(beat())).decide(llm(IDLE_S / 2), NOW)
     assert decision.admitted
     assert "idle" in decision.reason
+
+
+def test_a_free_batch_slot_is_no_use_while_the_kv_cache_is_taken() -> None:
+    capacity = performance_model(PROFILE).kv_capacity_tokens
+    roomy = estimate(llm(), record(beat(running=2, kv_capacity=capacity)), NOW)
+    assert roomy.wait_s == 0.0
+    # Two running requests hold (or will hold) all but a few hundred tokens of the cache.
+    full = beat(running=2, queued_work_s=40.0, kv_capacity=capacity, queued_tokens=capacity - 300)
+    taken = estimate(llm(), record(full), NOW)
+    assert taken.wait_s > 0.0
+
+
+def test_late_requests_that_would_wait_are_refused_so_they_cannot_starve_others() -> None:
+    """Giant requests whose deadline no worker could meet: the first start at once (they
+    delay no one), the ones that would queue are refused; a normal request that comes
+    after still gets an answer at once: admitted, or a 429 saying when to retry, never
+    a wait behind work that is late whatever happens."""
+    capacity = performance_model(PROFILE).kv_capacity_tokens
+    made = gate(record(beat(kv_capacity=capacity, sent_at_s=NOW - 0.2)))
+    giant = Demand(
+        kind="llm",
+        model="llama-2-7b",
+        arrival_s=NOW,
+        deadline_s=NOW + 0.001,
+        prompt_tokens=2000,
+        output_tokens=2000,
+    )
+    verdicts = [made.decide(giant, NOW).verdict for _ in range(60)]
+    started = verdicts.count(Verdict.ADMIT)
+    # As many as the KV cache holds at once, then refusals.
+    assert 1 <= started <= capacity // 4000
+    assert verdicts[started:] == [Verdict.OVERLOADED] * (60 - started)
+    normal = made.decide(llm(5.0), NOW)
+    assert normal.verdict is Verdict.OVERLOADED
+    assert normal.retry_after_s >= 1
 
 
 def test_fails_open_before_the_first_refresh() -> None:
