@@ -61,6 +61,18 @@ class Waiter:
         except TimeoutError:
             return None
 
+    async def completion_unless(
+        self, gone: asyncio.Future[None], timeout_s: float
+    ) -> Completion | None:
+        """:meth:`completion`, or None as soon as ``gone`` is done (the client left)."""
+        if self._completion.done():
+            return self._completion.result()
+        # Futures, not coroutines: asyncio.wait makes no task for them, nor cancels them.
+        done, _ = await asyncio.wait(
+            (self._completion, gone), timeout=max(timeout_s, 0.0), return_when="FIRST_COMPLETED"
+        )
+        return self._completion.result() if self._completion in done else None
+
     async def next_event(self, timeout_s: float) -> Answer | None:
         """The next chunk or the completion (streaming waiters), or None on timeout."""
         try:

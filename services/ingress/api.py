@@ -419,7 +419,9 @@ class _Api:
                 telemetry=telemetry,
             )
         try:
-            completion = await self.desk.completion(accepted, self.options.answer_timeout_s)
+            completion = await self.desk.completion(
+                accepted, self.options.answer_timeout_s, request.receive
+            )
         finally:
             self.desk.release(accepted)
         if completion is None:
@@ -479,7 +481,9 @@ class _Api:
         if accepted.record is not None:
             deadline_s = accepted.record.deadline_s
         try:
-            completion = await self.desk.completion(accepted, self.options.answer_timeout_s)
+            completion = await self.desk.completion(
+                accepted, self.options.answer_timeout_s, request.receive
+            )
         finally:
             self.desk.release(accepted)
         if completion is None:

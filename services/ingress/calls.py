@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from starlette.types import Receive
 from switchyard.contracts.messages import (
     ClassificationPayload,
     Completion,
@@ -38,6 +39,7 @@ from switchyard.contracts.messages import (
     LLMPayload,
 )
 from switchyard.lifecycle import (
+    CANCELLED_BY_CLIENT,
     REQUEST_TTL_S,
     Assign,
     RequestLedger,
@@ -269,10 +271,25 @@ class RequestDesk:
                     await self.publish(request)
         return Accepted(request_id, record=record)  # served elsewhere: poll the record
 
-    async def completion(self, accepted: Accepted, timeout_s: float) -> Completion | None:
-        """The completion, or None when it did not come within ``timeout_s``."""
+    async def completion(
+        self, accepted: Accepted, timeout_s: float, receive: Receive | None = None
+    ) -> Completion | None:
+        """The completion, or None when it did not come within ``timeout_s``.
+
+        With the call's ``receive``, a client that goes away while its request waits
+        cancels the request if it has not started (nothing runs it; a started one runs
+        on and its answer is recorded), and the call ends with :data:`CLIENT_GONE`."""
         if accepted.stored is not None:
             return accepted.stored
+        if accepted.waiter is not None and receive is not None:
+            gone = asyncio.ensure_future(_disconnected(receive))
+            try:
+                answer = await accepted.waiter.completion_unless(gone, timeout_s)
+            finally:
+                gone.cancel()
+            if answer is None and gone.done() and not gone.cancelled() and not gone.exception():
+                await self._cancel(accepted.request_id)
+            return answer
         if accepted.waiter is not None:
             return await accepted.waiter.completion(timeout_s)
         deadline = time.monotonic() + timeout_s
@@ -288,6 +305,22 @@ class RequestDesk:
             if left <= 0:
                 return None
             await asyncio.sleep(min(self.options.poll_interval_s, left))
+
+    async def _cancel(self, request_id: str) -> None:
+        outcome: str
+        try:
+            outcome = await self.ledger.cancel(
+                request_id, self.clock(), "the client disconnected before it started"
+            )
+        except Exception as exc:
+            outcome = f"not cancelled ({exc})"
+        log.info(
+            "the client of request %s went away: %s",
+            request_id,
+            outcome,
+            extra={"event": "client_gone", "outcome": outcome},
+        )
+        raise CLIENT_GONE
 
     def release(self, accepted: Accepted) -> None:
         """The call is done with its waiter (answered, failed or gone)."""
@@ -308,6 +341,19 @@ class RequestDesk:
         )
 
 
+CLIENT_GONE = ApiError(
+    499, "the client closed the connection before the answer", code="client_closed"
+)
+"""How a call ends whose client went away (nginx's "client closed request"); no one
+reads it, the logs and metrics count it."""
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client closed its connection (the body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def status_error(completion: Completion, deadline_s: float | None) -> ApiError | None:
     """The error answer of a completion that is not ``ok``; None when it is."""
     rid = completion.request_id
@@ -322,6 +368,16 @@ def status_error(completion: Completion, deadline_s: float | None) -> ApiError |
             + (f" ({completion.error})" if completion.error else ""),
             type_=SERVER_ERROR,
             code="deadline_expired",
+            headers=headers,
+            extra=extra,
+        )
+    if completion.worker_id == CANCELLED_BY_CLIENT:
+        return ApiError(
+            409,
+            f"request {rid} was cancelled: {completion.error or 'its client went away'}; "
+            f"nothing ran it, so send it again with a new request_id",
+            param="request_id",
+            code="request_cancelled",
             headers=headers,
             extra=extra,
         )

@@ -20,7 +20,8 @@ catalogue name or ``unknown``, never a request id):
 
 Outcomes: ``ok``, ``failed`` (the worker failed or cancelled it, or the ingress hit a
 bug), ``expired`` (its deadline passed before it was served), ``timeout`` (no answer
-within ``answer_timeout_s``), ``rejected`` (429: admission control found the cluster
+within ``answer_timeout_s``), ``client_gone`` (the client closed its connection
+first; a request not yet started was cancelled), ``rejected`` (429: admission control found the cluster
 overloaded; 503: draining, no live worker for the model, or the bus or state store is
 unavailable) and ``bad_request`` (any other 4xx). A streamed answer that ends with an
 error event counts with that error's outcome although its status was 200.
@@ -62,6 +63,7 @@ _OUTCOME_OF_CODE = {
     "answer_timeout": "timeout",
     "worker_failed": "failed",
     "cancelled": "failed",
+    "client_closed": "client_gone",
 }
 _STATE_KEY = "switchyard.call"
 _PROPAGATOR = TraceContextTextMapPropagator()

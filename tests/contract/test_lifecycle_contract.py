@@ -17,7 +17,13 @@ from switchyard.contracts.messages import (
     LLMPayload,
     RequestTimeline,
 )
-from switchyard.lifecycle import Assign, Fence, RequestLedger, RequestStatus
+from switchyard.lifecycle import (
+    CANCELLED_BY_CLIENT,
+    Assign,
+    Fence,
+    RequestLedger,
+    RequestStatus,
+)
 from switchyard.state import StateStore, keys
 
 from tests.contract.conftest import StoreMaker
@@ -302,3 +308,40 @@ async def test_every_transition_keeps_the_record_alive(
 
     assert left_s is not None
     assert 50.0 < left_s <= 60.0
+
+
+async def test_a_request_whose_client_went_away_before_it_started_is_cancelled(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    await ledger.accept(request("queued"))
+    await ledger.accept(request("r1"))
+    await ledger.assign(Assign(assignment("w1")))
+
+    assert await ledger.cancel("queued", 103.0, "the client disconnected") == "cancelled"
+    assert await ledger.cancel("r1", 103.0, "the client disconnected") == "cancelled"
+    record = await ledger.read("r1")
+    assert record is not None
+    assert record.status == "cancelled"
+    answer = record.completion
+    assert answer is not None
+    assert answer.status is CompletionStatus.CANCELLED
+    assert answer.worker_id == CANCELLED_BY_CLIENT
+    assert answer.error == "the client disconnected"
+    # Nothing runs it: the worker's start is refused, a re-decision too, and it left the
+    # worker's assigned set; the cluster's totals do not count it.
+    assert await assigned_to(store, "w1") == []
+    assert await ledger.start_many([Fence("r1", 0, "w1")], now_s=104.0) == ["answered"]
+    assert (await ledger.assign(Assign(assignment("w2", epoch=1), 0, "w1"))).result == "answered"
+    assert "completed" not in await store.hgetall(keys.CLUSTER_STATS)
+    # Once answered, a cancel changes nothing.
+    assert await ledger.cancel("r1", 105.0, "again") == "answered"
+
+
+async def test_a_started_request_is_not_cancelled(ledger: RequestLedger) -> None:
+    await ledger.accept(request())
+    await ledger.assign(Assign(assignment("w1")))
+    await ledger.start_many([Fence("r1", 0, "w1")], now_s=102.0)
+
+    assert await ledger.cancel("r1", 103.0, "the client disconnected") == "running"
+    assert await ledger.finish_many([completion("w1")]) == ["finished"]
+    assert await ledger.cancel("gone", 103.0, "the client disconnected") == "missing"

@@ -5,6 +5,7 @@ imports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from switchyard.bus import Bus, MemoryTransport
 from switchyard.config import load_settings
 from switchyard.contracts.topics import ANSWERS
+from switchyard.lifecycle import RequestLedger
 from switchyard.runtime.service import ServiceContext
 from switchyard.state import keys
 from switchyard.state.memory import MemoryStateStore
@@ -199,6 +201,37 @@ async def test_past_its_connection_cap_the_ingress_answers_503_at_once(
     assert [r.status_code for r in await asyncio.gather(*slow)] == [200, 200]
     again = await running.client.post("/v1/completions", json=completion_body())
     assert again.status_code == 200, again.text
+
+
+async def test_a_client_that_goes_away_cancels_its_request_before_it_starts(
+    running: Running,
+) -> None:
+    """Nothing runs a request no one waits for: a retry is told so (409), not served."""
+    body = completion_body(prompt="SLOW", switchyard={"request_id": "impatient-1"})
+    ledger = RequestLedger(running.service.ctx.state)
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{running.service.http_port}", timeout=10.0
+    ) as impatient:
+        call = asyncio.create_task(impatient.post("/v1/completions", json=body))
+        for _ in range(500):
+            if await ledger.read("impatient-1") is not None:
+                break
+            await asyncio.sleep(0.01)
+        call.cancel()  # the connection closes
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+    for _ in range(500):
+        record = await ledger.read("impatient-1")
+        if record is not None and record.status == "cancelled":
+            break
+        await asyncio.sleep(0.01)
+    assert record is not None
+    assert record.status == "cancelled"
+    assert running.service.admission.in_flight == 0
+    retry = await running.client.post("/v1/completions", json=body)
+    assert retry.status_code == 409, retry.text
+    assert retry.json()["error"]["code"] == "request_cancelled"
+    assert running.worker.runs_of("impatient-1") == []
 
 
 async def test_create_loads_the_catalogue_from_the_registry_file(tmp_path: Path) -> None:

@@ -5,10 +5,12 @@ workers' assigned sets; :class:`RequestRecord` is what a reader gets back.
 """
 
 from switchyard.lifecycle.ledger import (
+    CANCELLED_BY_CLIENT,
     RECENT_WINDOW,
     Accepted,
     Assign,
     AssignOutcome,
+    CancelResult,
     Fence,
     FinishResult,
     RequestLedger,
@@ -24,12 +26,14 @@ from switchyard.lifecycle.record import (
 )
 
 __all__ = [
+    "CANCELLED_BY_CLIENT",
     "FINAL_STATUSES",
     "RECENT_WINDOW",
     "REQUEST_TTL_S",
     "Accepted",
     "Assign",
     "AssignOutcome",
+    "CancelResult",
     "Fence",
     "FinishResult",
     "RequestLedger",

@@ -43,6 +43,7 @@ from switchyard.contracts.messages import (
     CompletionStatus,
     InferenceRequest,
     LLMPayload,
+    RequestTimeline,
 )
 from switchyard.lifecycle import scripts
 from switchyard.lifecycle.record import REQUEST_TTL_S, RequestRecord, RequestStatus
@@ -128,6 +129,13 @@ StartResult = Literal["started", "running", "answered", "superseded", "missing"]
 """``started``: go. ``running``: this worker (an earlier incarnation of it) started it
 already; do not run it again. ``answered``, ``superseded``: do not run it. ``missing``:
 there is no record to fence on (expired, or the state store lost it)."""
+
+CancelResult = Literal["cancelled", "running", "answered", "missing"]
+"""``cancelled``: answered as cancelled, nothing will run it. ``running``: it started
+already and will finish. ``answered``: it had its answer. ``missing``: no record."""
+
+CANCELLED_BY_CLIENT = "client"
+"""The ``worker_id`` of the answer a request gets when its client went away first."""
 
 FinishResult = Literal["finished", "duplicate", "superseded"]
 """``finished``: the answer is recorded. ``duplicate``: an answer was recorded before.
@@ -300,6 +308,40 @@ class RequestLedger:
         replies = await self.state.run_script_many(scripts.FINISH, calls)
         return [_literal_finish(reply[0]) for reply in replies]
 
+    # -- cancel ----------------------------------------------------------------------------
+
+    async def cancel(self, request_id: str, now_s: float, reason: str) -> CancelResult:
+        """Answer a request that has not started as cancelled (its client went away),
+        so that nothing runs it; a started one runs on (see :data:`CancelResult`)."""
+        for _ in range(3):  # each "moved" is a re-assignment between the read and here
+            record = await self.read(request_id)
+            if record is None:
+                return "missing"
+            app = record.app or (record.request.app if record.request else "unknown")
+            completion = Completion(
+                request_id=request_id,
+                app=app,
+                worker_id=CANCELLED_BY_CLIENT,
+                worker_type=CANCELLED_BY_CLIENT,
+                variant=CANCELLED_BY_CLIENT,
+                epoch=record.epoch,
+                status=CompletionStatus.CANCELLED,
+                error=reason[:2000],
+                timeline=RequestTimeline(
+                    arrival_s=record.arrival_s if record.arrival_s is not None else now_s,
+                    finished_s=now_s,
+                ),
+                deadline_s=record.deadline_s,
+            )
+            reply = await self.state.run_script(
+                scripts.CANCEL,
+                [keys.request(request_id), keys.assigned(record.worker_id or "none")],
+                [self._ttl_ms, request_id, str(record.epoch), completion.model_dump_json()],
+            )
+            if reply[0] != "moved":
+                return _literal_cancel(reply[0])
+        return "running"  # it keeps moving: leave it be
+
 
 def acceptance_fields(request: InferenceRequest) -> dict[str, str]:
     """The fields :meth:`RequestLedger.accept` writes for ``request``."""
@@ -347,6 +389,12 @@ def _assign_outcome(item: Assign, reply: Sequence[str]) -> AssignOutcome:
 def _literal_start(text: str) -> StartResult:
     if text not in ("started", "running", "answered", "superseded", "missing"):
         raise ValueError(f"unexpected start result {text!r}")
+    return text  # type: ignore[return-value]
+
+
+def _literal_cancel(text: str) -> CancelResult:
+    if text not in ("cancelled", "running", "answered", "missing"):
+        raise ValueError(f"unexpected cancel result {text!r}")
     return text  # type: ignore[return-value]
 
 

@@ -250,3 +250,47 @@ def _finish(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[
 
 
 FINISH = Script("finish", _FINISH_LUA, _finish)
+
+# -- cancel ------------------------------------------------------------------------------
+# A request whose client went away before it started: answered as cancelled, so that no
+# worker starts it (its start says "answered") and no scheduler decides it again.
+# KEYS: request, the assigned set of the worker the record names (any key when none).
+# ARGV: ttl_ms, request_id, epoch (as read), completion JSON.
+# -> {"cancelled"} | {"running"} | {"answered", status} | {"moved"} | {"missing"}
+# "moved": the record's epoch changed since it was read; read it again. Not counted in
+# the cluster's totals: a client's going away is not an outcome of serving.
+
+_CANCEL_LUA = (
+    _FINAL
+    + """
+local r = redis.call('HMGET', KEYS[1], 'status', 'epoch')
+local status, epoch = r[1], r[2] or '0'
+if not status then return {'missing'} end
+if final[status] then return {'answered', status} end
+if status == 'running' then return {'running'} end
+if epoch ~= ARGV[3] then return {'moved'} end
+redis.call('HSET', KEYS[1], 'status', 'cancelled', 'completion', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+return {'cancelled'}
+"""
+)
+
+
+def _cancel(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    status, epoch = view.hmget(keys[0], ("status", "epoch"))
+    if status is None:
+        return ["missing"]
+    if status in _FINAL_SET:
+        return ["answered", status]
+    if status == "running":
+        return ["running"]
+    if (epoch or "0") != args[2]:
+        return ["moved"]
+    view.hset(keys[0], {"status": "cancelled", "completion": args[3]})
+    view.expire(keys[0], int(args[0]) / 1000.0)
+    view.zrem(keys[1], args[1])
+    return ["cancelled"]
+
+
+CANCEL = Script("cancel", _CANCEL_LUA, _cancel)
