@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded infra-up infra-down infra-status clean compose-test
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -133,6 +133,11 @@ bench-bus-overhead: deps
 # burst. Figures in docs/benchmarks.md, "The embedded default".
 bench-embedded: deps
 	$(BIN)/python -m bench.embedded_bench
+
+# The embedded stack's resident memory and state keys over a 20,000-request replay, with
+# and without a key bound. Figures in docs/benchmarks.md, "Memory of the embedded stack".
+bench-memory: deps
+	$(BIN)/python -m bench.memory_bench
 
 # Worker-kill recovery: the stack as separate processes on the local Kafka and Redis, a
 # worker SIGKILLed mid-replay, three runs; JSON in bench/results/recovery/.

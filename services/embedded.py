@@ -140,8 +140,10 @@ class EmbeddedStack:
             update.update(bus="memory", state="memory")
         self.settings = settings.model_copy(update=update)
         self.catalogue = catalogue
-        self.broker = MemoryBroker()
-        self._memory_state = MemoryStateStore(self.settings.state_prefix)
+        self.broker = MemoryBroker(retained_records=self.settings.memory_bus_records)
+        self._memory_state = MemoryStateStore(
+            self.settings.state_prefix, max_keys=self.settings.memory_max_keys
+        )
         # What the stack reads itself (readiness): the shared memory store, or a client.
         self.state: StateStore = (
             self._memory_state

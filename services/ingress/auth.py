@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.ingress.drain import unavailable
@@ -93,6 +94,10 @@ class TenantMiddleware:
             await refusal.response()(scope, receive, send)
             return
         scope[_SCOPE_KEY] = tenant
+        span = trace.get_current_span()
+        if span.is_recording():
+            # Who the call acted for; never the key.
+            span.set_attribute("switchyard.tenant", str(tenant.name))
         if self.quotas is None or scope.get("method") != "POST" or not tenant.limits.limited:
             await self.app(scope, receive, send)
             return

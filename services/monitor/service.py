@@ -6,7 +6,8 @@ Two routines:
   (:mod:`services.monitor.heartbeats`), announcing drains on the way;
 * ``liveness_routine`` declares silent workers down and sweeps down workers' assigned
   sets (:mod:`services.monitor.liveness`), publishing
-  :class:`~switchyard.contracts.messages.WorkerDown` on WORKER_EVENTS.
+  :class:`~switchyard.contracts.messages.WorkerDown` on WORKER_EVENTS, and notices when
+  the state store lost its data (:mod:`services.monitor.state_loss`).
 
 Answers are not the monitor's business: a worker records each in the request ledger
 itself (with the per-worker and cluster counters, the recent violations), so no
@@ -16,7 +17,8 @@ Replicas: heartbeats are split between replicas by the consumer group; every rep
 runs the liveness check, and claim keys make one of them publish each event.
 
 Metrics: ``switchyard.monitor.heartbeats`` (by ``outcome``: accepted, stale),
-``switchyard.monitor.workers_down`` (by ``reason``), both counters;
+``switchyard.monitor.workers_down`` (by ``reason``), ``switchyard.monitor.state_losses``,
+counters;
 ``switchyard.monitor.workers`` (observable gauge): the workers by the status this
 replica recorded last (``alive``, ``down``, ``drained``).
 """
@@ -40,6 +42,7 @@ from switchyard.telemetry.observables import observe
 
 from services.monitor.heartbeats import HeartbeatRecorder
 from services.monitor.liveness import STRANDED_GRACE_S, Liveness
+from services.monitor.state_loss import StateWatch
 
 GROUP = "monitor"
 
@@ -82,6 +85,12 @@ class MonitorService(Service):
             on_status=self._record_status,
             on_down=lambda reason: self._m_down.add(1, {"reason": reason}),
         )
+        losses = meter.create_counter(
+            "switchyard.monitor.state_losses",
+            unit="{loss}",
+            description="Times the state store was found to have lost its data.",
+        )
+        self.state_watch = StateWatch(ctx.state, ctx.logger, lambda: losses.add(1))
         self.recorder = HeartbeatRecorder(
             ctx.state,
             clock=clock,
@@ -152,6 +161,7 @@ class MonitorService(Service):
     async def liveness_routine(self) -> None:
         stopping = self.ctx.stopping
         while not stopping.is_set():
+            await self.state_watch.check()
             await self.check_liveness()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.check_period_s)

@@ -89,6 +89,22 @@ class Settings(BaseModel):
     state_prefix: str = Field(
         default="switchyard:", description="Prefix of every Redis key Switchyard writes."
     )
+    memory_bus_records: int = Field(
+        default=50_000,
+        ge=1_000,
+        description=(
+            "Records each partition of the in-memory bus (the embedded stack) keeps, the "
+            "latest; a consumer further behind skips to the oldest kept."
+        ),
+    )
+    memory_max_keys: int = Field(
+        default=500_000,
+        ge=1_000,
+        description=(
+            "The most keys the in-memory state (the embedded stack) holds: past it the "
+            "request records nearest their expiry go first (about 1 KB each)."
+        ),
+    )
 
     health_host: str = Field(
         default="127.0.0.1", description="Address of the health and readiness endpoint."

@@ -555,3 +555,22 @@ async def test_a_restarted_worker_with_a_fresh_sequence_is_alive_again(stack: St
     assert await monitor.handle_heartbeat(heartbeat("w1", 0, sent_at_s=1001.0))
     fields = await stack.worker_hash("w1")
     assert (fields["status"], fields["sequence"]) == ("alive", "0")
+
+
+async def test_a_state_store_that_lost_its_data_is_reported_loudly(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    monitor = await stack.monitor(run=False)
+    assert not await monitor.state_watch.check()  # writes the first generation
+    assert not await monitor.state_watch.check()
+    # Redis restarted without persistence: everything under the prefix is gone.
+    await stack.state.clear_prefix()
+    with caplog.at_level(logging.ERROR):
+        assert await monitor.state_watch.check()
+    assert "lost its data" in caplog.text
+    assert [r for r in caplog.records if getattr(r, "event", None) == "state_lost"]
+    # Reported once; a second monitor that started after the loss sees nothing to report.
+    assert not await monitor.state_watch.check()
+    other = await stack.monitor(run=False)
+    assert not await other.state_watch.check()
+    assert monitor.state_watch.losses == 1

@@ -157,3 +157,39 @@ def test_the_memory_path_does_not_import_redis() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+async def test_expired_keys_are_dropped_even_if_never_read_again(clock: FakeClock) -> None:
+    store = MemoryStateStore("p:", clock=clock)
+    for i in range(1_000):
+        await store.set(f"old-{i}", "v", ttl_s=10)
+    clock.now_s += 11
+    # The next write that sets a deadline reaps them: memory does not grow with keys
+    # no one reads again.
+    await store.set("new", "v", ttl_s=10)
+    assert len(store._data) == 1
+    # Renewed deadlines leave old heap entries behind; the heap is rebuilt, not grown.
+    for _ in range(10_000):
+        await store.expire("new", 10)
+    assert len(store._expiry.heap) <= 4 * 1 + 1024 + 1
+
+
+async def test_past_max_keys_the_keys_nearest_their_expiry_go_first(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = MemoryStateStore("p:", clock=clock, max_keys=1_000)
+    await store.set("workers", "kept: no deadline")
+    for i in range(1_500):
+        await store.hset(f"request:{i}", {"status": "ok"})
+        await store.expire(f"request:{i}", 3600)
+        clock.now_s += 0.001
+    assert len(store._data) == 1_000
+    assert store.evicted == 501
+    assert await store.get("workers") == "kept: no deadline"
+    assert await store.hgetall("request:0") == {}
+    assert await store.hgetall("request:1499") == {"status": "ok"}
+    assert "SWITCHYARD_MEMORY_MAX_KEYS" in caplog.text
+    # Clients sharing the data share the bound.
+    other = store.sharing("p:")
+    await other.set("one-more", "v", ttl_s=7200)
+    assert len(store._data) == 1_000

@@ -4,7 +4,15 @@ Used by the embedded default (every service in one process) and by the fast test
 It keeps what the services rely on: partitions chosen by key hash (Kafka's murmur2),
 per-partition order, consumer groups that split partitions between their members,
 committed offsets per group, and redelivery from the last committed offset when a member
-leaves without committing. Records are kept for the life of the broker object.
+leaves without committing.
+
+Retention: each partition keeps its latest ``retained_records`` records (None: all, for
+the life of the broker), as a Kafka topic keeps its latest by ``retention.bytes``;
+offsets keep counting. A reader whose position fell behind what is kept resumes at the
+oldest record kept, as a Kafka consumer does with ``auto.offset.reset=earliest``: the
+records in between are lost to it. The embedded stack keeps far more than its consumers
+ever lag (``SWITCHYARD_MEMORY_BUS_RECORDS``), so that its memory stays bounded over a long
+run.
 """
 
 from __future__ import annotations
@@ -26,6 +34,35 @@ from switchyard.bus.records import (
 )
 from switchyard.bus.transport import RevokeCallback
 from switchyard.errors import TransportError
+
+
+class _Log:
+    """One partition: the records kept, and the offset of the first of them."""
+
+    __slots__ = ("base", "records")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.records: list[Envelope] = []
+
+    @property
+    def end(self) -> int:
+        """The offset the next record gets."""
+        return self.base + len(self.records)
+
+    def read(self, start: int, count: int) -> tuple[int, list[Envelope]]:
+        """Up to ``count`` records from ``start`` (the oldest kept when ``start`` was
+        dropped), and the offset they begin at."""
+        first = max(start, self.base)
+        index = first - self.base
+        return first, self.records[index : index + count]
+
+    def trim(self, retained: int | None) -> None:
+        # Amortised: drop a retention's worth at once, when twice as many are held.
+        if retained is not None and len(self.records) >= 2 * retained:
+            dropped = len(self.records) - retained
+            del self.records[:dropped]
+            self.base += dropped
 
 
 @dataclass(eq=False)
@@ -53,8 +90,9 @@ class MemoryBroker:
     in one process share one Kafka cluster.
     """
 
-    def __init__(self) -> None:
-        self._partitions: dict[str, list[list[Envelope]]] = {}
+    def __init__(self, retained_records: int | None = None) -> None:
+        self.retained_records = retained_records
+        self._partitions: dict[str, list[_Log]] = {}
         self._groups: dict[str, _Group] = {}
         # Who waits for a record of each partition: an append wakes only those, not every
         # consumer of the process (the embedded stack has a dozen).
@@ -66,7 +104,7 @@ class MemoryBroker:
 
     def create_topic(self, name: str, partitions: int) -> None:
         if name not in self._partitions:
-            self._partitions[name] = [[] for _ in range(partitions)]
+            self._partitions[name] = [_Log() for _ in range(partitions)]
 
     def delete_topic(self, name: str) -> None:
         self._partitions.pop(name, None)
@@ -96,11 +134,12 @@ class MemoryBroker:
         else:
             index = partition_for_key(record.key, len(partitions))
         log = partitions[index]
-        log.append(
+        offset = log.end
+        log.records.append(
             Envelope(
                 topic=record.topic,
                 partition=index,
-                offset=len(log),
+                offset=offset,
                 key=record.key,
                 value=record.value,
                 headers=record.headers,
@@ -111,7 +150,8 @@ class MemoryBroker:
         if waiting:
             for member in waiting:
                 _wake_member(member)
-        return RecordMetadata(record.topic, index, len(log) - 1)
+        log.trim(self.retained_records)
+        return RecordMetadata(record.topic, index, offset)
 
     def _wake(self) -> None:
         """Wake every waiting member (their partitions may have changed)."""
@@ -155,7 +195,7 @@ class MemoryBroker:
                     retriable=False,
                 )
             tp = TopicPartition(topic, partition)
-            reader.positions[tp] = group.committed.get(tp, len(logs[partition]))
+            reader.positions[tp] = group.committed.get(tp, logs[partition].end)
         return reader
 
     async def _rebalance(self, group: _Group) -> None:
@@ -187,7 +227,8 @@ class MemoryBroker:
         if logs is None:
             return 0
         log = logs[tp.partition]
-        return bisect.bisect_left(log, since_ms, key=lambda envelope: envelope.timestamp_ms)
+        found = bisect.bisect_left(log.records, since_ms, key=lambda e: e.timestamp_ms)
+        return log.base + found
 
     def commit(self, group_id: str, member: _Member, offsets: Mapping[TopicPartition, int]) -> None:
         group = self._groups[group_id]
@@ -227,8 +268,7 @@ class MemoryBroker:
             log = self._partitions.get(tp.topic)
             if log is None:
                 continue
-            start = member.positions[tp]
-            batch = log[tp.partition][start : start + max_records - len(taken)]
+            start, batch = log[tp.partition].read(member.positions[tp], max_records - len(taken))
             if batch:
                 taken.extend(batch)
                 member.positions[tp] = start + len(batch)

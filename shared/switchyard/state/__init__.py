@@ -40,4 +40,4 @@ def state_from_settings(settings: Settings) -> StateStore:
         from switchyard.state.redis_store import RedisStateStore  # redis only where used
 
         return RedisStateStore(settings.redis_url, prefix=settings.state_prefix)
-    return MemoryStateStore(settings.state_prefix)
+    return MemoryStateStore(settings.state_prefix, max_keys=settings.memory_max_keys)

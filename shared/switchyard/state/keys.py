@@ -26,6 +26,8 @@ key                            type        owner (writes) -- readers
                                            leases of addressed topics)
 ``lease:rebalancer``           string      the rebalancer replica that runs rounds
 ``claim:worker-down:{id}:..``  string      monitor (one WorkerDown per death)
+``state:generation``           string      monitor (written once; gone = the store lost
+                                           its data)
 ``tenant:{name}:bucket``       hash        :mod:`services.ingress.quotas` (a tenant's
                                            request-rate token bucket)
 ``tenant:{name}:calls``        hash        :mod:`services.ingress.quotas` (a tenant's
@@ -45,6 +47,10 @@ the latest completions, oldest first, ``1`` for a missed deadline) and ``superse
 
 PREDICTOR_MODEL = "predictor:model"
 """String: the predictor's latest fitted model (``PredictorModel`` JSON)."""
+
+STATE_GENERATION = "state:generation"
+"""String, no time to live: a random token the monitor writes once; its absence means the
+store lost its data (:mod:`services.monitor.state_loss`)."""
 
 REBALANCER_LEASE = "lease:rebalancer"
 """String with a time to live: the rebalancer replica that runs rounds."""

@@ -2,13 +2,19 @@
 
 Single-process and asyncio-safe by construction: no method awaits between reading and
 writing, so every operation is atomic with respect to other tasks, as on Redis.
-Expiry is lazy (a key is dropped when touched after its deadline) against an injected
-clock. It refuses what Redis refuses, with the same :class:`StateError` flags, so code
+Expiry is against an injected clock, lazy (a key is dropped when touched after its
+deadline) and active, as on Redis: each write that sets a deadline also drops the keys
+whose deadlines passed, so keys never read again do not pile up. ``max_keys`` bounds the
+key count as Redis's ``maxmemory-policy volatile-ttl`` bounds memory: past it, the keys
+with a deadline nearest to it go first (request records, then other expiring keys; a key
+without a deadline is never evicted). It refuses what Redis refuses, with the same :class:`StateError` flags, so code
 tested against it behaves the same on Redis.
 """
 
 from __future__ import annotations
 
+import heapq
+import logging
 import math
 import re
 import time
@@ -70,29 +76,95 @@ def _add_float(where: str, text: str, amount: float) -> float:
     return value
 
 
+log = logging.getLogger("switchyard.state")
+
+
+class _Expiry:
+    """The deadlines of one store's keys, shared by every client of its data: a dict to
+    read them and a heap (stale entries skipped) to find the next ones to go."""
+
+    def __init__(self, max_keys: int | None) -> None:
+        self.at: dict[str, float] = {}  # full key -> clock deadline
+        self.heap: list[tuple[float, str]] = []
+        self.max_keys = max_keys
+        self.evicted = 0
+
+
 class MemoryStateStore:
     """A :class:`~switchyard.state.base.StateStore` in a dict.
 
     Args:
         prefix: namespace of every key this store touches.
         clock: seconds from a monotonic clock; tests inject a fake to drive expiry.
+        max_keys: the most keys it holds (see the module docstring); None: no bound.
     """
 
     def __init__(
-        self, prefix: str = "switchyard:", *, clock: Callable[[], float] = time.monotonic
+        self,
+        prefix: str = "switchyard:",
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int | None = None,
     ) -> None:
         self.prefix = prefix
         self._clock = clock
         self._data: dict[str, _Value] = {}  # full key -> value
-        self._expires_at: dict[str, float] = {}  # full key -> clock deadline
+        self._expiry = _Expiry(max_keys)
+        self._expires_at = self._expiry.at
 
     def sharing(self, prefix: str) -> MemoryStateStore:
         """Another client of this store's data under ``prefix``, as a second Redis client
         would be (the embedded mode gives one to each in-process service)."""
         other = MemoryStateStore(prefix, clock=self._clock)
         other._data = self._data
-        other._expires_at = self._expires_at
+        other._expiry = self._expiry
+        other._expires_at = self._expiry.at
         return other
+
+    @property
+    def evicted(self) -> int:
+        """Keys dropped before their deadline to stay within ``max_keys``."""
+        return self._expiry.evicted
+
+    def _set_deadline(self, full: str, deadline: float) -> None:
+        expiry = self._expiry
+        expiry.at[full] = deadline
+        heapq.heappush(expiry.heap, (deadline, full))
+        if len(expiry.heap) > 4 * len(expiry.at) + 1024:
+            # Each new deadline of a key leaves its old entry behind: rebuild from the
+            # live ones, so the heap stays within a few times the keys that expire.
+            expiry.heap = [(at, key) for key, at in expiry.at.items()]
+            heapq.heapify(expiry.heap)
+        self._reap()
+
+    def _reap(self) -> None:
+        """Drop the keys whose deadlines passed, then, past ``max_keys``, the ones whose
+        deadlines come first."""
+        expiry, now = self._expiry, self._clock()
+        heap = expiry.heap
+        while heap and heap[0][0] <= now:
+            deadline, full = heapq.heappop(heap)
+            if expiry.at.get(full) == deadline:
+                del expiry.at[full]
+                self._data.pop(full, None)
+        if expiry.max_keys is None or len(self._data) <= expiry.max_keys:
+            return
+        dropped = 0
+        while heap and len(self._data) > expiry.max_keys:
+            deadline, full = heapq.heappop(heap)
+            if expiry.at.get(full) == deadline:
+                del expiry.at[full]
+                self._data.pop(full, None)
+                dropped += 1
+        before, expiry.evicted = expiry.evicted, expiry.evicted + dropped
+        if dropped and (before == 0 or before // 10_000 != expiry.evicted // 10_000):
+            log.warning(
+                "the in-memory state holds %d keys, its bound (SWITCHYARD_MEMORY_MAX_KEYS): "
+                "the records nearest their expiry are dropped early (%d so far)",
+                expiry.max_keys,
+                expiry.evicted,
+                extra={"event": "state_evicted"},
+            )
 
     async def ping(self) -> None:
         return None
@@ -144,7 +216,7 @@ class MemoryStateStore:
         if ttl_s is None:
             self._expires_at.pop(full, None)
         else:
-            self._expires_at[full] = self._clock() + ttl_s
+            self._set_deadline(full, self._clock() + ttl_s)
 
     def _drop(self, full: str) -> None:
         self._data.pop(full, None)
@@ -208,7 +280,7 @@ class MemoryStateStore:
         full = self.prefix + key
         if self._live(full) is None:
             return False
-        self._expires_at[full] = self._clock() + ttl_s
+        self._set_deadline(full, self._clock() + ttl_s)
         return True
 
     async def ttl_s(self, key: str) -> float | None:
