@@ -6,9 +6,9 @@ and state) with one ``MAX_KEYS:BUS_RECORDS`` pair of ``--bounds``
 replays ``--requests`` short completions (a Poisson trace at ``--rate`` requests/s,
 emulated Llama-2-7B workers at time scale 100) and samples, every ``--every-s`` seconds,
 the process's resident memory (``VmRSS``) and the state's key count. Records live an hour
-(``REQUEST_TTL_S``) and the bus keeps its latest records per partition, so within the
-default bounds (500,000 keys, 50,000 records a partition) both grow with every request
-for a long while; with small ones they stop, and the resident memory levels off.
+(``REQUEST_TTL_S``) and the bus keeps its latest 16 MiB per partition: the keys grow
+with every request up to their bound, the bus up to its own, and then the resident
+memory levels off.
 
 Each pair runs in a fresh process (``--one``), so that one run's heap does not carry
 into the next. Run ``python -m bench.memory_bench`` (``make bench-memory``); JSON in
@@ -38,7 +38,7 @@ def rss_bytes() -> int:
 
 
 async def one_run(
-    max_keys: int, bus_records: int, requests: int, rate: float, every_s: float
+    max_keys: int, bus_bytes: int, requests: int, rate: float, every_s: float
 ) -> dict[str, Any]:
     from switchyard.config import load_settings
     from switchyard.traces import resolve_trace
@@ -53,7 +53,7 @@ async def one_run(
         log_level="ERROR",
         admission="off",
         memory_max_keys=max_keys,
-        memory_bus_records=bus_records,
+        memory_bus_bytes=bus_bytes,
     )
     plan = EmbeddedPlan(
         llm_workers=("a100-80gb/llama-2-7b", "a100-80gb/llama-2-7b"), torch_workers=0, http_port=0
@@ -88,7 +88,7 @@ async def one_run(
     answered = sum(1 for r in result.records if r.status_code == 200)
     return {
         "max_keys": max_keys,
-        "bus_records": bus_records,
+        "bus_bytes": bus_bytes,
         "requests": requests,
         "answered_200": answered,
         "evicted": evicted,
@@ -101,7 +101,7 @@ async def one_run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bounds", default="5000:2000,500000:50000")
+    parser.add_argument("--bounds", default="5000:4194304,500000:16777216")
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--every-s", type=float, default=5.0)
@@ -111,8 +111,8 @@ def main() -> None:
     if args.one is not None:
         from switchyard.runtime import loop as event_loop
 
-        keys, records = (int(v) for v in args.one.split(":"))
-        run = event_loop.run(one_run(keys, records, args.requests, args.rate, args.every_s))
+        keys, bus_bytes = (int(v) for v in args.one.split(":"))
+        run = event_loop.run(one_run(keys, bus_bytes, args.requests, args.rate, args.every_s))
         print(json.dumps(run))
         return
     runs = []

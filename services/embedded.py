@@ -140,7 +140,7 @@ class EmbeddedStack:
             update.update(bus="memory", state="memory")
         self.settings = settings.model_copy(update=update)
         self.catalogue = catalogue
-        self.broker = MemoryBroker(retained_records=self.settings.memory_bus_records)
+        self.broker = MemoryBroker(retained_bytes=self.settings.memory_bus_bytes)
         self._memory_state = MemoryStateStore(
             self.settings.state_prefix, max_keys=self.settings.memory_max_keys
         )

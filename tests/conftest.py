@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -55,6 +57,28 @@ def redis_url() -> str:
     if not _reachable(parsed.hostname or "127.0.0.1", parsed.port or 6379):
         pytest.fail(f"Redis server not reachable at {url}: {HOW_TO_START}", pytrace=False)
     return url
+
+
+@pytest.fixture(scope="session")
+def redis_tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis server of this session's own that takes TLS only and an ACL user with a
+    password (deploy/local/redis-tls.sh); the URL a Switchyard service would be given."""
+    script = Path(__file__).resolve().parents[1] / "deploy" / "local" / "redis-tls.sh"
+    folder = tmp_path_factory.mktemp("redis-tls")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = subprocess.run(
+        [str(script), "up", str(folder), str(port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if started.returncode != 0:
+        pytest.fail(f"deploy/local/redis-tls.sh up failed: {started.stderr}", pytrace=False)
+    yield started.stdout.strip()
+    subprocess.run([str(script), "down", str(folder)], capture_output=True, timeout=60, check=False)
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # System packages, each only when its command is missing.
 command -v redis-server >/dev/null || apt_install redis-server
+command -v openssl >/dev/null || apt_install openssl  # the TLS Redis of the contract tests
 command -v java >/dev/null || apt_install openjdk-17-jre-headless
 command -v mvn >/dev/null || apt_install maven
 command -v java >/dev/null || die "java is still missing after the install; Java 17 is needed for the Kafka broker"

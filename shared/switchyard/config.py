@@ -89,12 +89,12 @@ class Settings(BaseModel):
     state_prefix: str = Field(
         default="switchyard:", description="Prefix of every Redis key Switchyard writes."
     )
-    memory_bus_records: int = Field(
-        default=50_000,
-        ge=1_000,
+    memory_bus_bytes: int = Field(
+        default=16 * 2**20,
+        ge=2**16,
         description=(
-            "Records each partition of the in-memory bus (the embedded stack) keeps, the "
-            "latest; a consumer further behind skips to the oldest kept."
+            "Bytes of records each partition of the in-memory bus (the embedded stack) "
+            "keeps, the latest; a consumer further behind skips to the oldest kept."
         ),
     )
     memory_max_keys: int = Field(

@@ -11,12 +11,20 @@ from switchyard.state.redis_store import RedisStateStore
 StoreMaker = Callable[[str], StateStore]
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.integration)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.integration),
+        # TLS only and an ACL user, as managed Redis services run (deploy/local/redis-tls.sh).
+        pytest.param("redis-tls-acl", marks=pytest.mark.integration),
+    ]
+)
 async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreMaker]:
     """Makes stores (clients) that share one backing store; clears and closes them after."""
     made: list[StateStore] = []
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
+    if request.param in ("redis", "redis-tls-acl"):
+        fixture = "redis_url" if request.param == "redis" else "redis_tls_url"
+        url = request.getfixturevalue(fixture)
 
         def make(prefix: str) -> StateStore:
             store = RedisStateStore(url, prefix=prefix)

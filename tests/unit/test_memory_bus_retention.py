@@ -1,4 +1,4 @@
-"""The in-memory bus keeps the latest records of each partition, not all of them: offsets
+"""The in-memory bus keeps the latest bytes of each partition, not all of them: offsets
 go on counting, and a reader that fell behind what is kept resumes at the oldest kept
 (Kafka's ``auto.offset.reset=earliest``), so the embedded stack's memory stays bounded."""
 
@@ -16,18 +16,20 @@ def publish(broker: MemoryBroker, count: int, start: int = 0) -> list[int]:
 
 
 async def test_a_partition_keeps_its_latest_records_and_offsets_go_on() -> None:
-    broker = MemoryBroker(retained_records=1_000)
+    broker = MemoryBroker(retained_bytes=4_000)
     broker.create_topic("t", 1)
     offsets = publish(broker, 5_000)
     assert offsets == list(range(5_000))
     log = broker._partitions["t"][0]
-    assert 1_000 <= len(log.records) < 2_000
+    # Values of 3 or 4 bytes: between the retention and twice it.
+    assert 4_000 <= log.bytes <= 8_000
+    assert log.bytes == sum(len(e.value) for e in log.records)
     assert log.end == 5_000
     assert log.records[-1].value == b"4999"
 
 
 async def test_a_reader_that_fell_behind_resumes_at_the_oldest_record_kept() -> None:
-    broker = MemoryBroker(retained_records=1_000)
+    broker = MemoryBroker(retained_bytes=4_000)
     broker.create_topic("t", 1)
     behind = broker.read("g", "t", [0])  # at offset 0, then left behind
     publish(broker, 3_000)

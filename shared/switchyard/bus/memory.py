@@ -6,13 +6,13 @@ per-partition order, consumer groups that split partitions between their members
 committed offsets per group, and redelivery from the last committed offset when a member
 leaves without committing.
 
-Retention: each partition keeps its latest ``retained_records`` records (None: all, for
-the life of the broker), as a Kafka topic keeps its latest by ``retention.bytes``;
-offsets keep counting. A reader whose position fell behind what is kept resumes at the
-oldest record kept, as a Kafka consumer does with ``auto.offset.reset=earliest``: the
-records in between are lost to it. The embedded stack keeps far more than its consumers
-ever lag (``SWITCHYARD_MEMORY_BUS_RECORDS``), so that its memory stays bounded over a long
-run.
+Retention: each partition keeps its latest ``retained_bytes`` of record values (None:
+every record, for the life of the broker), as a Kafka topic keeps its latest by
+``retention.bytes``; offsets keep counting. A reader whose position fell behind what is
+kept resumes at the oldest record kept, as a Kafka consumer does with
+``auto.offset.reset=earliest``: the records in between are lost to it. The embedded stack
+keeps far more than its consumers ever lag (``SWITCHYARD_MEMORY_BUS_BYTES``), so that its
+memory stays bounded over a long run.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ from switchyard.errors import TransportError
 class _Log:
     """One partition: the records kept, and the offset of the first of them."""
 
-    __slots__ = ("base", "records")
+    __slots__ = ("base", "bytes", "records")
 
     def __init__(self) -> None:
         self.base = 0
+        self.bytes = 0  # of the values kept
         self.records: list[Envelope] = []
 
     @property
@@ -57,10 +58,15 @@ class _Log:
         index = first - self.base
         return first, self.records[index : index + count]
 
-    def trim(self, retained: int | None) -> None:
-        # Amortised: drop a retention's worth at once, when twice as many are held.
-        if retained is not None and len(self.records) >= 2 * retained:
-            dropped = len(self.records) - retained
+    def append(self, envelope: Envelope, retained_bytes: int | None) -> None:
+        self.records.append(envelope)
+        self.bytes += len(envelope.value)
+        # Amortised: once twice the retention is held, drop the oldest half at once.
+        if retained_bytes is not None and self.bytes > 2 * retained_bytes:
+            dropped = 0
+            while self.bytes > retained_bytes and dropped < len(self.records) - 1:
+                self.bytes -= len(self.records[dropped].value)
+                dropped += 1
             del self.records[:dropped]
             self.base += dropped
 
@@ -90,8 +96,8 @@ class MemoryBroker:
     in one process share one Kafka cluster.
     """
 
-    def __init__(self, retained_records: int | None = None) -> None:
-        self.retained_records = retained_records
+    def __init__(self, retained_bytes: int | None = None) -> None:
+        self.retained_bytes = retained_bytes
         self._partitions: dict[str, list[_Log]] = {}
         self._groups: dict[str, _Group] = {}
         # Who waits for a record of each partition: an append wakes only those, not every
@@ -135,7 +141,7 @@ class MemoryBroker:
             index = partition_for_key(record.key, len(partitions))
         log = partitions[index]
         offset = log.end
-        log.records.append(
+        log.append(
             Envelope(
                 topic=record.topic,
                 partition=index,
@@ -144,13 +150,13 @@ class MemoryBroker:
                 value=record.value,
                 headers=record.headers,
                 timestamp_ms=int(time.time() * 1000),
-            )
+            ),
+            self.retained_bytes,
         )
         waiting = self._waiting.get(TopicPartition(record.topic, index))
         if waiting:
             for member in waiting:
                 _wake_member(member)
-        log.trim(self.retained_records)
         return RecordMetadata(record.topic, index, offset)
 
     def _wake(self) -> None:
