@@ -278,7 +278,7 @@ class RequestDesk:
 
         With the call's ``receive``, a client that goes away while its request waits
         cancels the request if it has not started (nothing runs it; a started one runs
-        on and its answer is recorded), and the call ends with :data:`CLIENT_GONE`."""
+        on and its answer is recorded), and the call ends with :func:`client_gone`."""
         if accepted.stored is not None:
             return accepted.stored
         if accepted.waiter is not None and receive is not None:
@@ -320,7 +320,7 @@ class RequestDesk:
             outcome,
             extra={"event": "client_gone", "outcome": outcome},
         )
-        raise CLIENT_GONE
+        raise client_gone()
 
     def release(self, accepted: Accepted) -> None:
         """The call is done with its waiter (answered, failed or gone)."""
@@ -341,11 +341,11 @@ class RequestDesk:
         )
 
 
-CLIENT_GONE = ApiError(
-    499, "the client closed the connection before the answer", code="client_closed"
-)
-"""How a call ends whose client went away (nginx's "client closed request"); no one
-reads it, the logs and metrics count it."""
+def client_gone() -> ApiError:
+    """How a call ends whose client went away (nginx's 499 "client closed request"); no
+    one reads it, the logs and metrics count it. A new error each time: a raised
+    exception keeps its traceback, so one shared instance would keep frames alive."""
+    return ApiError(499, "the client closed the connection before the answer", code="client_closed")
 
 
 async def _disconnected(receive: Receive) -> None:

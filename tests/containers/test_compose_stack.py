@@ -156,6 +156,18 @@ def complete(model: str, max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
     return document
 
 
+def exits_since(client: docker.DockerClient, container: str, since: int) -> list[dict[str, Any]]:
+    """The engine's ``die`` events of ``container`` since ``since`` (epoch seconds)."""
+    return list(
+        client.events(
+            since=since,
+            until=int(time.time()) + 1,
+            decode=True,
+            filters={"type": "container", "event": "die", "container": container},
+        )
+    )
+
+
 def post_completion(model: str) -> int:
     """A short completion through the published port; its HTTP status."""
     body = {"model": model, "prompt": "Hello", "max_tokens": 4, "switchyard": LONG_DEADLINE}
@@ -324,14 +336,7 @@ def test_worker_llm_scales_up_the_new_worker_takes_work_and_scaled_down_one_drai
     details = why()
 
     # It stopped on its own (SIGTERM, drain, exit 0) within the grace period.
-    died = list(
-        stack.events(
-            since=since,
-            until=int(time.time()) + 1,
-            decode=True,
-            filters={"type": "container", "event": "die", "container": removed},
-        )
-    )
+    died = exits_since(stack, str(removed), since)
     assert [e["Actor"]["Attributes"]["exitCode"] for e in died] == ["0"], (died, details)
     # What ran on it when it was told to stop finished there, after the stop.
     finished_there = [
@@ -382,14 +387,7 @@ def test_ingress_replicas_scale_behind_the_one_published_port(stack: docker.Dock
     (removed,) = {str(c.name) for c in replicas} - {
         str(c.name) for c in project_containers(stack, "ingress")
     }
-    died = list(
-        stack.events(
-            since=since,
-            until=int(time.time()) + 1,
-            decode=True,
-            filters={"type": "container", "event": "die", "container": removed},
-        )
-    )
+    died = exits_since(stack, removed, since)
     assert [e["Actor"]["Attributes"]["exitCode"] for e in died] == ["0"], (died, why())
     assert set(statuses) == {200}, (statuses, why())
     print(
