@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory infra-up infra-down infra-status clean compose-test
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -31,6 +31,7 @@ help:
 	@echo "make bench-worker-stream  an emulated worker on Kafka: wall against modelled time, streamed and not"
 	@echo "make bench-bus-overhead  the bus's Python cost a message (memory transport), with and without per-message spans"
 	@echo "make bench-embedded  the embedded default under the demo's load: CPU per request, control plane by kind"
+	@echo "make faults       the fault matrix: every fault kind during a 10,000-request replay (processes, own Kafka and Redis)"
 	@echo "make infra-up / infra-down / infra-status"
 	@echo "make compose-test  Docker engine, compose and images (built or cached), then docker-compose.yml tested in containers"
 	@echo "make clean        remove .venv and caches inside the repository"
@@ -138,6 +139,13 @@ bench-embedded: deps
 # and without a key bound. Figures in docs/benchmarks.md, "Memory of the embedded stack".
 bench-memory: deps
 	$(BIN)/python -m bench.memory_bench
+
+# The fault matrix: each fault kind (kills of every service, a frozen, a cut-off and a
+# slow worker, broker and Redis restarts) during a 10,000-request replay, on service
+# processes over a Kafka and a Redis of its own; about 40 minutes. Table and JSON in
+# bench/results/faults/; figures in docs/reliability.md. Needs root for the network cut.
+faults: deps
+	$(BIN)/python -m bench.fault_matrix --out bench/results/faults
 
 # Worker-kill recovery: the stack as separate processes on the local Kafka and Redis, a
 # worker SIGKILLed mid-replay, three runs; JSON in bench/results/recovery/.

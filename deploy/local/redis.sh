@@ -8,7 +8,12 @@
 # A server already answering on the address is reused and left running by `down`. When
 # SWITCHYARD_REDIS_URL names another host, nothing is started: `up` only checks it.
 # When `up` starts the server and SWITCHYARD_INFRA_RECORD names a file, it appends "redis".
-# Its run directory (pid, log) is ${SWITCHYARD_CACHE_DIR:-~/.cache/switchyard}/run/redis-PORT.
+# Its run directory (pid, log, append-only file) is
+# ${SWITCHYARD_CACHE_DIR:-~/.cache/switchyard}/run/redis-PORT.
+#
+# Persistence: the append-only file, fsynced every second (REDIS_PERSISTENCE=aof, the
+# default, as docker-compose.yml runs it): a killed or restarted server comes back with
+# everything but its last second of writes. REDIS_PERSISTENCE=none keeps nothing.
 set -euo pipefail
 SCRIPT_NAME=redis.sh
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,11 +30,16 @@ PORT="${HOSTPORT##*:}"
 [[ "$PORT" == "$HOSTPORT" ]] && PORT=6379
 [[ -n "$HOST" && "$PORT" =~ ^[0-9]+$ ]] || die "cannot read host:port from SWITCHYARD_REDIS_URL=$URL"
 RUN="$SWITCHYARD_CACHE_DIR/run/redis-$PORT"
+case "${REDIS_PERSISTENCE:-aof}" in
+  aof) PERSISTENCE=(--appendonly yes --appendfsync everysec --save "") ;;
+  none) PERSISTENCE=(--appendonly no --save "") ;;
+  *) die "REDIS_PERSISTENCE must be aof or none, not ${REDIS_PERSISTENCE}" ;;
+esac
 PIDFILE="$RUN/redis.pid"
 OWNED="$RUN/owned"
 LOG="$RUN/redis.log"
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 
 pong() { [[ "$(timeout 5 redis-cli -h "$HOST" -p "$PORT" ping 2>/dev/null)" == "PONG" ]]; }
 
@@ -72,9 +82,9 @@ up() {
   mkdir -p "$RUN"
   rm -f "$PIDFILE"
   : >"$LOG"
-  say "starting Redis on $HOST:$PORT"
+  say "starting Redis on $HOST:$PORT (persistence: ${REDIS_PERSISTENCE:-aof})"
   if ! redis-server --port "$PORT" --bind 127.0.0.1 --daemonize yes --pidfile "$PIDFILE" \
-    --dir "$RUN" --logfile "$LOG" --save "" --appendonly no </dev/null >>"$LOG" 2>&1; then
+    --dir "$RUN" --logfile "$LOG" "${PERSISTENCE[@]}" </dev/null >>"$LOG" 2>&1; then
     tail -n 30 "$LOG" >&2 || true
     die "redis-server refused to start"
   fi
@@ -95,7 +105,7 @@ down() {
   drop_stale_marker
   if [[ -f "$OWNED" ]]; then
     say "stopping Redis on $HOST:$PORT (pid $(cat "$PIDFILE"))"
-    # SIGTERM: with --save "" the server exits at once without writing a snapshot.
+    # SIGTERM: the server fsyncs its append-only file and exits (no snapshot: --save "").
     stop_pid "$PIDFILE" 10
     rm -f "$OWNED"
     say "Redis stopped"

@@ -91,6 +91,8 @@ class ServiceProcess:
     popen: subprocess.Popen[bytes]
     started_s: float
     killed_at_s: float | None = None
+    argv_prefix: tuple[str, ...] = ()
+    """What the command was run under (``setpriv`` for another user, say)."""
 
     @property
     def pid(self) -> int:
@@ -181,10 +183,15 @@ class ProcessStack:
     # -- starting ------------------------------------------------------------------------
 
     def start_service(
-        self, service: str, name: str | None = None, env: Mapping[str, str] | None = None
+        self,
+        service: str,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        argv_prefix: Sequence[str] = (),
     ) -> ServiceProcess:
         """Start ``switchyard service SERVICE`` as process ``name`` (default: the service's
-        name); ``env`` adds or overrides variables."""
+        name); ``env`` adds or overrides variables; ``argv_prefix`` runs the command under
+        another (``setpriv --reuid ...``, say)."""
         name = name or service
         if name in self.processes and self.processes[name].running():
             raise StackError(f"process {name!r} is already running")
@@ -204,19 +211,34 @@ class ProcessStack:
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("ab") as log_file:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "cli", "service", service],
+                [*argv_prefix, sys.executable, "-m", "cli", "service", service],
                 env=full,
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
             )
-        process = ServiceProcess(name, service, own, log_path, popen, time.time())
+        process = ServiceProcess(
+            name, service, own, log_path, popen, time.time(), argv_prefix=tuple(argv_prefix)
+        )
         self.processes[name] = process
         return process
 
+    def restart(self, name: str) -> ServiceProcess:
+        """Start process ``name`` again (after it was killed or exited), as it was started:
+        the same service, variables (its instance or worker id, an ingress's port) and
+        prefix, as a process supervisor restarts a service."""
+        old = self.processes[name]
+        if old.running():
+            raise StackError(f"process {name!r} is still running")
+        return self.start_service(old.service, name, old.env, old.argv_prefix)
+
     def start_worker(
-        self, worker_id: str, profile: str = DEFAULT_PROFILE, env: Mapping[str, str] | None = None
+        self,
+        worker_id: str,
+        profile: str = DEFAULT_PROFILE,
+        env: Mapping[str, str] | None = None,
+        argv_prefix: Sequence[str] = (),
     ) -> ServiceProcess:
         """Start an emulated LLM worker called ``worker_id`` (also its process name)."""
         own = {
@@ -225,7 +247,7 @@ class ProcessStack:
             "SWITCHYARD_WORKER_PROFILE": profile,
             **(env or {}),
         }
-        return self.start_service("worker", name=worker_id, env=own)
+        return self.start_service("worker", name=worker_id, env=own, argv_prefix=argv_prefix)
 
     @property
     def url(self) -> str:

@@ -1,7 +1,8 @@
 """Declaring workers down, and announcing drains: the monitor's WorkerDown events.
 
 Detection time: a worker last heard from at ``t`` is declared down by the first check
-after ``t + worker_timeout_s``; checks run every ``check_period_s = min(heartbeat
+after ``t + worker_timeout_s`` of the monitor *hearing* (:mod:`services.monitor.silence`:
+a broker outage, a monitor restart or a reader behind its backlog stops that clock); checks run every ``check_period_s = min(heartbeat
 interval, worker_timeout_s / 4)``, so the WorkerDown is published between
 ``worker_timeout_s`` and ``worker_timeout_s + check_period_s`` after the last heartbeat
 arrived (plus the time to publish). The WorkerDown lists what the worker held: its
@@ -46,6 +47,7 @@ from switchyard.lifecycle import FINAL_STATUSES, RequestLedger
 from switchyard.state import StateStore, keys
 
 from services.monitor.heartbeats import status_of
+from services.monitor.silence import HeardThrough
 
 log = logging.getLogger("switchyard.monitor")
 
@@ -71,6 +73,8 @@ class Liveness:
         state, bus: the monitor's store and bus.
         worker_timeout_s: silence after which a worker is declared down.
         clock: wall seconds.
+        heard: the clock silence is judged by (:mod:`services.monitor.silence`); the
+            wall clock when not given.
         on_status: called with (worker id, status) when this replica records one.
         on_down: called with the reason of each WorkerDown published.
     """
@@ -82,6 +86,7 @@ class Liveness:
         *,
         worker_timeout_s: float,
         clock: Callable[[], float] = time.time,
+        heard: HeardThrough | None = None,
         on_status: Callable[[str, str], None] | None = None,
         on_down: Callable[[str], None] | None = None,
     ) -> None:
@@ -90,6 +95,7 @@ class Liveness:
         self.bus = bus
         self.worker_timeout_s = worker_timeout_s
         self.clock = clock
+        self.heard = heard if heard is not None else HeardThrough(gap_s=math.inf)
         self._on_status = on_status
         self._on_down = on_down
         # Unique per object: two replicas in one process share the settings' instance id.
@@ -121,8 +127,11 @@ class Liveness:
         the down ones' assigned sets; returns the ids this call published a death for."""
         now_s = self.clock()
         self.checks += 1
+        judged_s = self.heard.judged_at(now_s)
+        if judged_s is None:
+            return []
         silent = await self.state.zrange_by_score(
-            keys.WORKERS, -math.inf, math.nextafter(now_s - self.worker_timeout_s, -math.inf)
+            keys.WORKERS, -math.inf, math.nextafter(judged_s - self.worker_timeout_s, -math.inf)
         )
         declared: list[str] = []
         for wid, _ in silent:
@@ -134,7 +143,7 @@ class Liveness:
             if status is not WorkerStatus.ALIVE:
                 continue
             seen = fields.get("last_seen_s")
-            if seen is None or now_s - float(seen) <= self.worker_timeout_s:
+            if seen is None or self.heard.silence_s(judged_s, float(seen)) <= self.worker_timeout_s:
                 continue
             heartbeat = parse_heartbeat(wid, fields.get("heartbeat"))
             if await self._declare_down(

@@ -2,7 +2,8 @@
 
 Two routines:
 
-* ``heartbeat_routine`` consumes HEARTBEATS (group ``monitor``) and records each
+* ``heartbeat_routine`` reads every partition of HEARTBEATS (offsets committed under
+  ``monitor``, no group rebalance) and records each
   (:mod:`services.monitor.heartbeats`), announcing drains on the way;
 * ``liveness_routine`` declares silent workers down and sweeps down workers' assigned
   sets (:mod:`services.monitor.liveness`), publishing
@@ -13,8 +14,9 @@ Answers are not the monitor's business: a worker records each in the request led
 itself (with the per-worker and cluster counters, the recent violations), so no
 completion passes through here.
 
-Replicas: heartbeats are split between replicas by the consumer group; every replica
-runs the liveness check, and claim keys make one of them publish each event.
+Replicas: every replica reads every heartbeat (a heartbeat recorded already is stale
+and ignored) and runs the liveness check, and claim keys make one of them publish each
+event. Silence is judged only while a replica hears (:mod:`services.monitor.silence`).
 
 Metrics: ``switchyard.monitor.heartbeats`` (by ``outcome``: accepted, stale),
 ``switchyard.monitor.workers_down`` (by ``reason``), ``switchyard.monitor.state_losses``,
@@ -33,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import Observation
-from switchyard.bus import Delivery
+from switchyard.bus import Delivery, Subscription
 from switchyard.cluster import WorkerStatus
 from switchyard.contracts.messages import Heartbeat
 from switchyard.contracts.topics import HEARTBEATS
@@ -42,6 +44,7 @@ from switchyard.telemetry.observables import observe
 
 from services.monitor.heartbeats import HeartbeatRecorder
 from services.monitor.liveness import STRANDED_GRACE_S, Liveness
+from services.monitor.silence import HeardThrough
 from services.monitor.state_loss import StateWatch
 
 GROUP = "monitor"
@@ -77,11 +80,17 @@ class MonitorService(Service):
             unit="{worker}",
             description="WorkerDown messages published, by reason.",
         )
+        # Broken after two fetch waits (and at least one check period) without news: a
+        # reader that hears answers at least every fetch wait (0.5 s by default).
+        self.heard = HeardThrough(
+            gap_s=max(1.0, 2 * settings.kafka_fetch_max_wait_ms / 1000, 2 * self.check_period_s)
+        )
         self.liveness = Liveness(
             ctx.state,
             ctx.bus,
             worker_timeout_s=self.worker_timeout_s,
             clock=clock,
+            heard=self.heard,
             on_status=self._record_status,
             on_down=lambda reason: self._m_down.add(1, {"reason": reason}),
         )
@@ -90,6 +99,7 @@ class MonitorService(Service):
             unit="{loss}",
             description="Times the state store was found to have lost its data.",
         )
+        self._heartbeats: Subscription[Heartbeat] | None = None
         self.state_watch = StateWatch(ctx.state, ctx.logger, lambda: losses.add(1))
         self.recorder = HeartbeatRecorder(
             ctx.state,
@@ -141,12 +151,34 @@ class MonitorService(Service):
         return self.liveness.checks
 
     async def start(self) -> None:
+        self.heard.expect_reader()
+        self._heartbeats = await self._read_heartbeats()
         self.spawn_routine("heartbeat_routine", self.heartbeat_routine)
         self.spawn_routine("liveness_routine", self.liveness_routine)
 
+    async def _read_heartbeats(self) -> Subscription[Heartbeat]:
+        # Every partition, without a group rebalance: a restarted replica reads at once
+        # (from the offsets committed under ``monitor``), rather than after the dead
+        # member's session times out. Replicas all read everything; a heartbeat recorded
+        # twice is stale the second time.
+        bus = self.ctx.bus
+        partitions = list(range(await bus.partitions_of(HEARTBEATS)))
+        subscription = bus.subscribe(
+            HEARTBEATS, group=GROUP, stopping=self.ctx.stopping, partitions=partitions
+        )
+        await subscription.open()
+        self.heard.attach(subscription.handled_through_s)
+        return subscription
+
     async def heartbeat_routine(self) -> None:
+        # The reader opened at start, or a new one when the routine restarts.
+        subscription, self._heartbeats = self._heartbeats, None
         await self.ctx.bus.consume(
-            HEARTBEATS, group=GROUP, handler=self._on_heartbeat, stopping=self.ctx.stopping
+            HEARTBEATS,
+            group=GROUP,
+            handler=self._on_heartbeat,
+            stopping=self.ctx.stopping,
+            subscription=subscription or await self._read_heartbeats(),
         )
 
     async def _on_heartbeat(self, delivery: Delivery[Heartbeat]) -> None:

@@ -265,21 +265,26 @@ class Bus:
         stopping: asyncio.Event,
         record_filter: RecordFilter | None = None,
         partitions: Sequence[int] | None = None,
+        subscription: Subscription[M] | None = None,
     ) -> None:
         """Run ``handler`` on each message until ``stopping`` is set, then drain and return.
+        With ``subscription`` (from :meth:`subscribe`, maybe opened already: reading
+        before the service announces itself), that one is consumed and closed.
 
         A retriable failure (broker or Redis outage) is retried with backoff for as long
         as it takes, keeping the message's place; a non-retriable one sends the message to
         the dead-letter topic with the error, and consumption goes on.
         """
-        try:
-            async with self.subscribe(
+        if subscription is None:
+            subscription = self.subscribe(
                 topic,
                 group=group,
                 stopping=stopping,
                 record_filter=record_filter,
                 partitions=partitions,
-            ) as subscription:
+            )
+        try:
+            async with subscription:
                 async for delivery in subscription:
                     await subscription.handle(delivery, handler)
         except Exception as exc:

@@ -70,11 +70,19 @@ class _RevokeListener(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class _KafkaConsumer:
-    def __init__(self, consumer: AIOKafkaConsumer, bootstrap: str) -> None:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        bootstrap: str,
+        positions: Mapping[KafkaTopicPartition, int] | None = None,
+    ) -> None:
         self._consumer = consumer
         self._bootstrap = bootstrap
         self._raw_assignment: set[KafkaTopicPartition] = set()
         self._assignment: frozenset[TopicPartition] = frozenset()
+        # The next offset handed out, per partition: a reader's start, then each batch's
+        # last record + 1 (what caught_up_at_s compares with the high watermark).
+        self._next: dict[KafkaTopicPartition, int] = dict(positions or {})
 
     async def fetch(self, timeout_s: float, max_records: int) -> list[Envelope]:
         try:
@@ -85,6 +93,8 @@ class _KafkaConsumer:
             raise TransportError(f"fetch from Kafka at {self._bootstrap} failed: {exc}") from exc
         records: list[Envelope] = []
         for tp, batch in batches.items():
+            if batch:
+                self._next[tp] = batch[-1].offset + 1
             for r in batch:
                 records.append(
                     Envelope(
@@ -99,6 +109,22 @@ class _KafkaConsumer:
                 )
         return records
 
+    def caught_up_at_s(self) -> float | None:
+        # Per partition: the last fetch answer's time, when its high watermark shows
+        # nothing beyond what was handed out (aiokafka's prefetched records included).
+        consumer = self._consumer
+        oldest_ms: int | None = None
+        for tp in consumer.assignment():
+            highwater = consumer.highwater(tp)
+            polled_ms = consumer.last_poll_timestamp(tp)
+            handed_out = self._next.get(tp)
+            if highwater is None or polled_ms is None or handed_out is None:
+                return None
+            if handed_out < highwater:
+                return None
+            oldest_ms = polled_ms if oldest_ms is None else min(oldest_ms, polled_ms)
+        return None if oldest_ms is None else oldest_ms / 1000.0
+
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         try:
             await self._consumer.commit(
@@ -111,6 +137,12 @@ class _KafkaConsumer:
         # Asked once per handled message: convert aiokafka's set only when it changed.
         raw = self._consumer.assignment()
         if raw != self._raw_assignment:
+            # A partition (re)gained in a rebalance starts at its committed offset: what
+            # was handed out of it before says nothing about it now. (A reader's first
+            # look keeps the start positions it was made with.)
+            if self._raw_assignment:
+                kept = self._raw_assignment & raw
+                self._next = {tp: o for tp, o in self._next.items() if tp in kept}
             self._raw_assignment = set(raw)
             self._assignment = frozenset(TopicPartition(tp.topic, tp.partition) for tp in raw)
         return self._assignment
@@ -321,6 +353,7 @@ class KafkaTransport:
             request_timeout_ms=self._request_timeout_ms,
         )
         assigned = [KafkaTopicPartition(topic, p) for p in partitions]
+        positions: dict[KafkaTopicPartition, int] = {}
         try:
             await consumer.start()
             consumer.assign(assigned)
@@ -329,11 +362,11 @@ class KafkaTransport:
                 # (a heartbeat naming its partition) only once it reads from here on.
                 if await consumer.committed(tp) is None:
                     await consumer.seek_to_end(tp)
-                await consumer.position(tp)
+                positions[tp] = await consumer.position(tp)
         except (KafkaError, OSError) as exc:
             await consumer.stop()
             raise self._fail(f"reading {topic} partitions {list(partitions)}", exc) from exc
-        return _KafkaConsumer(consumer, self.bootstrap)
+        return _KafkaConsumer(consumer, self.bootstrap, positions)
 
     async def partitions_for(self, topic: str) -> int:
         producer, _ = self._require_started()

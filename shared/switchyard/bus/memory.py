@@ -268,6 +268,14 @@ class MemoryBroker:
             if records or loop.time() >= deadline:
                 return records
 
+    def behind(self, member: _Member) -> bool:
+        """Whether ``member`` has records still to read."""
+        for tp, position in member.positions.items():
+            log = self._partitions.get(tp.topic)
+            if log is not None and position < log[tp.partition].end:
+                return True
+        return False
+
     def _take(self, member: _Member, max_records: int) -> list[Envelope]:
         taken: list[Envelope] = []
         for tp in sorted(member.positions):
@@ -313,6 +321,13 @@ class _MemoryConsumer:
 
     def assignment(self) -> frozenset[TopicPartition]:
         return frozenset(self._member.positions)
+
+    def caught_up_at_s(self) -> float | None:
+        # In process, the broker's answer is now: caught up when every position is at
+        # its partition's end.
+        if self._broker.behind(self._member):
+            return None
+        return time.time()
 
     async def close(self) -> None:
         if not self._closed:

@@ -108,6 +108,7 @@ class Subscription(Generic[M]):
         # for or a clean `async with` exit, like one step of `async for`.
         self._batch: list[Envelope] = []
         self._closed = False
+        self._handled_through_s: float | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -181,6 +182,25 @@ class Subscription(Generic[M]):
         return self._consumer.assignment() if self._consumer is not None else frozenset()
 
     # -- iteration -------------------------------------------------------------------
+
+    def handled_through_s(self) -> float | None:
+        """The latest wall time by which every record the broker held for this
+        subscription's partitions had been handled; None until known.
+
+        A producer not heard from since well before it was silent *while this reader was
+        reading*: a reader cut off from the broker (an outage, a restart, partitions
+        still being handed over) sees this time stand still, not its producers go quiet.
+        Known once the reader has handled everything it was given and the broker's last
+        answer showed nothing more (:meth:`TransportConsumer.caught_up_at_s`).
+        """
+        consumer = self._consumer
+        if consumer is not None and not self._buffer and self._current is None and not self._batch:
+            at_s = consumer.caught_up_at_s()
+            if at_s is not None and (
+                self._handled_through_s is None or at_s > self._handled_through_s
+            ):
+                self._handled_through_s = at_s
+        return self._handled_through_s
 
     def __aiter__(self) -> Subscription[M]:
         return self

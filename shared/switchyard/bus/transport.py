@@ -39,6 +39,12 @@ class TransportConsumer(Protocol):
         """The partitions this member owns now."""
         ...
 
+    def caught_up_at_s(self) -> float | None:
+        """The wall time of the broker's latest answer that showed this consumer had
+        been given every record of every partition it owns; None when that is not so
+        now, or not known (before a first fetch)."""
+        ...
+
     async def close(self) -> None:
         """Leave the group without committing anything further."""
         ...

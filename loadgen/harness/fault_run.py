@@ -1,0 +1,331 @@
+"""One row of the fault matrix: a replay, one fault during it, and what became of
+every request.
+
+:func:`run_fault` starts the stack (:func:`start_fault_stack`), replays open-loop
+Poisson arrivals of LLM completions with client-chosen request ids, injects the fault a
+third of the way in (:mod:`loadgen.harness.faults`), and when the replay is over:
+
+1. reads the ledger for every call that was *refused* (429, or 503 other than
+   ``outcome_unknown``: "nothing was started"): a record there means the refusal was
+   false (``refused_then_run``);
+2. retries, with the same id and body, every call that did not get a 200 (refused,
+   ``outcome_unknown``, a connection that failed, a timeout) until it gets a final
+   answer, as a client following the README would; one that never does is *lost*;
+3. retries ``retry_answered`` calls that were answered: each must get the same answer
+   again (``answers_differ``) and must not run again;
+4. reads the bus and the ledger (:func:`loadgen.harness.recovery.analyse`): a request
+   answered ``ok`` from two ``(worker, epoch)`` pairs, or whose record counts a
+   superseded run, *ran twice*.
+
+Times: ``stall_s`` is the longest stretch, from the fault on, in which the client got
+no 200 at all; ``recovery_s`` is from the end of the fault (its heal, or the kill when
+nothing is restarted) to the first 200 for a call sent after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from switchyard.errors import StateError
+from switchyard.lifecycle import RequestLedger
+from switchyard.traces import resolve_trace
+
+from loadgen.harness.faults import CUT_WORKER, WORKERS, Fault, FaultContext
+from loadgen.harness.infra import PrivateInfra
+from loadgen.harness.network_cut import NetworkCut
+from loadgen.harness.process_stack import ProcessStack
+from loadgen.harness.recovery import analyse
+from loadgen.mixes import PlannedRequest, build_plan
+from loadgen.replay import new_run_id, replay
+from loadgen.replay_records import OK, RequestRecord
+
+FINAL_RETRY_STATUSES = frozenset({200, 409})
+"""Answers a retry stops at: the answer, or 409 (the request was cancelled, or its id
+was used for another body): both are the one final word on that id."""
+RETRY_FOR_S = 90.0
+
+
+@dataclass
+class FaultRunConfig:
+    """How one fault is run (defaults: the ``make faults`` row)."""
+
+    requests: int = 10_000
+    rate_rps: float = 80.0
+    time_scale: float = 50.0
+    client_timeout_s: float = 60.0
+    retry_answered: int = 20
+    seed: int = 0
+    policy: str = "gaps"
+
+
+@dataclass
+class FaultReport:
+    """What one fault did to one replay (see the module docstring)."""
+
+    fault: str
+    summary: str
+    requests: int
+    answered_first_call: int
+    refused: int
+    unknown_outcome: int
+    retried: int
+    answered_after_retry: int
+    cancelled: int
+    lost: list[str]
+    refused_then_run: list[str]
+    answers_differ: list[str]
+    ran_twice: list[str]
+    answered_retries: int
+    injected_at_s: float
+    healed_at_s: float
+    stall_s: float | None
+    recovery_s: float | None
+    duration_s: float
+    events: list[tuple[float, str]] = field(default_factory=list)
+    failures_by_kind: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing lost, doubled, run twice or falsely refused."""
+        return not (self.lost or self.refused_then_run or self.answers_differ or self.ran_twice)
+
+    def summary_row(self) -> dict[str, Any]:
+        return {
+            "fault": self.fault,
+            "requests": self.requests,
+            "answered first call": self.answered_first_call,
+            "refused": self.refused,
+            "unknown": self.unknown_outcome,
+            "lost": len(self.lost),
+            "refused then run": len(self.refused_then_run),
+            "answers differ": len(self.answers_differ),
+            "ran twice": len(self.ran_twice),
+            "stall s": None if self.stall_s is None else round(self.stall_s, 2),
+            "recovery s": None if self.recovery_s is None else round(self.recovery_s, 2),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "clean": self.clean}
+
+
+def _refused(record: RequestRecord) -> bool:
+    """A refusal that says nothing was started (admission, quota, draining, no worker)."""
+    return record.status_code in (429, 503) and record.error_code != "outcome_unknown"
+
+
+async def start_fault_stack(
+    infra: PrivateInfra, fault: Fault, config: FaultRunConfig, prefix: str, log_dir: Path
+) -> tuple[ProcessStack, NetworkCut | None]:
+    """The matrix's stack for ``fault`` (see :mod:`loadgen.harness.faults`), ready."""
+    stack = ProcessStack(
+        infra.kafka_bootstrap,
+        infra.redis_url,
+        prefix,
+        log_dir,
+        time_scale=config.time_scale,
+        llm_policy=config.policy,
+        extra_env=dict(fault.env),
+    )
+    cut = None
+    if fault.name == "worker-cut":
+        cut = NetworkCut(uid=61_000 + abs(hash(prefix)) % 2_000, tag=f"switchyard-{prefix}")
+    stack.start_service("monitor")
+    stack.start_service("predictor")
+    stack.start_service("rebalancer")
+    stack.start_service("scheduler")
+    for replica in range(1, fault.schedulers):
+        stack.start_service("scheduler", name=f"scheduler-{replica + 1}")
+    for worker in WORKERS:
+        prefix_argv = cut.argv_prefix if cut is not None and worker == CUT_WORKER else ()
+        stack.start_worker(worker, argv_prefix=prefix_argv)
+    stack.start_service("ingress")
+    await stack.wait_ready(workers=len(WORKERS), timeout_s=120.0)
+    if fault.schedulers > 1:
+        await stack.wait_group("scheduler", fault.schedulers)
+    return stack, cut
+
+
+def fault_plan(config: FaultRunConfig) -> list[PlannedRequest]:
+    """Poisson arrivals at ``rate_rps`` with conversation-like lengths."""
+    spec = f"poisson:rate_rps={config.rate_rps:g},requests={config.requests},seed={config.seed}"
+    return build_plan(resolve_trace(spec), "llm", config.requests, config.seed)
+
+
+async def _retry_until_final(
+    client: httpx.AsyncClient, request: PlannedRequest, run_id: str
+) -> tuple[int | None, dict[str, Any] | None]:
+    """POST ``request`` again (same id, same body) until a final answer; its status and
+    JSON body, or the last status seen when none came within :data:`RETRY_FOR_S`."""
+    body = request.body(run_id)
+    deadline = time.monotonic() + RETRY_FOR_S
+    status: int | None = None
+    while time.monotonic() < deadline:
+        try:
+            answer = await client.post(request.path, json=body)
+        except httpx.HTTPError:
+            await asyncio.sleep(1.0)
+            continue
+        status = answer.status_code
+        if status in FINAL_RETRY_STATUSES:
+            return status, answer.json()
+        if 400 <= status < 500 and status != 429:
+            return status, answer.json()  # refused for good: the plan's body is bad
+        await asyncio.sleep(float(answer.headers.get("retry-after", "1") or 1))
+    return status, None
+
+
+def _served(document: dict[str, Any] | None) -> tuple[Any, Any]:
+    """Who served an answer and how long it was: a second run elsewhere differs."""
+    if not document:
+        return None, None
+    usage = document.get("usage") or {}
+    return (document.get("switchyard") or {}).get("worker_id"), usage.get("completion_tokens")
+
+
+def _stall_and_recovery(
+    records: list[RequestRecord], start_wall_s: float, injected_at_s: float, healed_at_s: float
+) -> tuple[float | None, float | None]:
+    answers = sorted(
+        start_wall_s + r.sent_s + r.latency_s
+        for r in records
+        if r.outcome == OK and r.sent_s is not None and r.latency_s is not None
+    )
+    after = [t for t in answers if t >= injected_at_s]
+    points = [injected_at_s, *after]
+    stall = max((b - a for a, b in itertools.pairwise(points)), default=None)
+    recovered = [
+        start_wall_s + r.sent_s + r.latency_s
+        for r in records
+        if r.outcome == OK
+        and r.sent_s is not None
+        and r.latency_s is not None
+        and start_wall_s + r.sent_s >= healed_at_s
+    ]
+    recovery = min(recovered) - healed_at_s if recovered else None
+    return stall, recovery
+
+
+async def _reconnected(stack: ProcessStack, within_s: float = 30.0) -> None:
+    """Wait until the harness's own store connection works again (after a Redis restart
+    its pooled connections fail once each)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            await stack.state.zcard("workers")
+            await asyncio.gather(*(stack.state.zcard("workers") for _ in range(16)))
+            return
+        except StateError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def run_fault(
+    infra: PrivateInfra, fault: Fault, config: FaultRunConfig, prefix: str, log_dir: Path
+) -> FaultReport:
+    """Run ``fault`` during one replay on a fresh stack; the stack is closed after."""
+    stack, cut = await start_fault_stack(infra, fault, config, prefix, log_dir)
+    ctx = FaultContext(stack, infra, cut)
+    try:
+        return await _run(ctx, fault, config)
+    finally:
+        if cut is not None:
+            cut.restore()
+        await stack.close()
+
+
+async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> FaultReport:
+    stack = ctx.stack
+    plan = fault_plan(config)
+    run_id = new_run_id()
+    start_wall_s = time.time()
+    began = time.monotonic()
+    task = asyncio.create_task(
+        replay(plan, stack.url, timeout_s=config.client_timeout_s, progress=False, run_id=run_id)
+    )
+    try:
+        ordered = sorted(r.arrival_s for r in plan)
+        await asyncio.sleep(ordered[len(ordered) // 3] - ordered[0])
+        injected_at_s, healed_at_s = await fault.run(ctx)
+    except BaseException:
+        task.cancel()
+        raise
+    result = await task
+    records = list(result.records)
+    by_id = {r.request_id: r for r in records}
+    planned = {p.request_id(run_id): p for p in plan}
+
+    # 1. A refusal must be true: nothing of it may be in the ledger.
+    await _reconnected(stack)
+    ledger = RequestLedger(stack.state)
+    refused = [r.request_id for r in records if _refused(r)]
+    found = await asyncio.gather(*(ledger.read(rid) for rid in refused))
+    refused_then_run = sorted(rid for rid, rec in zip(refused, found, strict=True) if rec)
+
+    # 2. Every call without an answer is retried until it has one.
+    unanswered = [r.request_id for r in records if r.outcome != OK]
+    failures: dict[str, int] = {}
+    for r in records:
+        if r.outcome != OK:
+            kind = f"{r.outcome} {r.status_code or ''} {r.error_code or ''}".strip()
+            failures[kind] = failures.get(kind, 0) + 1
+    lost: list[str] = []
+    cancelled = 0
+    answered_after = 0
+    async with httpx.AsyncClient(base_url=stack.url, timeout=config.client_timeout_s) as client:
+        retried = await asyncio.gather(
+            *(_retry_until_final(client, planned[rid], run_id) for rid in unanswered)
+        )
+        for rid, (status, _) in zip(unanswered, retried, strict=True):
+            if status == 200:
+                answered_after += 1
+            elif status == 409:
+                cancelled += 1
+            else:
+                lost.append(rid)
+        # 3. Answered calls, retried, give the same answer and do not run again.
+        answered = [r.request_id for r in records if r.outcome == OK]
+        step = max(1, len(answered) // max(1, config.retry_answered))
+        again = answered[::step][: config.retry_answered]
+        second = await asyncio.gather(
+            *(_retry_until_final(client, planned[rid], run_id) for rid in again)
+        )
+    differ = sorted(
+        rid
+        for rid, (status, document) in zip(again, second, strict=True)
+        if status != 200
+        or _served(document) != (by_id[rid].worker_id, by_id[rid].completion_tokens)
+    )
+
+    # 4. Nothing ran twice (the bus and the ledger, read back).
+    report = await analyse(stack, result, worker_killed=False)
+    stall, recovery = _stall_and_recovery(records, start_wall_s, injected_at_s, healed_at_s)
+    return FaultReport(
+        fault=fault.name,
+        summary=fault.summary,
+        requests=len(records),
+        answered_first_call=sum(1 for r in records if r.outcome == OK),
+        refused=len(refused),
+        unknown_outcome=len(unanswered) - len(refused),
+        retried=len(unanswered),
+        answered_after_retry=answered_after,
+        cancelled=cancelled,
+        lost=sorted(lost),
+        refused_then_run=refused_then_run,
+        answers_differ=differ,
+        ran_twice=report.runs_doubled,
+        answered_retries=len(again),
+        injected_at_s=injected_at_s,
+        healed_at_s=healed_at_s,
+        stall_s=stall,
+        recovery_s=recovery,
+        duration_s=time.monotonic() - began,
+        events=ctx.events,
+        failures_by_kind=failures,
+    )

@@ -1,0 +1,221 @@
+"""The fault kinds of the fault matrix: what each one does to a running stack.
+
+Each :class:`Fault` is one coroutine that injects the fault and, where there is one,
+heals it (a process restarted, a process woken, the network given back), while the
+replay goes on. It returns when the fault is over, with the wall times of both. The
+stack it runs on (:func:`loadgen.harness.fault_run.start_fault_stack`) is the same for
+every fault: a monitor, a predictor, a rebalancer, one scheduler (two for
+``scheduler-kill``), three emulated LLM workers and an ingress, each its own process,
+over a broker and a Redis of the run's own (:class:`~loadgen.harness.infra.PrivateInfra`).
+
+A killed service is started again by the harness where a supervisor (compose's
+``restart``, a Deployment) would do it; a killed worker and a killed scheduler replica
+are not: the others must take over their work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from loadgen.harness.infra import PrivateInfra
+from loadgen.harness.network_cut import NetworkCut
+from loadgen.harness.process_stack import ProcessStack
+
+WORKERS = ("w1", "w2", "w3")
+CUT_WORKER = "w3"
+"""The worker started as a user of its own, the one ``worker-cut`` cuts off."""
+RESTART_AFTER_S = 1.0
+"""How long a killed service stays down before it is started again."""
+PAST_TIMEOUT_S = 3.0
+"""How much longer than the worker timeout a worker stays frozen or cut off."""
+SLOW_FOR_S = 10.0
+SLOW_DUTY = (0.2, 0.2)
+"""A slow worker: stopped 0.2 s of every 0.4 s (half speed, in bursts) for 10 s, still
+heartbeating within the timeout."""
+
+
+@dataclass
+class FaultContext:
+    """What a fault may touch, and the log of what it did."""
+
+    stack: ProcessStack
+    infra: PrivateInfra
+    cut: NetworkCut | None = None
+    events: list[tuple[float, str]] = field(default_factory=list)
+
+    def note(self, what: str) -> float:
+        now_s = time.time()
+        self.events.append((now_s, what))
+        return now_s
+
+    async def busiest_worker(self) -> str:
+        """The live worker holding the most requests now (``worker:{id}:assigned``)."""
+        held = {
+            w: await self.stack.state.zcard(f"worker:{w}:assigned")
+            for w in WORKERS
+            if self.stack.processes[w].running()
+        }
+        return max(held, key=lambda w: held[w])
+
+    async def kill_and_restart(self, name: str) -> tuple[float, float]:
+        killed_at_s = self.stack.kill(name)
+        self.note(f"SIGKILL {name}")
+        await asyncio.sleep(RESTART_AFTER_S)
+        self.stack.restart(name)
+        return killed_at_s, self.note(f"restarted {name}")
+
+
+FaultRun = Callable[[FaultContext], Awaitable[tuple[float, float]]]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault kind.
+
+    Attributes:
+        name: its name on the command line and in the table.
+        summary: what it does, in a few words.
+        run: injects it (and heals it); returns the wall times of both.
+        env: ``SWITCHYARD_*`` variables of the stack it runs on.
+        schedulers: scheduler replicas in that stack.
+    """
+
+    name: str
+    summary: str
+    run: FaultRun
+    env: Mapping[str, str] = field(default_factory=dict)
+    schedulers: int = 1
+
+
+async def _worker_kill(ctx: FaultContext) -> tuple[float, float]:
+    victim = await ctx.busiest_worker()
+    killed_at_s = ctx.stack.kill(victim)
+    ctx.note(f"SIGKILL {victim}")
+    return killed_at_s, killed_at_s
+
+
+async def _worker_freeze(ctx: FaultContext) -> tuple[float, float]:
+    victim = await ctx.busiest_worker()
+    process = ctx.stack.processes[victim].popen
+    process.send_signal(signal.SIGSTOP)
+    stopped_at_s = ctx.note(f"SIGSTOP {victim}")
+    await asyncio.sleep(ctx.stack.worker_timeout_s + PAST_TIMEOUT_S)
+    process.send_signal(signal.SIGCONT)
+    return stopped_at_s, ctx.note(f"SIGCONT {victim}")
+
+
+async def _worker_cut(ctx: FaultContext) -> tuple[float, float]:
+    if ctx.cut is None:
+        raise RuntimeError("worker-cut needs a stack whose cut worker runs as its own user")
+    ctx.cut.cut()
+    cut_at_s = ctx.note(f"network cut: {CUT_WORKER}")
+    try:
+        await asyncio.sleep(ctx.stack.worker_timeout_s + PAST_TIMEOUT_S)
+    finally:
+        ctx.cut.restore()
+    return cut_at_s, ctx.note(f"network back: {CUT_WORKER}")
+
+
+async def _worker_slow(ctx: FaultContext) -> tuple[float, float]:
+    victim = await ctx.busiest_worker()
+    process = ctx.stack.processes[victim].popen
+    began_s = ctx.note(f"slow {victim}: stopped {SLOW_DUTY[0]} s of every {sum(SLOW_DUTY)} s")
+    stopped, running = SLOW_DUTY
+    try:
+        while time.time() - began_s < SLOW_FOR_S:
+            process.send_signal(signal.SIGSTOP)
+            await asyncio.sleep(stopped)
+            process.send_signal(signal.SIGCONT)
+            await asyncio.sleep(running)
+    finally:
+        process.send_signal(signal.SIGCONT)
+    return began_s, ctx.note(f"{victim} at full speed again")
+
+
+def _kill_and_restart(name: str) -> FaultRun:
+    async def run(ctx: FaultContext) -> tuple[float, float]:
+        return await ctx.kill_and_restart(name)
+
+    return run
+
+
+async def _scheduler_kill(ctx: FaultContext) -> tuple[float, float]:
+    killed_at_s = ctx.stack.kill("scheduler")
+    ctx.note("SIGKILL scheduler (one of two replicas)")
+    return killed_at_s, killed_at_s
+
+
+async def _broker_kill(ctx: FaultContext) -> tuple[float, float]:
+    killed_at_s = ctx.infra.kill_kafka()
+    ctx.note("SIGKILL the Kafka broker")
+    await asyncio.to_thread(ctx.infra.start_kafka)
+    return killed_at_s, ctx.note("the broker answers again")
+
+
+async def _broker_restart(ctx: FaultContext) -> tuple[float, float]:
+    began_s = ctx.note("SIGTERM the Kafka broker (a graceful restart)")
+    await asyncio.to_thread(ctx.infra.stop_kafka)
+    ctx.note("the broker has stopped")
+    await asyncio.to_thread(ctx.infra.start_kafka)
+    return began_s, ctx.note("the broker answers again")
+
+
+async def _redis_kill(ctx: FaultContext) -> tuple[float, float]:
+    killed_at_s = ctx.infra.kill_redis()
+    ctx.note("SIGKILL Redis (append-only file, fsync every second)")
+    await asyncio.sleep(RESTART_AFTER_S)
+    await asyncio.to_thread(ctx.infra.start_redis)
+    return killed_at_s, ctx.note("Redis answers again")
+
+
+FAULTS: dict[str, Fault] = {
+    fault.name: fault
+    for fault in (
+        Fault("worker-kill", "SIGKILL of the busiest worker (not restarted)", _worker_kill),
+        Fault(
+            "worker-freeze",
+            "SIGSTOP of the busiest worker past the worker timeout, then SIGCONT",
+            _worker_freeze,
+        ),
+        Fault(
+            "worker-cut",
+            "a worker's packets dropped past the worker timeout, its process alive",
+            _worker_cut,
+        ),
+        Fault("worker-slow", "a worker stopped half of the time for 10 s", _worker_slow),
+        Fault(
+            "ingress-kill",
+            "SIGKILL of the ingress the client calls, restarted 1 s later",
+            _kill_and_restart("ingress"),
+        ),
+        Fault(
+            "scheduler-kill",
+            "SIGKILL of one of two scheduler replicas, every request through them",
+            _scheduler_kill,
+            env={"SWITCHYARD_LLM_DISPATCH": "scheduler"},
+            schedulers=2,
+        ),
+        Fault(
+            "monitor-kill",
+            "SIGKILL of the monitor, restarted 1 s later",
+            _kill_and_restart("monitor"),
+        ),
+        Fault(
+            "predictor-kill",
+            "SIGKILL of the predictor, restarted 1 s later",
+            _kill_and_restart("predictor"),
+        ),
+        Fault(
+            "rebalancer-kill",
+            "SIGKILL of the rebalancer, restarted 1 s later",
+            _kill_and_restart("rebalancer"),
+        ),
+        Fault("broker-kill", "SIGKILL of the Kafka broker, restarted at once", _broker_kill),
+        Fault("broker-restart", "a graceful restart of the Kafka broker", _broker_restart),
+        Fault("redis-kill", "SIGKILL of Redis, restarted 1 s later", _redis_kill),
+    )
+}

@@ -1,0 +1,59 @@
+"""The fault matrix, shortened: the faults that test the request's life hardest, each
+during a replay of a few hundred requests on real processes, a broker and a Redis of
+this module's own (``make faults`` runs every kind on 10,000 requests).
+
+For each: nothing accepted is lost (every call without an answer, retried with its id,
+gets one), no refusal was false (a refused call left nothing in the ledger), answered
+calls retried get the same answer, and nothing ran twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loadgen.harness.fault_run import FaultRunConfig, run_fault
+from loadgen.harness.faults import FAULTS
+from loadgen.harness.infra import PrivateInfra
+from loadgen.harness.network_cut import unavailable
+
+CONFIG = FaultRunConfig(requests=400, rate_rps=40.0, retry_answered=10)
+LONGER = {"broker-kill": 1_500}
+"""A killed broker takes about 15 s to recover its log and answer again: the replay must
+outlast it for the stack's recovery to be seen."""
+
+
+@pytest.fixture(scope="module")
+def infra() -> Iterator[PrivateInfra]:
+    servers = PrivateInfra()
+    servers.start()
+    yield servers
+    servers.stop()
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["worker-freeze", "worker-cut", "ingress-kill", "monitor-kill", "broker-kill", "redis-kill"],
+)
+async def test_a_fault_during_a_replay_loses_doubles_and_reruns_nothing(
+    infra: PrivateInfra, fault: str, tmp_path: Path
+) -> None:
+    if fault == "worker-cut" and (reason := unavailable()) is not None:
+        pytest.fail(f"the network cut cannot be made here: {reason}")
+    config = dataclasses.replace(CONFIG, requests=LONGER.get(fault, CONFIG.requests))
+    report = await run_fault(infra, FAULTS[fault], config, f"t{uuid.uuid4().hex[:8]}", tmp_path)
+    detail = json.dumps(report.to_json(), indent=1)[:6000]
+    assert report.requests == config.requests, detail
+    assert report.lost == [], detail
+    assert report.refused_then_run == [], detail
+    assert report.answers_differ == [], detail
+    assert report.ran_twice == [], detail
+    assert report.answered_retries == config.retry_answered, detail
+    # The fault happened, during the replay, and the stack answered after it.
+    assert report.events, detail
+    assert report.recovery_s is not None, detail
