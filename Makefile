@@ -142,7 +142,7 @@ bench-memory: deps
 
 # The fault matrix: each fault kind (kills of every service, a frozen, a cut-off and a
 # slow worker, broker and Redis restarts) during a 10,000-request replay, on service
-# processes over a Kafka and a Redis of its own; about 40 minutes. Table and JSON in
+# processes over a Kafka and a Redis of its own; about 35 minutes. Table and JSON in
 # bench/results/faults/; figures in docs/reliability.md. Needs root for the network cut.
 faults: deps
 	$(BIN)/python -m bench.fault_matrix --out bench/results/faults

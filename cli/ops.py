@@ -16,7 +16,7 @@ from cli.exit_codes import EXIT_UNAVAILABLE
 
 
 def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
-    shown = settings.model_dump()
+    shown = settings.model_dump(mode="json")
     if "redis_url" in shown:
         shown["redis_url"] = _mask_password(settings.redis_url)
     print(json.dumps(shown, indent=2, sort_keys=True))

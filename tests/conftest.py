@@ -60,6 +60,36 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def kafka_secure_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A Kafka broker of this session's own with one SASL_SSL listener (SCRAM-SHA-512,
+    deploy/local/kafka-secure.sh); the SWITCHYARD_KAFKA_* settings a client is given."""
+    script = Path(__file__).resolve().parents[1] / "deploy" / "local" / "kafka-secure.sh"
+    folder = tmp_path_factory.mktemp("kafka-secure")
+    port = 0
+    while not port:
+        with socket.socket() as probe, socket.socket() as controller:
+            probe.bind(("127.0.0.1", 0))
+            candidate = probe.getsockname()[1]
+            try:
+                controller.bind(("127.0.0.1", candidate + 1))
+            except OSError:
+                continue
+            port = candidate
+    started = subprocess.run(
+        [str(script), "up", str(folder), str(port)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    if started.returncode != 0:
+        pytest.fail(f"deploy/local/kafka-secure.sh up failed: {started.stderr}", pytrace=False)
+    env = dict(line.split("=", 1) for line in started.stdout.splitlines() if "=" in line)
+    yield env
+    subprocess.run([str(script), "down", str(folder)], capture_output=True, timeout=60, check=False)
+
+
+@pytest.fixture(scope="session")
 def redis_tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Redis server of this session's own that takes TLS only and an ACL user with a
     password (deploy/local/redis-tls.sh); the URL a Switchyard service would be given."""

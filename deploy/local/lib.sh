@@ -60,3 +60,17 @@ apt_install() {
   say "installing Debian packages: $*"
   apt-get install -y -qq --no-install-recommends "$@" </dev/null >/dev/null
 }
+
+# test_certificates DIR: a CA (ca.crt, ca.key) and a server certificate for 127.0.0.1 and
+# localhost signed by it (server.crt, server.key) in DIR, valid two days: for the TLS
+# servers the tests start (redis-tls.sh, kafka-secure.sh).
+test_certificates() {
+  local dir=$1
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=switchyard test CA" \
+    -keyout "$dir/ca.key" -out "$dir/ca.crt" >/dev/null 2>&1 || return 1
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$dir/server.key" -out "$dir/server.csr" >/dev/null 2>&1 || return 1
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$dir/san.ext"
+  openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+    -CAcreateserial -days 2 -extfile "$dir/san.ext" -out "$dir/server.crt" >/dev/null 2>&1
+}

@@ -19,23 +19,12 @@ source "$HERE/lib.sh"
 
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 
-certificates() {
-  local dir=$1
-  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=switchyard test CA" \
-    -keyout "$dir/ca.key" -out "$dir/ca.crt" >/dev/null 2>&1
-  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
-    -keyout "$dir/server.key" -out "$dir/server.csr" >/dev/null 2>&1
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$dir/san.ext"
-  openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
-    -CAcreateserial -days 2 -extfile "$dir/san.ext" -out "$dir/server.crt" >/dev/null 2>&1
-}
-
 up() {
   local dir=$1 port=$2 password
   command -v redis-server >/dev/null || die "redis-server is missing (apt-get install redis-server)"
   command -v openssl >/dev/null || die "openssl is missing (apt-get install openssl)"
   mkdir -p "$dir"
-  certificates "$dir" || die "openssl could not make the certificates in $dir"
+  test_certificates "$dir" || die "openssl could not make the certificates in $dir"
   password=$(openssl rand -hex 24)
   printf 'user default off\nuser switchyard on >%s ~t* &* +@all -@dangerous\n' "$password" \
     >"$dir/users.acl"

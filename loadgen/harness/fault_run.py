@@ -39,7 +39,7 @@ from switchyard.traces import resolve_trace
 from loadgen.harness.faults import CUT_WORKER, WORKERS, Fault, FaultContext
 from loadgen.harness.infra import PrivateInfra
 from loadgen.harness.network_cut import NetworkCut
-from loadgen.harness.process_stack import ProcessStack
+from loadgen.harness.process_stack import ProcessStack, gather_bounded
 from loadgen.harness.recovery import analyse
 from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.replay import new_run_id, replay
@@ -265,7 +265,7 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
     await _reconnected(stack)
     ledger = RequestLedger(stack.state)
     refused = [r.request_id for r in records if _refused(r)]
-    found = await asyncio.gather(*(ledger.read(rid) for rid in refused))
+    found = await gather_bounded([ledger.read(rid) for rid in refused])
     refused_then_run = sorted(rid for rid, rec in zip(refused, found, strict=True) if rec)
 
     # 2. Every call without an answer is retried until it has one.
@@ -279,8 +279,8 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
     cancelled = 0
     answered_after = 0
     async with httpx.AsyncClient(base_url=stack.url, timeout=config.client_timeout_s) as client:
-        retried = await asyncio.gather(
-            *(_retry_until_final(client, planned[rid], run_id) for rid in unanswered)
+        retried = await gather_bounded(
+            [_retry_until_final(client, planned[rid], run_id) for rid in unanswered]
         )
         for rid, (status, _) in zip(unanswered, retried, strict=True):
             if status == 200:
@@ -293,8 +293,8 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
         answered = [r.request_id for r in records if r.outcome == OK]
         step = max(1, len(answered) // max(1, config.retry_answered))
         again = answered[::step][: config.retry_answered]
-        second = await asyncio.gather(
-            *(_retry_until_final(client, planned[rid], run_id) for rid in again)
+        second = await gather_bounded(
+            [_retry_until_final(client, planned[rid], run_id) for rid in again]
         )
     differ = sorted(
         rid

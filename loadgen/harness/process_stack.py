@@ -42,7 +42,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar, cast
@@ -488,6 +488,18 @@ async def delete_stack_topics(kafka_bootstrap: str, topic_prefix: str) -> None:
         await transport.delete_topics(topic_prefix + t.name for t in ALL_TOPICS)
     finally:
         await transport.stop()
+
+
+async def gather_bounded(calls: Sequence[Awaitable[T]], limit: int = 64) -> list[T]:
+    """``asyncio.gather`` with at most ``limit`` awaiting at once (a store's or an HTTP
+    client's connection pool is finite: ten thousand reads at once exhaust it)."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
 
 
 def count_by(keys: Sequence[K]) -> dict[K, int]:

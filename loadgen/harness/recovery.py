@@ -34,7 +34,7 @@ from switchyard.contracts.messages import Assignment, Completion, CompletionStat
 from switchyard.contracts.topics import ANSWERS, WORKER_EVENTS, WORKER_INBOX
 from switchyard.lifecycle import RequestLedger
 
-from loadgen.harness.process_stack import ProcessStack, Record, read_topic
+from loadgen.harness.process_stack import ProcessStack, Record, gather_bounded, read_topic
 from loadgen.mixes import PlannedRequest
 from loadgen.replay import replay
 from loadgen.replay_records import ReplayResult
@@ -199,7 +199,7 @@ async def analyse(
     wanted = set(ids)
     ledger = RequestLedger(stack.state)
     request_records = dict(
-        zip(ids, await asyncio.gather(*(ledger.read(rid) for rid in ids)), strict=True)
+        zip(ids, await gather_bounded([ledger.read(rid) for rid in ids]), strict=True)
     )
     runs_doubled, redeliveries = _doubled_runs(completions, wanted)
     superseded = {rid for rid, rec in request_records.items() if rec and rec.superseded_runs}
@@ -262,7 +262,7 @@ async def analyse(
         }
     )
     by_worker = {r.request_id: r.worker_id for r in records if r.status_code == 200}
-    recorded = await asyncio.gather(*(ledger.read(o) for o in orphans))
+    recorded = await gather_bounded([ledger.read(o) for o in orphans])
     latest: list[float] = []
     for orphan, record in zip(orphans, recorded, strict=True):
         report.orphans_answered_by[orphan] = by_worker.get(orphan)

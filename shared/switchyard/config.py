@@ -12,11 +12,21 @@ import socket
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from switchyard.errors import ConfigError
 
 ENV_PREFIX = "SWITCHYARD_"
+SECRET_FIELDS = frozenset({"kafka_sasl_password"})
+"""Settings whose values no error message, log or listing shows."""
 
 
 def _default_instance_id() -> str:
@@ -78,6 +88,42 @@ class Settings(BaseModel):
             "delay delivery; it sets how often an idle consumer asks again (the broker's "
             "and the consumers' idle CPU)."
         ),
+    )
+
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT",
+        description=(
+            "How clients talk to the brokers: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or "
+            "SASL_SSL (a user and password over TLS: what a managed Kafka asks for)."
+        ),
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        default="SCRAM-SHA-512", description="SASL mechanism (with a SASL_* protocol)."
+    )
+    kafka_sasl_username: str = Field(
+        default="",
+        validate_default=True,
+        description="SASL user (needed with a SASL_* protocol).",
+    )
+    kafka_sasl_password: SecretStr = Field(
+        default=SecretStr(""),
+        validate_default=True,
+        description="SASL password (needed with a SASL_* protocol); never logged.",
+    )
+    kafka_ssl_cafile: str = Field(
+        default="",
+        description=(
+            "PEM file of the CA that signed the brokers' certificates (SSL, SASL_SSL); "
+            "empty: the system's trusted CAs."
+        ),
+    )
+    kafka_ssl_certfile: str = Field(
+        default="", description="PEM client certificate, for brokers that require one (mTLS)."
+    )
+    kafka_ssl_keyfile: str = Field(
+        default="",
+        validate_default=True,
+        description="PEM private key of the client certificate (with kafka_ssl_certfile).",
     )
 
     state: Literal["memory", "redis"] = Field(
@@ -371,6 +417,28 @@ class Settings(BaseModel):
                 raise ValueError(f"expected host:port[,host:port], got {server.strip()!r}")
         return value
 
+    @field_validator("kafka_sasl_username", "kafka_sasl_password")
+    @classmethod
+    def _sasl_needs_credentials(cls, value: str | SecretStr, info: ValidationInfo) -> object:
+        protocol = info.data.get("kafka_security_protocol", "PLAINTEXT")
+        given = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if protocol.startswith("SASL_") and not given:
+            raise ValueError(f"needed with SWITCHYARD_KAFKA_SECURITY_PROTOCOL={protocol}")
+        return value
+
+    @field_validator("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
+    @classmethod
+    def _readable_pem(cls, value: str, info: ValidationInfo) -> str:
+        if value and not os.access(value, os.R_OK):
+            raise ValueError("no such file, or not readable")
+        if info.field_name == "kafka_ssl_keyfile" and bool(value) != bool(
+            info.data.get("kafka_ssl_certfile")
+        ):
+            raise ValueError(
+                "a client certificate needs both SWITCHYARD_KAFKA_SSL_CERTFILE and _KEYFILE"
+            )
+        return value
+
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str) -> str:
@@ -407,7 +475,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
         lines = []
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else "?"
-            shown = values.get(field, "<unset>")
+            shown = "<hidden>" if field in SECRET_FIELDS else values.get(field, "<unset>")
             message = error["msg"].removeprefix("Value error, ")
             lines.append(f"{ENV_PREFIX}{field.upper()}={shown!r}: {message}")
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None

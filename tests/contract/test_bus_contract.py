@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from switchyard.bus import Delivery, Envelope, Subscription
+from switchyard.bus.kafka_security import KafkaSecurity, kafka_security
 from switchyard.bus.partitioner import partition_for_key
+from switchyard.config import load_settings
 from switchyard.contracts.dead_letter import DeadLetter
 from switchyard.contracts.messages import InferenceRequest
 from switchyard.contracts.topics import DEAD_LETTERS, HEARTBEATS, REQUESTS, WORKER_EVENTS
@@ -30,10 +32,26 @@ from tests.support.bus import (
 )
 
 
-@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.integration)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("kafka", marks=pytest.mark.integration),
+        # A broker as managed services run them: TLS and a SCRAM user, no plaintext port.
+        pytest.param("kafka-sasl-ssl", marks=pytest.mark.integration),
+    ]
+)
 async def make_bus(request: pytest.FixtureRequest, unique_prefix: str) -> AsyncIterator[BusFactory]:
-    bootstrap = request.getfixturevalue("kafka_bootstrap") if request.param == "kafka" else None
-    async with bus_factory(request.param, prefix=unique_prefix, kafka_bootstrap=bootstrap) as make:
+    bootstrap: str | None = None
+    security: KafkaSecurity | None = None
+    if request.param == "kafka":
+        bootstrap = request.getfixturevalue("kafka_bootstrap")
+    elif request.param == "kafka-sasl-ssl":
+        settings = load_settings(request.getfixturevalue("kafka_secure_env"))
+        bootstrap, security = settings.kafka_bootstrap, kafka_security(settings)
+    kind = "memory" if request.param == "memory" else "kafka"
+    async with bus_factory(
+        kind, prefix=unique_prefix, kafka_bootstrap=bootstrap, kafka_security=security
+    ) as make:
         yield make
 
 

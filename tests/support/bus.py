@@ -6,12 +6,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from switchyard.bus import Bus, Delivery, MemoryBroker, MemoryTransport, Subscription
 from switchyard.bus.middleware import BusMiddleware
 from switchyard.bus.transport import Transport
 from switchyard.contracts.base import Message
+
+if TYPE_CHECKING:
+    from switchyard.bus.kafka_security import KafkaSecurity
 from switchyard.contracts.messages import ClassificationPayload, InferenceRequest
 from switchyard.contracts.topics import ALL_TOPICS
 
@@ -22,9 +25,14 @@ BusFactory = Callable[..., Bus]
 
 @asynccontextmanager
 async def bus_factory(
-    kind: str, *, prefix: str, kafka_bootstrap: str | None = None
+    kind: str,
+    *,
+    prefix: str,
+    kafka_bootstrap: str | None = None,
+    kafka_security: KafkaSecurity | None = None,
 ) -> AsyncIterator[BusFactory]:
-    """Yield a function that makes started-later buses sharing one broker.
+    """Yield a function that makes started-later buses sharing one broker (on Kafka, with
+    ``kafka_security``'s TLS and SASL when given).
 
     Buses made by one factory stand for separate processes on one cluster: on Kafka each
     has its own connections, in memory they share one :class:`MemoryBroker`.
@@ -42,7 +50,10 @@ async def bus_factory(
 
             assert kafka_bootstrap is not None
             transport = KafkaTransport(
-                kafka_bootstrap, client_id=f"{prefix}test", heartbeat_interval_ms=300
+                kafka_bootstrap,
+                client_id=f"{prefix}test",
+                heartbeat_interval_ms=300,
+                security=kafka_security,
             )
         else:
             transport = MemoryTransport(broker)

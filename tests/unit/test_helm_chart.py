@@ -42,6 +42,7 @@ CHART_OWNED = frozenset(
         "SWITCHYARD_BUS",
         "SWITCHYARD_STATE",
         "SWITCHYARD_KAFKA_BOOTSTRAP",
+        "SWITCHYARD_KAFKA_SECURITY_PROTOCOL",
         "SWITCHYARD_REDIS_URL",
         "SWITCHYARD_HEALTH_HOST",
         "SWITCHYARD_HEALTH_PORT",
@@ -53,6 +54,18 @@ WORKER_ID, HTTP_PORT = "SWITCHYARD_WORKER_ID", "SWITCHYARD_HTTP_PORT"
 # Compose's addresses name its own containers; the chart takes them as values.
 ADDRESSES = frozenset(
     {"SWITCHYARD_KAFKA_BOOTSTRAP", "SWITCHYARD_REDIS_URL", "SWITCHYARD_OTLP_ENDPOINT"}
+)
+# Kafka's TLS and SASL: from `kafka` (the password a Secret, the CA a mounted Secret),
+# set only when the protocol asks for them; client certificates are not in the chart.
+KAFKA_SECURITY = frozenset(
+    {
+        "SWITCHYARD_KAFKA_SASL_MECHANISM",
+        "SWITCHYARD_KAFKA_SASL_USERNAME",
+        "SWITCHYARD_KAFKA_SASL_PASSWORD",
+        "SWITCHYARD_KAFKA_SSL_CAFILE",
+        "SWITCHYARD_KAFKA_SSL_CERTFILE",
+        "SWITCHYARD_KAFKA_SSL_KEYFILE",
+    }
 )
 # The ingress's API keys: from `auth` (a Secret), never from `config`.
 AUTH_OWNED = frozenset({"SWITCHYARD_AUTH", "SWITCHYARD_API_KEYS", "SWITCHYARD_API_KEYS_FILE"})
@@ -333,7 +346,9 @@ def test_an_unknown_variable_is_refused_by_name(override: str) -> None:
 def test_the_values_schema_accepts_every_setting_the_chart_does_not_set_itself() -> None:
     schema = yaml.safe_load((CHART / "values.schema.json").read_text(encoding="utf-8"))
     accepted = set(schema["$defs"]["switchyardEnv"]["properties"])
-    assert accepted == KNOWN_VARIABLES - CHART_OWNED - AUTH_OWNED - {WORKER_ID, HTTP_PORT}
+    assert accepted == (
+        KNOWN_VARIABLES - CHART_OWNED - AUTH_OWNED - KAFKA_SECURITY - {WORKER_ID, HTTP_PORT}
+    )
     deployments = _deployments(_render())
     for name, deployment in deployments.items():
         env = _env(deployment, _render())
@@ -582,3 +597,53 @@ def test_the_load_generator_sends_a_key_from_a_secret(full: tuple[Manifest, ...]
     refused = _template("--set", "loadgen.enabled=true")
     assert refused.returncode != 0
     assert "loadgen.apiKeySecret is empty" in refused.stderr
+
+
+SASL_SSL = [
+    "--set", "kafka.securityProtocol=SASL_SSL",
+    "--set", "kafka.sasl.username=switchyard",
+    "--set", "kafka.sasl.password=not-in-any-configmap",
+    "--set", "kafka.tls.caSecret=switchyard-cluster-ca-cert",
+]  # fmt: skip
+
+
+def test_kafka_over_sasl_ssl_takes_its_password_from_a_secret_and_its_ca_from_a_mount() -> None:
+    manifests = _render(*SASL_SSL)
+    config_maps = [m["data"] for m in _of_kind(manifests, "ConfigMap")]
+    assert not any("not-in-any-configmap" in str(data) for data in config_maps)
+    for name, deployment in _deployments(manifests).items():
+        env = _env(deployment, manifests)
+        assert env["SWITCHYARD_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", name
+        assert env["SWITCHYARD_KAFKA_SASL_USERNAME"] == "switchyard", name
+        assert env["SWITCHYARD_KAFKA_SASL_PASSWORD"] == "not-in-any-configmap", name
+        assert env["SWITCHYARD_KAFKA_SSL_CAFILE"] == "/etc/switchyard/kafka-ca/ca.crt", name
+        pod = deployment["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "kafka-ca"]
+        assert volume["secret"]["secretName"] == "switchyard-cluster-ca-cert"
+        mounts = {m["name"]: m for m in _main_container(deployment)["volumeMounts"]}
+        assert mounts["kafka-ca"]["mountPath"] == "/etc/switchyard/kafka-ca"
+        assert mounts["kafka-ca"]["readOnly"] is True
+    for manifest in manifests:
+        if manifest["kind"] in ("Deployment", "Secret"):
+            kubernetes_validate.validate(manifest, KUBE_VERSIONS[-1], strict=True)
+    # The services accept what the chart gave them (the CA file is only in the pod).
+    env = _env(_deployments(manifests)["scheduler"], manifests)
+    env.pop("SWITCHYARD_KAFKA_SSL_CAFILE")
+    assert load_settings(env).kafka_security_protocol == "SASL_SSL"
+
+
+def test_lag_autoscalers_on_a_secured_kafka_refuse_to_render() -> None:
+    refused = _template(*SASL_SSL, "--set", "scheduler.autoscaling.enabled=true")
+    assert refused.returncode != 0
+    assert "no KEDA TriggerAuthentication for TLS or SASL" in refused.stderr
+
+
+def test_sasl_without_a_user_or_password_refuses_to_render() -> None:
+    no_user = _template("--set", "kafka.securityProtocol=SASL_SSL")
+    assert no_user.returncode != 0
+    assert "set kafka.sasl.username" in no_user.stderr
+    no_password = _template(
+        "--set", "kafka.securityProtocol=SASL_SSL", "--set", "kafka.sasl.username=u"
+    )
+    assert no_password.returncode != 0
+    assert "kafka.sasl.password is empty" in no_password.stderr

@@ -54,13 +54,16 @@ def bus_from_settings(
     """
     transport: Transport
     if settings.bus == "kafka":
-        from switchyard.bus.kafka import KafkaTransport  # aiokafka only where it is used
+        # aiokafka only where it is used
+        from switchyard.bus.kafka import KafkaTransport
+        from switchyard.bus.kafka_security import kafka_security
 
         transport = KafkaTransport(
             settings.kafka_bootstrap,
             client_id=f"switchyard-{settings.instance_id}",
             linger_ms=settings.kafka_linger_ms,
             fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+            security=kafka_security(settings),
         )
     else:
         transport = MemoryTransport(memory_broker, default_partitions=settings.topic_partitions)

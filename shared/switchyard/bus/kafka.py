@@ -18,6 +18,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
+from switchyard.bus.kafka_security import KafkaSecurity, why_not_connected
 from switchyard.bus.records import (
     ClusterInfo,
     Envelope,
@@ -183,6 +184,8 @@ class KafkaTransport:
         heartbeat_interval_ms / session_timeout_ms: group membership timing; a consumer
             that dies without leaving loses its partitions after ``session_timeout_ms``.
         fetch_max_wait_ms: how long a fetch waits on the broker for new records.
+        security: TLS and SASL (:mod:`switchyard.bus.kafka_security`); plaintext when
+            not given.
     """
 
     def __init__(
@@ -196,8 +199,12 @@ class KafkaTransport:
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 1_000,
         fetch_max_wait_ms: int = 500,
+        security: KafkaSecurity | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        # TLS and SASL options, the same for every client (the TLS context made once).
+        self._security_settings = security or KafkaSecurity()
+        self._security = self._security_settings.client_options()
         self._client_id = client_id
         self._linger_ms = linger_ms
         self._max_batch_bytes = max_batch_bytes
@@ -222,11 +229,13 @@ class KafkaTransport:
             linger_ms=self._linger_ms,
             max_batch_size=self._max_batch_bytes,
             request_timeout_ms=self._request_timeout_ms,
+            **self._security,
         )
         admin = AIOKafkaAdminClient(
             bootstrap_servers=self.bootstrap,
             client_id=f"{self._client_id}-admin",
             request_timeout_ms=self._request_timeout_ms,
+            **self._security,
         )
         try:
             await producer.start()
@@ -234,6 +243,11 @@ class KafkaTransport:
         except (KafkaError, OSError) as exc:
             await producer.stop()
             await admin.close()
+            cause = await why_not_connected(self.bootstrap, self._security_settings)
+            if cause is not None:
+                raise TransportError(
+                    f"connecting to Kafka at {self.bootstrap} failed: {cause}", retriable=False
+                ) from None
             raise self._fail("connecting", exc) from exc
         self._producer, self._admin = producer, admin
 
@@ -323,6 +337,7 @@ class KafkaTransport:
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            **self._security,
             session_timeout_ms=self._session_timeout_ms,
             heartbeat_interval_ms=self._heartbeat_interval_ms,
             fetch_max_wait_ms=self._fetch_max_wait_ms,
@@ -351,6 +366,7 @@ class KafkaTransport:
             auto_offset_reset="latest",
             fetch_max_wait_ms=self._fetch_max_wait_ms,
             request_timeout_ms=self._request_timeout_ms,
+            **self._security,
         )
         assigned = [KafkaTopicPartition(topic, p) for p in partitions]
         positions: dict[KafkaTopicPartition, int] = {}

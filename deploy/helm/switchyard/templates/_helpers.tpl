@@ -57,6 +57,19 @@ SWITCHYARD_REDIS_URL
 {{- end -}}
 {{- end -}}
 
+{{- /* Kafka's SASL password: the chart's Secret, or one of your own. */ -}}
+{{- define "switchyard.kafkaSecret" -}}
+{{- .Values.kafka.sasl.existingSecret | default (printf "%s-kafka" (include "switchyard.fullname" .)) -}}
+{{- end -}}
+
+{{- define "switchyard.kafkaSecretKey" -}}
+{{- if .Values.kafka.sasl.existingSecret -}}
+{{- .Values.kafka.sasl.existingSecretKey -}}
+{{- else -}}
+SWITCHYARD_KAFKA_SASL_PASSWORD
+{{- end -}}
+{{- end -}}
+
 {{- define "switchyard.drainTimeout" -}}
 {{- .Values.config.SWITCHYARD_DRAIN_TIMEOUT_S | default "15" | toString | float64 -}}
 {{- end -}}
@@ -101,6 +114,9 @@ record, so its lag counts from there.
 */}}
 {{- define "switchyard.kafkaTriggers" -}}
 {{- $prefix := .root.Values.config.SWITCHYARD_TOPIC_PREFIX | default "" -}}
+{{- if and .autoscaling.triggers (ne .root.Values.kafka.securityProtocol "PLAINTEXT") }}
+{{- fail (printf "the lag autoscalers read Kafka in plaintext, and kafka.securityProtocol is %s: the chart has no KEDA TriggerAuthentication for TLS or SASL yet; leave KEDA autoscaling off (the ingress's CPU autoscaler is unaffected)" .root.Values.kafka.securityProtocol) }}
+{{- end }}
 {{- range .autoscaling.triggers }}
 - type: kafka
   metadata:
