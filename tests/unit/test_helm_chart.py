@@ -13,7 +13,6 @@ deps`); without them these tests fail, saying so.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
@@ -26,9 +25,23 @@ import yaml
 from switchyard.config import ENV_PREFIX, Settings, load_settings
 from switchyard.contracts import topics
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "deploy" / "helm" / "switchyard"
-HELM_SH = ROOT / "deploy" / "local" / "helm.sh"
+from tests.support.helm_chart import (
+    CHART,
+    ROOT,
+    TENANT_KEY_HASH,
+    TEST_TENANTS,
+    Manifest,
+    component,
+    deployments_of,
+    env_of,
+    helm_run,
+    main_container,
+    of_kind,
+    render,
+    run_script,
+    template,
+)
+
 KNOWN_VARIABLES = frozenset(ENV_PREFIX + name.upper() for name in Settings.model_fields)
 
 # The oldest Kubernetes the chart supports (Chart.yaml's kubeVersion) and the newest the
@@ -72,10 +85,6 @@ AUTH_OWNED = frozenset({"SWITCHYARD_AUTH", "SWITCHYARD_API_KEYS", "SWITCHYARD_AP
 # Compose only: its tenants' default, and the drain notice its proxy needs (the chart's
 # ingress has preStopSleepSeconds for the same end).
 COMPOSE_ONLY = frozenset({"SWITCHYARD_API_KEYS", "SWITCHYARD_DRAIN_NOTICE_S"})
-TENANT_KEY_HASH = "a" * 64
-TEST_TENANTS = ["--set-json", f'auth.apiKeys=["test={TENANT_KEY_HASH}"]']
-"""The chart renders only with a tenant (or keys off): every render but the ones that
-test exactly that gets this one."""
 
 # Every option on: KEDA, the load generator, an extra trigger, a topic prefix, the Redis
 # URL from a Secret of one's own, scheduling constraints, a collector.
@@ -119,28 +128,6 @@ ALL_OPTIONS: dict[str, Any] = {
 }
 VARIANTS = ("defaults", "all-options")
 
-Manifest = dict[str, Any]
-
-
-def _run_script(command: str) -> str:
-    done = subprocess.run(
-        [str(HELM_SH), command], capture_output=True, text=True, timeout=60, check=False
-    )
-    if done.returncode != 0:
-        pytest.fail(f"deploy/local/helm.sh {command} failed: {done.stderr.strip()}", pytrace=False)
-    return done.stdout.strip()
-
-
-@cache
-def _helm() -> str:
-    return _run_script("path")
-
-
-def _helm_run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [_helm(), *args], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT
-    )
-
 
 @pytest.fixture(scope="module")
 def all_options_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -153,66 +140,14 @@ def _values_args(variant: str, all_options_file: Path) -> list[str]:
     return ["-f", str(all_options_file)] if variant == "all-options" else []
 
 
-def _template(*args: str, tenants: bool = True) -> subprocess.CompletedProcess[str]:
-    extra = TEST_TENANTS if tenants else []
-    return _helm_run("template", "sy", str(CHART), "--namespace", "switchyard", *extra, *args)
-
-
-@cache
-def _render(*args: str) -> tuple[Manifest, ...]:
-    done = _template(*args)
-    assert done.returncode == 0, done.stderr
-    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
-
-
 @pytest.fixture(scope="module", params=VARIANTS)
 def rendered(request: pytest.FixtureRequest, all_options_file: Path) -> tuple[Manifest, ...]:
-    return _render(*_values_args(request.param, all_options_file))
+    return render(*_values_args(request.param, all_options_file))
 
 
 @pytest.fixture(scope="module")
 def full(all_options_file: Path) -> tuple[Manifest, ...]:
-    return _render("-f", str(all_options_file))
-
-
-def _of_kind(manifests: tuple[Manifest, ...], kind: str) -> list[Manifest]:
-    return [m for m in manifests if m["kind"] == kind]
-
-
-def _component(manifest: Manifest) -> str:
-    return str(manifest["metadata"]["labels"]["app.kubernetes.io/component"])
-
-
-def _deployments(manifests: tuple[Manifest, ...]) -> dict[str, Manifest]:
-    return {_component(d): d for d in _of_kind(manifests, "Deployment")}
-
-
-def _main_container(deployment: Manifest) -> Manifest:
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return dict(container)
-
-
-def _env(deployment: Manifest, manifests: tuple[Manifest, ...]) -> dict[str, str]:
-    """The variables the service starts with: its ConfigMaps, then its own `env`."""
-    config_maps = {m["metadata"]["name"]: m for m in _of_kind(manifests, "ConfigMap")}
-    secrets = {m["metadata"]["name"]: m for m in _of_kind(manifests, "Secret")}
-    container = _main_container(deployment)
-    env: dict[str, str] = {}
-    for source in container.get("envFrom", []):
-        env.update(config_maps[source["configMapRef"]["name"]]["data"])
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        elif "fieldRef" in item["valueFrom"]:
-            env[item["name"]] = "pod-name"
-        else:
-            ref = item["valueFrom"]["secretKeyRef"]
-            secret = secrets.get(ref["name"])
-            # A Secret of one's own (all-options) is not rendered: stand in a valid URL.
-            env[item["name"]] = (
-                secret["stringData"][ref["key"]] if secret else "redis://redis.example:6379/0"
-            )
-    return env
+    return render("-f", str(all_options_file))
 
 
 def _compose_services() -> dict[str, Any]:
@@ -229,7 +164,7 @@ def _compose_services() -> dict[str, Any]:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_helm_lint_is_clean(variant: str, all_options_file: Path) -> None:
-    done = _helm_run(
+    done = helm_run(
         "lint", "--strict", str(CHART), *TEST_TENANTS, *_values_args(variant, all_options_file)
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -276,15 +211,15 @@ def _strict(schema: Any) -> Any:
 
 @cache
 def _scaled_object_schema() -> dict[str, Any]:
-    crd = yaml.safe_load(Path(_run_script("crd")).read_text(encoding="utf-8"))
+    crd = yaml.safe_load(Path(run_script("crd")).read_text(encoding="utf-8"))
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
     return dict(_strict(version["schema"]["openAPIV3Schema"]))
 
 
 def test_scaled_objects_validate_against_kedas_crd(full: tuple[Manifest, ...]) -> None:
     validator = jsonschema.Draft4Validator(_scaled_object_schema())
-    scaled = _of_kind(full, "ScaledObject")
-    assert {_component(s) for s in scaled} == {
+    scaled = of_kind(full, "ScaledObject")
+    assert {component(s) for s in scaled} == {
         "scheduler",
         "worker-llm",
         "worker-llm-13b",
@@ -300,7 +235,7 @@ def test_scaled_objects_validate_against_kedas_crd(full: tuple[Manifest, ...]) -
 
 def test_the_keda_check_refuses_a_misspelled_field(full: tuple[Manifest, ...]) -> None:
     validator = jsonschema.Draft4Validator(_scaled_object_schema())
-    manifest = _of_kind(full, "ScaledObject")[0]
+    manifest = of_kind(full, "ScaledObject")[0]
     wrong = {**manifest, "spec": {**manifest["spec"], "minReplicas": 1}}
     assert not validator.is_valid(wrong)
 
@@ -311,13 +246,13 @@ def test_the_keda_check_refuses_a_misspelled_field(full: tuple[Manifest, ...]) -
 def test_every_variable_is_a_setting_with_a_value_the_services_accept(
     rendered: tuple[Manifest, ...],
 ) -> None:
-    for config_map in _of_kind(rendered, "ConfigMap"):
+    for config_map in of_kind(rendered, "ConfigMap"):
         unknown = set(config_map["data"]) - KNOWN_VARIABLES
         assert not unknown, (config_map["metadata"]["name"], unknown)
-    for secret in _of_kind(rendered, "Secret"):
+    for secret in of_kind(rendered, "Secret"):
         assert set(secret["stringData"]) <= KNOWN_VARIABLES, secret["metadata"]["name"]
-    for name, deployment in _deployments(rendered).items():
-        env = _env(deployment, rendered)
+    for name, deployment in deployments_of(rendered).items():
+        env = env_of(deployment, rendered)
         unknown = {key for key in env if key.startswith(ENV_PREFIX)} - KNOWN_VARIABLES
         assert not unknown, (name, unknown)
         settings = load_settings(env)  # raises ConfigError naming a bad value
@@ -337,7 +272,7 @@ def test_every_variable_is_a_setting_with_a_value_the_services_accept(
     ],
 )
 def test_an_unknown_variable_is_refused_by_name(override: str) -> None:
-    done = _template("--set", override)
+    done = template("--set", override)
     assert done.returncode != 0
     name = override.split("=")[0].rsplit(".", 1)[1]
     assert name in done.stderr, done.stderr
@@ -349,9 +284,9 @@ def test_the_values_schema_accepts_every_setting_the_chart_does_not_set_itself()
     assert accepted == (
         KNOWN_VARIABLES - CHART_OWNED - AUTH_OWNED - KAFKA_SECURITY - {WORKER_ID, HTTP_PORT}
     )
-    deployments = _deployments(_render())
+    deployments = deployments_of(render())
     for name, deployment in deployments.items():
-        env = _env(deployment, _render())
+        env = env_of(deployment, render())
         assert set(env) >= CHART_OWNED, (name, CHART_OWNED - set(env))
         assert (HTTP_PORT in env) == (name == "ingress"), name
 
@@ -361,11 +296,11 @@ def test_the_values_schema_accepts_every_setting_the_chart_does_not_set_itself()
 
 def test_every_compose_service_has_its_deployment(rendered: tuple[Manifest, ...]) -> None:
     compose = _compose_services()
-    deployments = _deployments(rendered)
+    deployments = deployments_of(rendered)
     assert set(deployments) == set(compose)
     for name, spec in compose.items():
         pod = deployments[name]["spec"]["template"]["spec"]
-        container = _main_container(deployments[name])
+        container = main_container(deployments[name])
         assert container["args"] == spec["command"], name
         assert container["image"] == spec["image"], name  # switchyard:core or :ml
         waits = "registry" in (spec.get("depends_on") or {})
@@ -379,10 +314,10 @@ def test_every_compose_service_has_its_deployment(rendered: tuple[Manifest, ...]
 
 
 def test_compose_settings_carry_over_with_the_same_values() -> None:
-    manifests = _render()
-    deployments = _deployments(manifests)
+    manifests = render()
+    deployments = deployments_of(manifests)
     for name, spec in _compose_services().items():
-        env = _env(deployments[name], manifests)
+        env = env_of(deployments[name], manifests)
         wanted = {
             k: str(v) for k, v in spec["environment"].items() if k not in ADDRESSES | COMPOSE_ONLY
         }
@@ -392,7 +327,7 @@ def test_compose_settings_carry_over_with_the_same_values() -> None:
 def test_the_registry_job_builds_what_the_readers_wait_for(
     rendered: tuple[Manifest, ...],
 ) -> None:
-    (job,) = [j for j in _of_kind(rendered, "Job") if _component(j) == "registry"]
+    (job,) = [j for j in of_kind(rendered, "Job") if component(j) == "registry"]
     compose_job = yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))[
         "services"
     ]["registry"]
@@ -400,7 +335,7 @@ def test_the_registry_job_builds_what_the_readers_wait_for(
     assert container["args"] == compose_job["command"]
     assert container["image"].endswith(":ml")
     claim = job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
-    for deployment in _deployments(rendered).values():
+    for deployment in deployments_of(rendered).values():
         for volume in deployment["spec"]["template"]["spec"].get("volumes", []):
             assert volume["persistentVolumeClaim"]["claimName"] == claim
 
@@ -408,9 +343,9 @@ def test_the_registry_job_builds_what_the_readers_wait_for(
 def test_the_load_generator_is_off_by_default_and_replays_against_the_ingress(
     full: tuple[Manifest, ...],
 ) -> None:
-    assert not [j for j in _of_kind(_render(), "Job") if _component(j) == "loadgen"]
-    (job,) = [j for j in _of_kind(full, "Job") if _component(j) == "loadgen"]
-    (service,) = [s for s in _of_kind(full, "Service") if s["spec"].get("type") == "LoadBalancer"]
+    assert not [j for j in of_kind(render(), "Job") if component(j) == "loadgen"]
+    (job,) = [j for j in of_kind(full, "Job") if component(j) == "loadgen"]
+    (service,) = [s for s in of_kind(full, "Service") if s["spec"].get("type") == "LoadBalancer"]
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     target = args[args.index("--target") + 1]
     assert target == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
@@ -422,16 +357,16 @@ def test_the_load_generator_is_off_by_default_and_replays_against_the_ingress(
 def test_each_deployment_has_probes_resources_a_budget_and_a_metrics_service(
     rendered: tuple[Manifest, ...],
 ) -> None:
-    budgets = {_component(p) for p in _of_kind(rendered, "PodDisruptionBudget")}
+    budgets = {component(p) for p in of_kind(rendered, "PodDisruptionBudget")}
     metrics = {
-        _component(s): s
-        for s in _of_kind(rendered, "Service")
+        component(s): s
+        for s in of_kind(rendered, "Service")
         if s["metadata"]["labels"].get("switchyard.io/metrics") == "true"
     }
-    for name, deployment in _deployments(rendered).items():
-        container = _main_container(deployment)
+    for name, deployment in deployments_of(rendered).items():
+        container = main_container(deployment)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        env = _env(deployment, rendered)
+        env = env_of(deployment, rendered)
         assert ports["health"] == int(env["SWITCHYARD_HEALTH_PORT"]) == 8081, name
         for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
             assert container[probe]["httpGet"] == {"path": path, "port": "health"}, name
@@ -443,10 +378,10 @@ def test_each_deployment_has_probes_resources_a_budget_and_a_metrics_service(
 
 
 def test_the_grace_period_outlasts_the_drain(rendered: tuple[Manifest, ...]) -> None:
-    for name, deployment in _deployments(rendered).items():
+    for name, deployment in deployments_of(rendered).items():
         spec = deployment["spec"]["template"]["spec"]
-        drain_s = float(_env(deployment, rendered)["SWITCHYARD_DRAIN_TIMEOUT_S"])
-        pre_stop = _main_container(deployment).get("lifecycle", {}).get("preStop")
+        drain_s = float(env_of(deployment, rendered)["SWITCHYARD_DRAIN_TIMEOUT_S"])
+        pre_stop = main_container(deployment).get("lifecycle", {}).get("preStop")
         pre_stop_s = float(pre_stop["exec"]["command"][1]) if pre_stop else 0.0
         assert spec["terminationGracePeriodSeconds"] > drain_s + pre_stop_s, name
 
@@ -459,21 +394,21 @@ def test_the_grace_period_outlasts_the_drain(rendered: tuple[Manifest, ...]) -> 
     ],
 )
 def test_settings_that_would_break_a_rollout_are_refused(override: str, message: str) -> None:
-    done = _template("--set", override)
+    done = template("--set", override)
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
 
 
 def test_the_ingress_service_reaches_the_http_port(rendered: tuple[Manifest, ...]) -> None:
-    ingress = _deployments(rendered)["ingress"]
-    container = _main_container(ingress)
+    ingress = deployments_of(rendered)["ingress"]
+    container = main_container(ingress)
     (service,) = [
         s
-        for s in _of_kind(rendered, "Service")
-        if _component(s) == "ingress" and "switchyard.io/metrics" not in s["metadata"]["labels"]
+        for s in of_kind(rendered, "Service")
+        if component(s) == "ingress" and "switchyard.io/metrics" not in s["metadata"]["labels"]
     ]
     http = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
-    assert http == int(_env(ingress, rendered)[HTTP_PORT]) == 8080
+    assert http == int(env_of(ingress, rendered)[HTTP_PORT]) == 8080
     assert service["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http"}]
     labels = ingress["spec"]["template"]["metadata"]["labels"]
     assert all(labels[k] == v for k, v in service["spec"]["selector"].items())
@@ -483,25 +418,25 @@ def test_the_ingress_service_reaches_the_http_port(rendered: tuple[Manifest, ...
 
 
 def test_the_ingress_scales_on_cpu_and_keda_is_off_by_default() -> None:
-    defaults = _render()
-    (hpa,) = _of_kind(defaults, "HorizontalPodAutoscaler")
+    defaults = render()
+    (hpa,) = of_kind(defaults, "HorizontalPodAutoscaler")
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert (
         hpa["spec"]["scaleTargetRef"]["name"]
-        == _deployments(defaults)["ingress"]["metadata"]["name"]
+        == deployments_of(defaults)["ingress"]["metadata"]["name"]
     )
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
-    assert not _of_kind(defaults, "ScaledObject")  # a cluster without KEDA installs it
+    assert not of_kind(defaults, "ScaledObject")  # a cluster without KEDA installs it
 
 
 def test_autoscaled_deployments_leave_the_replica_count_to_their_autoscaler(
     rendered: tuple[Manifest, ...],
 ) -> None:
-    targets = {s["spec"]["scaleTargetRef"]["name"] for s in _of_kind(rendered, "ScaledObject")}
+    targets = {s["spec"]["scaleTargetRef"]["name"] for s in of_kind(rendered, "ScaledObject")}
     targets |= {
-        h["spec"]["scaleTargetRef"]["name"] for h in _of_kind(rendered, "HorizontalPodAutoscaler")
+        h["spec"]["scaleTargetRef"]["name"] for h in of_kind(rendered, "HorizontalPodAutoscaler")
     }
-    for deployment in _of_kind(rendered, "Deployment"):
+    for deployment in of_kind(rendered, "Deployment"):
         scaled = deployment["metadata"]["name"] in targets
         assert ("replicas" in deployment["spec"]) != scaled, deployment["metadata"]["name"]
 
@@ -531,8 +466,8 @@ def test_lag_triggers_name_groups_and_topics_the_services_consume(
     everywhere = set().union(*consumed.values())
     prefix = ALL_OPTIONS["config"]["SWITCHYARD_TOPIC_PREFIX"]
     requests_topics = {topics.REQUESTS.name, topics.CLASSIFICATION_REQUESTS.name}
-    for scaled in _of_kind(full, "ScaledObject"):
-        name = _component(scaled)
+    for scaled in of_kind(full, "ScaledObject"):
+        name = component(scaled)
         pairs = set()
         for metadata in _kafka_triggers(scaled):
             assert metadata["bootstrapServers"] == "switchyard-kafka-bootstrap:9092"
@@ -554,47 +489,47 @@ def test_lag_triggers_name_groups_and_topics_the_services_consume(
 
 
 def test_the_ingress_alone_needs_api_keys_kept_in_a_secret() -> None:
-    manifests = _render()
-    deployments = _deployments(manifests)
-    env = _env(deployments["ingress"], manifests)
+    manifests = render()
+    deployments = deployments_of(manifests)
+    env = env_of(deployments["ingress"], manifests)
     assert env["SWITCHYARD_AUTH"] == "api-key"
     assert env["SWITCHYARD_API_KEYS"] == f"test={TENANT_KEY_HASH}"
     for name, deployment in deployments.items():
         if name != "ingress":
-            assert "SWITCHYARD_AUTH" not in _env(deployment, manifests), name
-    config_maps = [m["data"] for m in _of_kind(manifests, "ConfigMap")]
+            assert "SWITCHYARD_AUTH" not in env_of(deployment, manifests), name
+    config_maps = [m["data"] for m in of_kind(manifests, "ConfigMap")]
     assert not any("SWITCHYARD_API_KEYS" in data for data in config_maps)
 
 
 def test_keys_on_without_a_tenant_refuse_to_render_and_keys_off_render_none() -> None:
-    refused = _template(tenants=False)
+    refused = template(tenants=False)
     assert refused.returncode != 0
     assert "auth.apiKeys is empty" in refused.stderr
-    off = _render("--set", "auth.enabled=false")
-    ingress_env = _env(_deployments(off)["ingress"], off)
+    off = render("--set", "auth.enabled=false")
+    ingress_env = env_of(deployments_of(off)["ingress"], off)
     assert "SWITCHYARD_AUTH" not in ingress_env
-    assert not [s for s in _of_kind(off, "Secret") if s["metadata"]["name"].endswith("api-keys")]
-    own = _render("--set", "auth.existingSecret=tenants", "--set", "auth.existingSecretKey=keys")
+    assert not [s for s in of_kind(off, "Secret") if s["metadata"]["name"].endswith("api-keys")]
+    own = render("--set", "auth.existingSecret=tenants", "--set", "auth.existingSecretKey=keys")
     (item,) = [
         e
-        for e in _main_container(_deployments(own)["ingress"])["env"]
+        for e in main_container(deployments_of(own)["ingress"])["env"]
         if e["name"] == "SWITCHYARD_API_KEYS"
     ]
     assert item["valueFrom"]["secretKeyRef"] == {"name": "tenants", "key": "keys"}
 
 
 def test_a_raw_key_instead_of_its_hash_is_refused_by_the_schema() -> None:
-    done = _template("--set-json", 'auth.apiKeys=["test=sy-the-raw-key"]', tenants=False)
+    done = template("--set-json", 'auth.apiKeys=["test=sy-the-raw-key"]', tenants=False)
     assert done.returncode != 0
     assert "apiKeys" in done.stderr
 
 
 def test_the_load_generator_sends_a_key_from_a_secret(full: tuple[Manifest, ...]) -> None:
-    (job,) = [j for j in _of_kind(full, "Job") if _component(j) == "loadgen"]
+    (job,) = [j for j in of_kind(full, "Job") if component(j) == "loadgen"]
     (container,) = job["spec"]["template"]["spec"]["containers"]
     (item,) = container["env"]
     assert item["valueFrom"]["secretKeyRef"] == {"name": "loadgen-key", "key": "SWITCHYARD_API_KEY"}
-    refused = _template("--set", "loadgen.enabled=true")
+    refused = template("--set", "loadgen.enabled=true")
     assert refused.returncode != 0
     assert "loadgen.apiKeySecret is empty" in refused.stderr
 
@@ -608,11 +543,11 @@ SASL_SSL = [
 
 
 def test_kafka_over_sasl_ssl_takes_its_password_from_a_secret_and_its_ca_from_a_mount() -> None:
-    manifests = _render(*SASL_SSL)
-    config_maps = [m["data"] for m in _of_kind(manifests, "ConfigMap")]
+    manifests = render(*SASL_SSL)
+    config_maps = [m["data"] for m in of_kind(manifests, "ConfigMap")]
     assert not any("not-in-any-configmap" in str(data) for data in config_maps)
-    for name, deployment in _deployments(manifests).items():
-        env = _env(deployment, manifests)
+    for name, deployment in deployments_of(manifests).items():
+        env = env_of(deployment, manifests)
         assert env["SWITCHYARD_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", name
         assert env["SWITCHYARD_KAFKA_SASL_USERNAME"] == "switchyard", name
         assert env["SWITCHYARD_KAFKA_SASL_PASSWORD"] == "not-in-any-configmap", name
@@ -620,29 +555,29 @@ def test_kafka_over_sasl_ssl_takes_its_password_from_a_secret_and_its_ca_from_a_
         pod = deployment["spec"]["template"]["spec"]
         (volume,) = [v for v in pod["volumes"] if v["name"] == "kafka-ca"]
         assert volume["secret"]["secretName"] == "switchyard-cluster-ca-cert"
-        mounts = {m["name"]: m for m in _main_container(deployment)["volumeMounts"]}
+        mounts = {m["name"]: m for m in main_container(deployment)["volumeMounts"]}
         assert mounts["kafka-ca"]["mountPath"] == "/etc/switchyard/kafka-ca"
         assert mounts["kafka-ca"]["readOnly"] is True
     for manifest in manifests:
         if manifest["kind"] in ("Deployment", "Secret"):
             kubernetes_validate.validate(manifest, KUBE_VERSIONS[-1], strict=True)
     # The services accept what the chart gave them (the CA file is only in the pod).
-    env = _env(_deployments(manifests)["scheduler"], manifests)
+    env = env_of(deployments_of(manifests)["scheduler"], manifests)
     env.pop("SWITCHYARD_KAFKA_SSL_CAFILE")
     assert load_settings(env).kafka_security_protocol == "SASL_SSL"
 
 
 def test_lag_autoscalers_on_a_secured_kafka_refuse_to_render() -> None:
-    refused = _template(*SASL_SSL, "--set", "scheduler.autoscaling.enabled=true")
+    refused = template(*SASL_SSL, "--set", "scheduler.autoscaling.enabled=true")
     assert refused.returncode != 0
     assert "no KEDA TriggerAuthentication for TLS or SASL" in refused.stderr
 
 
 def test_sasl_without_a_user_or_password_refuses_to_render() -> None:
-    no_user = _template("--set", "kafka.securityProtocol=SASL_SSL")
+    no_user = template("--set", "kafka.securityProtocol=SASL_SSL")
     assert no_user.returncode != 0
     assert "set kafka.sasl.username" in no_user.stderr
-    no_password = _template(
+    no_password = template(
         "--set", "kafka.securityProtocol=SASL_SSL", "--set", "kafka.sasl.username=u"
     )
     assert no_password.returncode != 0
