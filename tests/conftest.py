@@ -16,6 +16,7 @@ it fail with a message saying how to start it: they never skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -59,56 +60,59 @@ def redis_url() -> str:
     return url
 
 
-@pytest.fixture(scope="session")
-def kafka_secure_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A Kafka broker of this session's own with one SASL_SSL listener (SCRAM-SHA-512,
-    deploy/local/kafka-secure.sh); the SWITCHYARD_KAFKA_* settings a client is given."""
-    script = Path(__file__).resolve().parents[1] / "deploy" / "local" / "kafka-secure.sh"
-    folder = tmp_path_factory.mktemp("kafka-secure")
-    port = 0
-    while not port:
-        with socket.socket() as probe, socket.socket() as controller:
-            probe.bind(("127.0.0.1", 0))
-            candidate = probe.getsockname()[1]
+def _free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free ports on 127.0.0.1."""
+    while True:
+        with contextlib.ExitStack() as held:
+            probes = [held.enter_context(socket.socket()) for _ in range(count)]
+            probes[0].bind(("127.0.0.1", 0))
+            first = probes[0].getsockname()[1]
             try:
-                controller.bind(("127.0.0.1", candidate + 1))
+                for offset, probe in enumerate(probes[1:], start=1):
+                    probe.bind(("127.0.0.1", first + offset))
             except OSError:
                 continue
-            port = candidate
+            return int(first)
+
+
+@contextlib.contextmanager
+def _tls_server(name: str, folder: Path, port: int, timeout_s: float) -> Iterator[str]:
+    """``deploy/local/NAME up FOLDER PORT`` (its standard output), then ``down``."""
+    script = Path(__file__).resolve().parents[1] / "deploy" / "local" / name
     started = subprocess.run(
         [str(script), "up", str(folder), str(port)],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout_s,
         check=False,
     )
     if started.returncode != 0:
-        pytest.fail(f"deploy/local/kafka-secure.sh up failed: {started.stderr}", pytrace=False)
-    env = dict(line.split("=", 1) for line in started.stdout.splitlines() if "=" in line)
-    yield env
-    subprocess.run([str(script), "down", str(folder)], capture_output=True, timeout=60, check=False)
+        pytest.fail(f"deploy/local/{name} up failed: {started.stderr}", pytrace=False)
+    try:
+        yield started.stdout
+    finally:
+        subprocess.run(
+            [str(script), "down", str(folder)], capture_output=True, timeout=60, check=False
+        )
+
+
+@pytest.fixture(scope="session")
+def kafka_secure_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A Kafka broker of this session's own with one SASL_SSL listener (SCRAM-SHA-512,
+    deploy/local/kafka-secure.sh); the SWITCHYARD_KAFKA_* settings a client is given."""
+    folder = tmp_path_factory.mktemp("kafka-secure")
+    # The broker's port and, next to it, its controller's.
+    with _tls_server("kafka-secure.sh", folder, _free_ports(2), 240) as printed:
+        yield dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
 
 
 @pytest.fixture(scope="session")
 def redis_tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Redis server of this session's own that takes TLS only and an ACL user with a
     password (deploy/local/redis-tls.sh); the URL a Switchyard service would be given."""
-    script = Path(__file__).resolve().parents[1] / "deploy" / "local" / "redis-tls.sh"
     folder = tmp_path_factory.mktemp("redis-tls")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    started = subprocess.run(
-        [str(script), "up", str(folder), str(port)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if started.returncode != 0:
-        pytest.fail(f"deploy/local/redis-tls.sh up failed: {started.stderr}", pytrace=False)
-    yield started.stdout.strip()
-    subprocess.run([str(script), "down", str(folder)], capture_output=True, timeout=60, check=False)
+    with _tls_server("redis-tls.sh", folder, _free_ports(1), 60) as printed:
+        yield printed.strip()
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from loadgen.harness.faults import CUT_WORKER, WORKERS, Fault, FaultContext
 from loadgen.harness.infra import PrivateInfra
 from loadgen.harness.network_cut import NetworkCut
 from loadgen.harness.process_stack import ProcessStack, gather_bounded
-from loadgen.harness.recovery import analyse
+from loadgen.harness.recovery import analyse, third_of_the_way_s
 from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.replay import new_run_id, replay
 from loadgen.replay_records import OK, RequestRecord
@@ -191,23 +192,16 @@ def _served(document: dict[str, Any] | None) -> tuple[Any, Any]:
 def _stall_and_recovery(
     records: list[RequestRecord], start_wall_s: float, injected_at_s: float, healed_at_s: float
 ) -> tuple[float | None, float | None]:
-    answers = sorted(
-        start_wall_s + r.sent_s + r.latency_s
+    # (sent, answered) in wall seconds, of every call answered 200.
+    answered = sorted(
+        (start_wall_s + r.sent_s, start_wall_s + r.sent_s + r.latency_s)
         for r in records
         if r.outcome == OK and r.sent_s is not None and r.latency_s is not None
     )
-    after = [t for t in answers if t >= injected_at_s]
-    points = [injected_at_s, *after]
+    points = [injected_at_s, *sorted(at for _, at in answered if at >= injected_at_s)]
     stall = max((b - a for a, b in itertools.pairwise(points)), default=None)
-    recovered = [
-        start_wall_s + r.sent_s + r.latency_s
-        for r in records
-        if r.outcome == OK
-        and r.sent_s is not None
-        and r.latency_s is not None
-        and start_wall_s + r.sent_s >= healed_at_s
-    ]
-    recovery = min(recovered) - healed_at_s if recovered else None
+    after_heal = [at for sent, at in answered if sent >= healed_at_s]
+    recovery = min(after_heal) - healed_at_s if after_heal else None
     return stall, recovery
 
 
@@ -217,7 +211,7 @@ async def _reconnected(stack: ProcessStack, within_s: float = 30.0) -> None:
     deadline = time.monotonic() + within_s
     while True:
         try:
-            await stack.state.zcard("workers")
+            # Several at once, so that every pooled connection is tried (and replaced).
             await asyncio.gather(*(stack.state.zcard("workers") for _ in range(16)))
             return
         except StateError:
@@ -250,8 +244,7 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
         replay(plan, stack.url, timeout_s=config.client_timeout_s, progress=False, run_id=run_id)
     )
     try:
-        ordered = sorted(r.arrival_s for r in plan)
-        await asyncio.sleep(ordered[len(ordered) // 3] - ordered[0])
+        await asyncio.sleep(third_of_the_way_s(plan, speedup=1.0))
         injected_at_s, healed_at_s = await fault.run(ctx)
     except BaseException:
         task.cancel()
@@ -270,11 +263,11 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
 
     # 2. Every call without an answer is retried until it has one.
     unanswered = [r.request_id for r in records if r.outcome != OK]
-    failures: dict[str, int] = {}
-    for r in records:
-        if r.outcome != OK:
-            kind = f"{r.outcome} {r.status_code or ''} {r.error_code or ''}".strip()
-            failures[kind] = failures.get(kind, 0) + 1
+    failures = Counter(
+        f"{r.outcome} {r.status_code or ''} {r.error_code or ''}".strip()
+        for r in records
+        if r.outcome != OK
+    )
     lost: list[str] = []
     cancelled = 0
     answered_after = 0
@@ -327,5 +320,5 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
         recovery_s=recovery,
         duration_s=time.monotonic() - began,
         events=ctx.events,
-        failures_by_kind=failures,
+        failures_by_kind=dict(failures),
     )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from loadgen.harness.infra import PrivateInfra
 from loadgen.harness.network_cut import NetworkCut
 from loadgen.harness.process_stack import ProcessStack
+from loadgen.harness.recovery import busiest_worker
 
 WORKERS = ("w1", "w2", "w3")
 CUT_WORKER = "w3"
@@ -53,13 +54,9 @@ class FaultContext:
         return now_s
 
     async def busiest_worker(self) -> str:
-        """The live worker holding the most requests now (``worker:{id}:assigned``)."""
-        held = {
-            w: await self.stack.state.zcard(f"worker:{w}:assigned")
-            for w in WORKERS
-            if self.stack.processes[w].running()
-        }
-        return max(held, key=lambda w: held[w])
+        """The running worker holding the most requests now."""
+        running = [w for w in WORKERS if self.stack.processes[w].running()]
+        return await busiest_worker(self.stack, running)
 
     async def kill_and_restart(self, name: str) -> tuple[float, float]:
         killed_at_s = self.stack.kill(name)

@@ -62,8 +62,7 @@ class HeardThrough:
         if self._read is None:
             return None if self._expect_reader else now_s
         through_s = self._read()
-        hearing = through_s is not None and now_s - through_s <= self.gap_s
-        if not hearing:
+        if through_s is None or now_s - through_s > self.gap_s:
             if self.current:
                 log.warning(
                     "heartbeats are not being heard (broker unreachable, or the reader "
@@ -73,7 +72,6 @@ class HeardThrough:
             self.current = False
             self.since_s = math.inf
             return None
-        assert through_s is not None
         if not self.current or self.since_s == math.inf:
             if not self.current:
                 log.info(
