@@ -116,11 +116,12 @@ bench-multimodel: deps
 
 # The live stack on the local Kafka and Redis: CPU per request by process, overhead and
 # the sustained rate (services as processes, with flame graphs at 200/s); records decoded
-# per request as workers and ingress replicas are added; the Azure conversation trace
-# under GAPS and JSQ. Figures in docs/benchmarks.md.
+# per request as workers and ingress replicas are added; an unloaded request's time hop
+# by hop; the Azure conversation trace under GAPS and JSQ. Figures in docs/benchmarks.md.
 bench-stack: deps
 	$(call with_infra,$(BIN)/python -m bench.hot_path_bench rates --profile-rate 200 \
 	  && $(BIN)/python -m bench.hot_path_bench fanout \
+	  && $(BIN)/python -m bench.latency_anatomy \
 	  && $(BIN)/python -m bench.stack_bench azure)
 
 # The bus's own cost a message, apart from any broker: publish and consume on the memory

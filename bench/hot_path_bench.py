@@ -197,7 +197,8 @@ def running_stack(
         asyncio.run(processes.close())
 
 
-def _plan(rate_rps: float, requests: int, seed: int) -> list[Any]:
+def short_completions(rate_rps: float, requests: int, seed: int) -> list[Any]:
+    """Open-loop Poisson arrivals of short completions (1 to 16 output tokens)."""
     spec = (
         f"poisson:rate_rps={rate_rps:g},requests={requests},lengths=lognormal,"
         f"max_tokens=16,seed={seed}"
@@ -205,10 +206,12 @@ def _plan(rate_rps: float, requests: int, seed: int) -> list[Any]:
     return build_plan(resolve_trace(spec), "llm", None, 0)
 
 
-def _warm_up(url: str) -> None:
+def warm_up(url: str) -> None:
     """A few seconds of light load: a fresh stack's first requests meet consumer groups
     still settling, which a running one does not."""
-    asyncio.run(replay(_plan(50, 300, 99), url, timeout_s=60, progress=False, run_id="warm"))
+    asyncio.run(
+        replay(short_completions(50, 300, 99), url, timeout_s=60, progress=False, run_id="warm")
+    )
 
 
 @dataclass
@@ -249,7 +252,7 @@ def run_rate(
 ) -> RateRun:
     """Offer ``rate_rps`` for ``duration_s`` and measure (see the module docstring)."""
     requests = max(1, int(rate_rps * duration_s))
-    plan = _plan(rate_rps, requests, seed)
+    plan = short_completions(rate_rps, requests, seed)
     sampler = CpuSampler(stack.pids())
     records_before = stack.records()
     profilers = _start_profilers(stack, duration_s) if profile else []
@@ -364,7 +367,7 @@ def rates_experiment(args: argparse.Namespace) -> dict[str, Any]:
             "OTEL_TRACES_SAMPLER_ARG": repr(args.trace_ratio),
         }
     with running_stack(args.workers, env=env) as stack:
-        _warm_up(stack.processes.url)
+        warm_up(stack.processes.url)
         idle = idle_cost(stack, args.idle_s) if args.idle_s > 0 else {}
         if idle:
             print("idle CPU (s/s): " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(idle.items())))
@@ -462,7 +465,7 @@ def fanout_experiment(args: argparse.Namespace) -> dict[str, Any]:
     for workers in [int(w) for w in args.workers_list.split(",")]:
         for replicas in [int(r) for r in args.replicas_list.split(",")]:
             with running_stack(workers, replicas) as stack:
-                _warm_up(stack.processes.url)
+                warm_up(stack.processes.url)
                 run = run_rate(stack, args.rate, args.duration_s, seed=1)
             by_kind: dict[str, float] = defaultdict(float)
             for key, per_request in run.records.items():

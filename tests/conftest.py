@@ -16,11 +16,13 @@ it fail with a message saying how to start it: they never skip.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import subprocess
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -115,10 +117,44 @@ def redis_tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield printed.strip()
 
 
+_PREFIXES_USED: list[str] = []
+
+
 @pytest.fixture
 def unique_prefix() -> str:
-    """A prefix no other test uses, for topics, consumer groups and keys."""
-    return f"t{uuid.uuid4().hex[:12]}."
+    """A prefix no other test uses, for topics, consumer groups and keys; the topics made
+    under it on the shared broker are deleted when the session ends."""
+    prefix = f"t{uuid.uuid4().hex[:12]}."
+    _PREFIXES_USED.append(prefix)
+    return prefix
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _delete_topics_of_unique_prefixes() -> Iterator[None]:
+    """Every topic the session made under a ``unique_prefix``, deleted at its end: each
+    test's topics would otherwise stay on the shared broker for good, and a broker that
+    holds thousands of idle partitions spends a tenth of a core on them."""
+    yield
+    bootstrap = os.environ.get("SWITCHYARD_KAFKA_BOOTSTRAP", DEFAULT_KAFKA_BOOTSTRAP)
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    if not _PREFIXES_USED or not _reachable(host, int(port), timeout_s=1.0):
+        return
+    asyncio.run(_delete_topics_under(bootstrap, tuple(_PREFIXES_USED)))
+
+
+async def _delete_topics_under(bootstrap: str, prefixes: tuple[str, ...]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        made = [t for t in await admin.list_topics() if t.startswith(prefixes)]
+        for first in range(0, len(made), 100):
+            await admin.delete_topics(made[first : first + 100], timeout_ms=60_000)
+    except Exception as exc:  # clean-up must not fail a session that passed
+        warnings.warn(f"could not delete the session's test topics: {exc!r}", stacklevel=1)
+    finally:
+        await admin.close()
 
 
 TIERS = ("unit", "service", "contract", "integration", "containers")
