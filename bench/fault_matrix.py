@@ -42,6 +42,7 @@ def _markdown(reports: list[FaultReport], config: FaultRunConfig) -> str:
         "retry answered differently",
         "ran twice",
         "longest stall",
+        "longest wait",
         "recovery",
     ]
     lines = [
@@ -65,6 +66,7 @@ def _markdown(reports: list[FaultReport], config: FaultRunConfig) -> str:
             f"{len(r.answers_differ)} of {r.answered_retries}",
             str(len(r.ran_twice)),
             "-" if r.stall_s is None else f"{r.stall_s:.1f} s",
+            "-" if r.longest_wait_s is None else f"{r.longest_wait_s:.1f} s",
             "-" if r.recovery_s is None else f"{r.recovery_s:.1f} s",
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -18,8 +18,11 @@ third of the way in (:mod:`loadgen.harness.faults`), and when the replay is over
    superseded run, *ran twice*.
 
 Times: ``stall_s`` is the longest stretch, from the fault on, in which the client got
-no 200 at all; ``recovery_s`` is from the end of the fault (its heal, or the kill when
-nothing is restarted) to the first 200 for a call sent after it.
+no 200 at all; ``longest_wait_s`` the longest a call sent from the fault on waited for
+its 200 (a fault that holds back only some calls, such as a scheduler replica's
+partitions waiting for its group to notice, shows here and not in the stall);
+``recovery_s`` is from the end of the fault (its heal, or the kill when nothing is
+restarted) to the first 200 for a call sent after it.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class FaultReport:
     injected_at_s: float
     healed_at_s: float
     stall_s: float | None
+    longest_wait_s: float | None
     recovery_s: float | None
     duration_s: float
     events: list[tuple[float, str]] = field(default_factory=list)
@@ -108,6 +112,9 @@ class FaultReport:
             "answers differ": len(self.answers_differ),
             "ran twice": len(self.ran_twice),
             "stall s": None if self.stall_s is None else round(self.stall_s, 2),
+            "longest wait s": None
+            if self.longest_wait_s is None
+            else round(self.longest_wait_s, 2),
             "recovery s": None if self.recovery_s is None else round(self.recovery_s, 2),
         }
 
@@ -189,9 +196,10 @@ def _served(document: dict[str, Any] | None) -> tuple[Any, Any]:
     return (document.get("switchyard") or {}).get("worker_id"), usage.get("completion_tokens")
 
 
-def _stall_and_recovery(
+def _fault_times(
     records: list[RequestRecord], start_wall_s: float, injected_at_s: float, healed_at_s: float
-) -> tuple[float | None, float | None]:
+) -> tuple[float | None, float | None, float | None]:
+    """``stall_s``, ``longest_wait_s`` and ``recovery_s`` (see the module docstring)."""
     # (sent, answered) in wall seconds, of every call answered 200.
     answered = sorted(
         (start_wall_s + r.sent_s, start_wall_s + r.sent_s + r.latency_s)
@@ -200,9 +208,10 @@ def _stall_and_recovery(
     )
     points = [injected_at_s, *sorted(at for _, at in answered if at >= injected_at_s)]
     stall = max((b - a for a, b in itertools.pairwise(points)), default=None)
+    longest_wait = max((at - sent for sent, at in answered if sent >= injected_at_s), default=None)
     after_heal = [at for sent, at in answered if sent >= healed_at_s]
     recovery = min(after_heal) - healed_at_s if after_heal else None
-    return stall, recovery
+    return stall, longest_wait, recovery
 
 
 async def _reconnected(stack: ProcessStack, within_s: float = 30.0) -> None:
@@ -298,7 +307,7 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
 
     # 4. Nothing ran twice (the bus and the ledger, read back).
     report = await analyse(stack, result, worker_killed=False)
-    stall, recovery = _stall_and_recovery(records, start_wall_s, injected_at_s, healed_at_s)
+    stall, longest_wait, recovery = _fault_times(records, start_wall_s, injected_at_s, healed_at_s)
     return FaultReport(
         fault=fault.name,
         summary=fault.summary,
@@ -317,6 +326,7 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
         injected_at_s=injected_at_s,
         healed_at_s=healed_at_s,
         stall_s=stall,
+        longest_wait_s=longest_wait,
         recovery_s=recovery,
         duration_s=time.monotonic() - began,
         events=ctx.events,

@@ -5,7 +5,7 @@ heals it (a process restarted, a process woken, the network given back), while t
 replay goes on. It returns when the fault is over, with the wall times of both. The
 stack it runs on (:func:`loadgen.harness.fault_run.start_fault_stack`) is the same for
 every fault: a monitor, a predictor, a rebalancer, one scheduler (two for
-``scheduler-kill``), three emulated LLM workers and an ingress, each its own process,
+the scheduler faults), three emulated LLM workers and an ingress, each its own process,
 over a broker and a Redis of the run's own (:class:`~loadgen.harness.infra.PrivateInfra`).
 
 A killed service is started again by the harness where a supervisor (compose's
@@ -32,7 +32,8 @@ CUT_WORKER = "w3"
 RESTART_AFTER_S = 1.0
 """How long a killed service stays down before it is started again."""
 PAST_TIMEOUT_S = 3.0
-"""How much longer than the worker timeout a worker stays frozen or cut off."""
+"""How much longer than its timeout (the worker timeout, a scheduler's group session) a
+process stays frozen or cut off."""
 SLOW_FOR_S = 10.0
 SLOW_DUTY = (0.2, 0.2)
 """A slow worker: stopped 0.2 s of every 0.4 s (half speed, in bursts) for 10 s, still
@@ -65,6 +66,14 @@ class FaultContext:
         self.stack.restart(name)
         return killed_at_s, self.note(f"restarted {name}")
 
+
+SCHEDULER_GROUP_ENV: Mapping[str, str] = {
+    "SWITCHYARD_LLM_DISPATCH": "scheduler",
+    # The compose stack's setting: a replica that stops heartbeating loses its
+    # partitions to the other after about this long.
+    "SWITCHYARD_KAFKA_SESSION_TIMEOUT_MS": "3000",
+}
+"""The stack of the scheduler faults: every LLM request through the scheduler group."""
 
 FaultRun = Callable[[FaultContext], Awaitable[tuple[float, float]]]
 
@@ -146,6 +155,16 @@ async def _scheduler_kill(ctx: FaultContext) -> tuple[float, float]:
     return killed_at_s, killed_at_s
 
 
+async def _scheduler_freeze(ctx: FaultContext) -> tuple[float, float]:
+    process = ctx.stack.processes["scheduler"].popen
+    process.send_signal(signal.SIGSTOP)
+    stopped_at_s = ctx.note("SIGSTOP scheduler (one of two replicas)")
+    await asyncio.sleep(int(SCHEDULER_GROUP_ENV["SWITCHYARD_KAFKA_SESSION_TIMEOUT_MS"]) / 1000)
+    await asyncio.sleep(PAST_TIMEOUT_S)
+    process.send_signal(signal.SIGCONT)
+    return stopped_at_s, ctx.note("SIGCONT scheduler")
+
+
 async def _broker_kill(ctx: FaultContext) -> tuple[float, float]:
     killed_at_s = ctx.infra.kill_kafka()
     ctx.note("SIGKILL the Kafka broker")
@@ -193,7 +212,14 @@ FAULTS: dict[str, Fault] = {
             "scheduler-kill",
             "SIGKILL of one of two scheduler replicas, every request through them",
             _scheduler_kill,
-            env={"SWITCHYARD_LLM_DISPATCH": "scheduler"},
+            env=SCHEDULER_GROUP_ENV,
+            schedulers=2,
+        ),
+        Fault(
+            "scheduler-freeze",
+            "SIGSTOP of one of two scheduler replicas past its session, then SIGCONT",
+            _scheduler_freeze,
+            env=SCHEDULER_GROUP_ENV,
             schedulers=2,
         ),
         Fault(

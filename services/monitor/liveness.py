@@ -128,6 +128,7 @@ class Liveness:
         now_s = self.clock()
         self.checks += 1
         judged_s = self.heard.judged_at(now_s)
+        await self.state.hset(keys.MONITOR_HEARING, self.heard.record(now_s))
         if judged_s is None:
             return []
         silent = await self.state.zrange_by_score(

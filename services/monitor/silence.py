@@ -17,6 +17,11 @@ only from the start of the current stretch of hearing:
 
 Without a reader attached (a monitor whose routines do not run, in tests) the wall clock
 is the judge, as before.
+
+Each liveness check also writes this clock to ``monitor:hearing``
+(:meth:`HeardThrough.record`), and everyone who reads the cluster measures a worker's
+silence by it (:class:`switchyard.cluster.records.Hearing`): admission and placement then
+do not take live workers for gone when the monitor could not hear them either.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class HeardThrough:
         """Start of the current stretch of hearing (``-inf`` when judged by the clock)."""
         self.current = True
         """Whether the last judgement found the monitor hearing."""
+        self.through_s: float | None = None
+        """The heard-through time of the last judgement (None before any)."""
 
     def expect_reader(self) -> None:
         """From now on judge by a reader only: none yet means nobody is judged."""
@@ -60,8 +67,13 @@ class HeardThrough:
     def judged_at(self, now_s: float) -> float | None:
         """The time up to which silence can be judged now; None: judge nobody."""
         if self._read is None:
-            return None if self._expect_reader else now_s
+            if self._expect_reader:
+                return None
+            self.through_s = now_s
+            return now_s
         through_s = self._read()
+        if through_s is not None:
+            self.through_s = through_s
         if through_s is None or now_s - through_s > self.gap_s:
             if self.current:
                 log.warning(
@@ -81,6 +93,16 @@ class HeardThrough:
             self.current = True
             self.since_s = through_s
         return through_s
+
+    def record(self, now_s: float) -> dict[str, str]:
+        """The fields of ``monitor:hearing`` after the judgement at ``now_s``: a stretch
+        that is not hearing now has ``since_s`` infinite (nobody's silence grows)."""
+        hearing = self.current and self.through_s is not None and self.since_s != math.inf
+        return {
+            "through_s": repr(self.through_s or 0.0),
+            "since_s": repr(self.since_s if hearing else math.inf),
+            "written_s": repr(now_s),
+        }
 
     def silence_s(self, judged_s: float, last_seen_s: float) -> float:
         """How long a worker last heard from at ``last_seen_s`` has been silent while the

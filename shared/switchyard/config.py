@@ -90,6 +90,25 @@ class Settings(BaseModel):
         ),
     )
 
+    kafka_session_timeout_ms: int = Field(
+        default=6_000,
+        ge=1_000,
+        le=300_000,
+        description=(
+            "How long a consumer group waits for a member that stopped heartbeating (a "
+            "killed process) before its partitions move to the others: a scheduler "
+            "replica's failover takes about this long. 6,000 is the least a broker accepts "
+            "with its default group.min.session.timeout.ms; the local and compose brokers "
+            "accept 1,000, and the compose stack uses 3,000."
+        ),
+    )
+    kafka_heartbeat_interval_ms: int = Field(
+        default=1_000,
+        ge=100,
+        le=100_000,
+        description="How often a group member tells the broker it lives: at most a third "
+        "of SWITCHYARD_KAFKA_SESSION_TIMEOUT_MS.",
+    )
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT",
         description=(
@@ -415,6 +434,17 @@ class Settings(BaseModel):
             host, sep, port = server.strip().rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"expected host:port[,host:port], got {server.strip()!r}")
+        return value
+
+    @field_validator("kafka_heartbeat_interval_ms")
+    @classmethod
+    def _heartbeats_within_session(cls, value: int, info: ValidationInfo) -> int:
+        session_ms = info.data.get("kafka_session_timeout_ms")
+        if session_ms is not None and value * 3 > session_ms:
+            raise ValueError(
+                f"at most a third of SWITCHYARD_KAFKA_SESSION_TIMEOUT_MS ({session_ms}), so "
+                "that one lost heartbeat does not cost a member its partitions"
+            )
         return value
 
     @field_validator("kafka_sasl_username", "kafka_sasl_password")

@@ -71,3 +71,44 @@ async def test_a_restarted_worker_s_new_heartbeat_is_read_though_its_sequence_re
     assert after.workers[0].heartbeat is not None
     assert after.workers[0].heartbeat.inbox_partition == 9
     assert reader.inbox_partitions() == {"w1": 9}
+
+
+async def hear(store: StateStore, *, through_s: float, since_s: float, written_s: float) -> None:
+    """What the monitor's liveness check writes of its hearing."""
+    await store.hset(
+        keys.MONITOR_HEARING,
+        {"through_s": repr(through_s), "since_s": repr(since_s), "written_s": repr(written_s)},
+    )
+
+
+async def test_workers_silent_only_because_the_monitor_hears_nothing_stay_live(
+    store: StateStore,
+) -> None:
+    # Heard from 30 s ago; the broker has been away since, so the monitor hears nothing.
+    await record(store, heartbeat("w1", 4, 70.0, 1), 70.0)
+    await hear(store, through_s=70.2, since_s=float("inf"), written_s=99.9)
+
+    outage = await ClusterReader(store).read(now_s=100.0)
+    assert outage.workers[0].age_s == 0.0
+    assert outage.workers[0].takes_work(worker_timeout_s=2.0)
+
+    # The broker is back: the stretch of hearing starts at 100 s, so the worker gets a
+    # whole timeout to be heard again, and is gone only after it.
+    await hear(store, through_s=101.0, since_s=100.0, written_s=101.1)
+    back = await ClusterReader(store).read(now_s=101.2)
+    assert back.workers[0].age_s == pytest.approx(1.0)
+    assert back.workers[0].takes_work(worker_timeout_s=2.0)
+    await hear(store, through_s=102.5, since_s=100.0, written_s=102.6)
+    silent = await ClusterReader(store).read(now_s=102.7)
+    assert not silent.workers[0].takes_work(worker_timeout_s=2.0)
+
+
+async def test_a_stale_hearing_record_leaves_the_wall_clock_to_judge(store: StateStore) -> None:
+    # The monitor itself stopped writing 10 s ago: its word no longer counts.
+    await record(store, heartbeat("w1", 4, 70.0, 1), 70.0)
+    await hear(store, through_s=90.0, since_s=float("inf"), written_s=90.0)
+
+    view = await ClusterReader(store).read(now_s=100.0)
+
+    assert view.workers[0].age_s == pytest.approx(30.0)
+    assert not view.workers[0].takes_work(worker_timeout_s=2.0)

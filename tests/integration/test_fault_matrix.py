@@ -3,8 +3,9 @@ during a replay of a few hundred requests on real processes, a broker and a Redi
 this module's own (``make faults`` runs every kind on 10,000 requests).
 
 For each: nothing accepted is lost (every call without an answer, retried with its id,
-gets one), no refusal was false (a refused call left nothing in the ledger), answered
-calls retried get the same answer, and nothing ran twice.
+gets one), no refusal was false (a refused call left nothing in the ledger, and none
+said no worker was alive), answered calls retried get the same answer, and nothing ran
+twice.
 """
 
 from __future__ import annotations
@@ -38,7 +39,15 @@ def infra() -> Iterator[PrivateInfra]:
 
 @pytest.mark.parametrize(
     "fault",
-    ["worker-freeze", "worker-cut", "ingress-kill", "monitor-kill", "broker-kill", "redis-kill"],
+    [
+        "worker-freeze",
+        "worker-cut",
+        "ingress-kill",
+        "scheduler-freeze",
+        "monitor-kill",
+        "broker-kill",
+        "redis-kill",
+    ],
 )
 async def test_a_fault_during_a_replay_loses_doubles_and_reruns_nothing(
     infra: PrivateInfra, fault: str, tmp_path: Path
@@ -53,6 +62,9 @@ async def test_a_fault_during_a_replay_loses_doubles_and_reruns_nothing(
     assert report.refused_then_run == [], detail
     assert report.answers_differ == [], detail
     assert report.ran_twice == [], detail
+    # Live workers are never refused as missing: not even while the broker is away and
+    # their heartbeats cannot get through (every fault here leaves some worker alive).
+    assert not [kind for kind in report.failures_by_kind if "no_worker" in kind], detail
     assert report.answered_retries == config.retry_answered, detail
     # The fault happened, during the replay, and the stack answered after it.
     assert report.events, detail

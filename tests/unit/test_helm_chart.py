@@ -82,9 +82,12 @@ KAFKA_SECURITY = frozenset(
 )
 # The ingress's API keys: from `auth` (a Secret), never from `config`.
 AUTH_OWNED = frozenset({"SWITCHYARD_AUTH", "SWITCHYARD_API_KEYS", "SWITCHYARD_API_KEYS_FILE"})
-# Compose only: its tenants' default, and the drain notice its proxy needs (the chart's
-# ingress has preStopSleepSeconds for the same end).
-COMPOSE_ONLY = frozenset({"SWITCHYARD_API_KEYS", "SWITCHYARD_DRAIN_NOTICE_S"})
+# Compose only: its tenants' default, the drain notice its proxy needs (the chart's
+# ingress has preStopSleepSeconds for the same end), and a group session shorter than a
+# stock broker accepts (compose runs its own broker; the chart's may be anyone's).
+COMPOSE_ONLY = frozenset(
+    {"SWITCHYARD_API_KEYS", "SWITCHYARD_DRAIN_NOTICE_S", "SWITCHYARD_KAFKA_SESSION_TIMEOUT_MS"}
+)
 
 # Every option on: KEDA, the load generator, an extra trigger, a topic prefix, the Redis
 # URL from a Secret of one's own, scheduling constraints, a collector.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from switchyard.cluster.records import parse_hearing
+
 from services.monitor.silence import HeardThrough
 
 TIMEOUT_S = 1.5
@@ -82,3 +84,27 @@ def test_a_new_reader_begins_a_new_stretch() -> None:
     judged = heard.judged_at(110.1)
     assert judged is not None
     assert heard.silence_s(judged, 100.5) == 0.0
+
+
+def test_readers_of_the_written_record_measure_silence_as_the_monitor_does() -> None:
+    heard, reader = attached()
+    seen_s = 100.0
+    readings = []
+    # Hearing, then an outage (the reader's time stands still), then back.
+    for now_s, through_s in (
+        (100.1, 100.0),
+        (101.5, 100.0),
+        (110.0, 100.0),
+        (110.2, 110.1),
+        (111.8, 111.7),
+    ):
+        reader.through_s = through_s
+        judged = heard.judged_at(now_s)
+        hearing = parse_hearing(heard.record(now_s))
+        assert hearing is not None
+        monitor_s = 0.0 if judged is None else max(0.0, heard.silence_s(judged, seen_s))
+        readings.append((hearing.silence_s(seen_s, now_s + 0.05), monitor_s))
+    assert [round(read, 6) for read, _ in readings] == [round(m, 6) for _, m in readings]
+    # Through the outage nobody is silent; a whole timeout after it, the worker is.
+    assert readings[2][0] == 0.0
+    assert readings[4][0] > TIMEOUT_S

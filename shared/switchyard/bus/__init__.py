@@ -63,6 +63,8 @@ def bus_from_settings(
             client_id=f"switchyard-{settings.instance_id}",
             linger_ms=settings.kafka_linger_ms,
             fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+            session_timeout_ms=settings.kafka_session_timeout_ms,
+            heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
             security=kafka_security(settings),
         )
     else:

@@ -196,7 +196,7 @@ class KafkaTransport:
         linger_ms: int = 0,
         max_batch_bytes: int = 256 * 1024,
         request_timeout_ms: int = 30_000,
-        session_timeout_ms: int = 10_000,
+        session_timeout_ms: int = 6_000,
         heartbeat_interval_ms: int = 1_000,
         fetch_max_wait_ms: int = 500,
         security: KafkaSecurity | None = None,

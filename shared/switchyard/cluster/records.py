@@ -20,8 +20,8 @@ field                  holds
 ``violated``           those that finished after their ``deadline_s``
 =====================  ==============================================================
 
-``workers`` (sorted set): worker id -> ``last_seen_s``. ``cluster:stats``: see
-:mod:`switchyard.state.keys`.
+``workers`` (sorted set): worker id -> ``last_seen_s``. ``cluster:stats`` and
+``monitor:hearing``: see :mod:`switchyard.state.keys`.
 
 :class:`ClusterReader` reads all of it in one round trip and parses a worker's
 heartbeat again only when its sequence changed: the scheduler and the ingress read the
@@ -59,6 +59,48 @@ def worker_profile(heartbeat: Heartbeat) -> str:
     return heartbeat.profile or heartbeat.worker_type
 
 
+HEARING_FRESH_S = 3.0
+"""A hearing record older than this is not trusted (the monitor is gone or stalled):
+readers then measure silence on the wall clock."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hearing:
+    """How far the monitor has heard heartbeats, as its last liveness check wrote it
+    (``monitor:hearing``; :mod:`services.monitor.silence` explains the clock).
+
+    Readers measure a worker's silence the way the monitor does, so a broker outage or
+    a monitor that has just started makes no live worker look gone to admission and
+    placement either (while the broker is away, its heartbeats cannot arrive).
+    """
+
+    through_s: float
+    since_s: float
+    written_s: float
+
+    def silence_s(self, last_seen_s: float, now_s: float) -> float:
+        """How long a worker last heard from at ``last_seen_s`` has been silent while
+        the monitor could hear it: 0 while it hears nothing; the wall age when this
+        record is stale."""
+        if now_s - self.written_s > HEARING_FRESH_S:
+            return max(0.0, now_s - last_seen_s)
+        if math.isinf(self.since_s):
+            return 0.0
+        return max(0.0, self.through_s - max(last_seen_s, self.since_s))
+
+
+def parse_hearing(fields: Mapping[str, str]) -> Hearing | None:
+    """The hearing record from its hash fields; None when absent or unreadable."""
+    try:
+        return Hearing(
+            through_s=float(fields["through_s"]),
+            since_s=float(fields["since_s"]),
+            written_s=float(fields["written_s"]),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
 def is_alive(status: WorkerStatus, age_s: float, worker_timeout_s: float) -> bool:
     """Alive for scheduling: the monitor says alive and it was heard from within the timeout."""
     return status is WorkerStatus.ALIVE and age_s <= worker_timeout_s
@@ -72,7 +114,9 @@ class WorkerRecord:
         worker_id: the worker.
         status: the monitor's verdict (a worker never seen alive reads as DOWN).
         last_seen_s: wall time its last accepted heartbeat arrived (0.0 unknown).
-        age_s: ``now_s - last_seen_s`` at the time of the read (never negative).
+        age_s: how long it has been silent at the time of the read (never negative):
+            ``now_s - last_seen_s``, or as the monitor hears (:class:`Hearing`) when the
+            read carried the monitor's hearing record.
         heartbeat: its last heartbeat, or None when missing or unreadable.
         completed: answers it recorded.
         violated: those past their deadline.
@@ -163,12 +207,14 @@ def parse_worker_record(
     fields: Mapping[str, str],
     now_s: float,
     heartbeat: Heartbeat | None = None,
+    hearing: Hearing | None = None,
 ) -> WorkerRecord:
     """A :class:`WorkerRecord` from the fields of ``worker:{id}`` (pure).
 
     ``heartbeat``, when given, is the already parsed heartbeat of these fields; else it
-    is parsed from the ``heartbeat`` field. A missing or unknown status reads as DOWN;
-    numbers that do not parse read as 0.
+    is parsed from the ``heartbeat`` field. ``hearing``, when given, is the clock its
+    silence is measured by (else the wall clock). A missing or unknown status reads as
+    DOWN; numbers that do not parse read as 0.
     """
     if heartbeat is None:
         heartbeat = parse_heartbeat(worker_id, fields.get("heartbeat"))
@@ -177,7 +223,9 @@ def parse_worker_record(
         worker_id=worker_id,
         status=_status(fields.get("status")),
         last_seen_s=last_seen_s,
-        age_s=max(0.0, now_s - last_seen_s),
+        age_s=max(0.0, now_s - last_seen_s)
+        if hearing is None
+        else hearing.silence_s(last_seen_s, now_s),
         heartbeat=heartbeat,
         completed=_int(fields.get("completed")),
         violated=_int(fields.get("violated")),
@@ -190,12 +238,12 @@ def recent_violation_rate(recent: str) -> float:
 
 
 # -- reading the whole cluster in one step ---------------------------------------------------
-# KEYS: workers, cluster:stats. ARGV: the store's prefix (worker hashes are found through
-# the set: their keys are built here, as keys.worker spells them), then worker id and
-# known heartbeat version pairs (``sequence|sent_at_s``: a restarted worker counts its
-# sequence from 1 again). -> the stats hash as a count and field/value pairs, then per
-# worker: id, a count and its field/value pairs, the heartbeat left out when its version
-# is the one the reader knows.
+# KEYS: workers, cluster:stats, monitor:hearing. ARGV: the store's prefix (worker hashes
+# are found through the set: their keys are built here, as keys.worker spells them), then
+# worker id and known heartbeat version pairs (``sequence|sent_at_s``: a restarted worker
+# counts its sequence from 1 again). -> the stats hash and then the hearing hash, each as
+# a count and field/value pairs, then per worker: id, a count and its field/value pairs,
+# the heartbeat left out when its version is the one the reader knows.
 
 _READ_CLUSTER_LUA = """
 local known = {}
@@ -204,6 +252,9 @@ local out = {}
 local stats = redis.call('HGETALL', KEYS[2])
 table.insert(out, tostring(#stats))
 for _, v in ipairs(stats) do table.insert(out, v) end
+local hearing = redis.call('HGETALL', KEYS[3])
+table.insert(out, tostring(#hearing))
+for _, v in ipairs(hearing) do table.insert(out, v) end
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local fields = redis.call('HGETALL', ARGV[1] .. 'worker:' .. id)
   local kept = {}
@@ -230,6 +281,8 @@ def _read_cluster(view: ScriptView, keys_: Sequence[str], args: Sequence[str]) -
     known = dict(zip(args[1::2], args[2::2], strict=True))
     stats = view.hgetall(keys_[1])
     out = [str(2 * len(stats)), *(item for pair in stats.items() for item in pair)]
+    hearing = view.hgetall(keys_[2])
+    out += [str(2 * len(hearing)), *(item for pair in hearing.items() for item in pair)]
     for worker_id in view.zrange(keys_[0]):
         fields = view.hgetall(keys.worker(worker_id))
         if _version(fields) is not None and known.get(worker_id) == _version(fields):
@@ -251,6 +304,14 @@ def _version(fields: Mapping[str, str]) -> str | None:
 READ_CLUSTER = Script("read-cluster", _READ_CLUSTER_LUA, _read_cluster)
 
 
+def _hash_at(reply: Sequence[str], position: int) -> tuple[dict[str, str], int]:
+    """The hash written at ``position`` of a reply (a count, then field/value pairs),
+    and the position after it."""
+    count = int(reply[position])
+    flat = reply[position + 1 : position + 1 + count]
+    return dict(zip(flat[0::2], flat[1::2], strict=True)), position + 1 + count
+
+
 class ClusterReader:
     """Reads the cluster (every worker record and the counters) in one round trip,
     parsing each worker's heartbeat only when its sequence changed since the last read.
@@ -267,10 +328,12 @@ class ClusterReader:
         args = [self.state.prefix]
         for worker_id, (version, _) in self._heartbeats.items():
             args += (worker_id, version)
-        reply = await self.state.run_script(READ_CLUSTER, [keys.WORKERS, keys.CLUSTER_STATS], args)
-        count = int(reply[0])
-        stats = dict(zip(reply[1 : 1 + count : 2], reply[2 : 2 + count : 2], strict=True))
-        position = 1 + count
+        reply = await self.state.run_script(
+            READ_CLUSTER, [keys.WORKERS, keys.CLUSTER_STATS, keys.MONITOR_HEARING], args
+        )
+        stats, position = _hash_at(reply, 0)
+        hearing_fields, position = _hash_at(reply, position)
+        hearing = parse_hearing(hearing_fields)
         records: list[WorkerRecord] = []
         seen: dict[str, tuple[str, Heartbeat | None]] = {}
         while position < len(reply):
@@ -286,7 +349,7 @@ class ClusterReader:
             else:
                 heartbeat = self._heartbeats[worker_id][1]
             seen[worker_id] = (version, heartbeat)
-            records.append(parse_worker_record(worker_id, fields, now_s, heartbeat))
+            records.append(parse_worker_record(worker_id, fields, now_s, heartbeat, hearing))
         self._heartbeats = seen
         recent = stats.get("recent", "")
         return ClusterView(

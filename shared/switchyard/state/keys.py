@@ -17,6 +17,8 @@ key                            type        owner (writes) -- readers
                                            next assign or finish removes) -- monitor,
                                            scheduler (orphans of a dead worker)
 ``workers``                    sorted set  monitor -- everyone reading the cluster
+``monitor:hearing``            hash        monitor (how far it has heard heartbeats)
+                                           -- everyone reading the cluster
 ``cluster:stats``              hash        the finish transition (``completed``,
                                            ``violated``, ``recent``) -- rebalancer
 ``predictor:model``            string      predictor (its fitted model, JSON) --
@@ -39,6 +41,12 @@ from __future__ import annotations
 
 WORKERS = "workers"
 """Sorted set: worker id -> when the monitor last heard from it (wall seconds)."""
+
+MONITOR_HEARING = "monitor:hearing"
+"""Hash: ``through_s`` (every heartbeat the broker held by then was handled), ``since_s``
+(start of the monitor's current stretch of hearing; ``inf`` while it hears nothing) and
+``written_s`` (when a liveness check wrote them): see
+:class:`switchyard.cluster.records.Hearing`."""
 
 CLUSTER_STATS = "cluster:stats"
 """Hash: ``completed``, ``violated`` (cluster-wide totals), ``recent`` (the outcomes of
