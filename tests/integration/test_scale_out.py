@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import time
 from collections import Counter
 from typing import Any
@@ -329,23 +330,27 @@ async def test_an_answer_outlives_the_ingress_replica_that_took_the_call(
         "max_tokens": 2000,  # about 2 s of emulated generation at this time scale
         "switchyard": {"request_id": request_id},
     }
+    worker = stack.processes["worker-a"].popen
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
-        call = asyncio.create_task(
-            client.post(f"{stack.url_of('ingress-a')}/v1/completions", json=body)
-        )
-        status_url = f"{stack.url_of('ingress-b')}/v1/requests/{request_id}"
-        deadline = time.monotonic() + 20.0
-        while (status := (await client.get(status_url)).json().get("status")) not in (
-            "assigned",
-            "running",
-        ):
-            assert time.monotonic() < deadline, (status, stack.logs())
-            await asyncio.sleep(0.05)
-        # The replica that took the call, and would have recorded its answer, is gone
-        # for good before the answer comes.
-        stack.kill("ingress-a")
-        with pytest.raises(httpx.TransportError):
-            await call
+        # The worker is paused until the replica is gone: however slow this machine, the
+        # answer cannot come before the kill (for well under the worker timeout).
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            call = asyncio.create_task(
+                client.post(f"{stack.url_of('ingress-a')}/v1/completions", json=body)
+            )
+            status_url = f"{stack.url_of('ingress-b')}/v1/requests/{request_id}"
+            deadline = time.monotonic() + 20.0
+            while (status := (await client.get(status_url)).json().get("status")) != "assigned":
+                assert time.monotonic() < deadline, (status, stack.logs())
+                await asyncio.sleep(0.05)
+            # The replica that took the call, and would have recorded its answer, is gone
+            # for good before the answer comes.
+            stack.kill("ingress-a")
+            with pytest.raises(httpx.TransportError):
+                await call
+        finally:
+            worker.send_signal(signal.SIGCONT)
         # The record still gets the answer (the worker records it), so both a status
         # poll and a retry with the same request_id on the other replica find it.
         while (record := (await client.get(status_url)).json())["status"] != "ok":

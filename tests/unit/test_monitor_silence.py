@@ -31,6 +31,10 @@ def test_without_a_reader_the_wall_clock_judges() -> None:
     heard = HeardThrough(gap_s=1.0)
     assert heard.judged_at(100.0) == 100.0
     assert heard.silence_s(100.0, 98.0) == 2.0
+    # And readers of what it writes judge by the same clock.
+    hearing = parse_hearing(heard.record(100.0))
+    assert hearing is not None
+    assert hearing.silence_s(98.0, 100.1) == 2.0
 
 
 def test_a_started_monitor_judges_nobody_before_its_reader_has_caught_up() -> None:

@@ -84,7 +84,7 @@ class Hearing:
         record is stale."""
         if now_s - self.written_s > HEARING_FRESH_S:
             return max(0.0, now_s - last_seen_s)
-        if math.isinf(self.since_s):
+        if self.since_s == math.inf:
             return 0.0
         return max(0.0, self.through_s - max(last_seen_s, self.since_s))
 
