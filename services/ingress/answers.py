@@ -81,6 +81,22 @@ class Waiter:
         except TimeoutError:
             return None
 
+    async def next_event_unless(
+        self, gone: asyncio.Future[None], timeout_s: float
+    ) -> Answer | None:
+        """:meth:`next_event`, or None as soon as ``gone`` is done (the client left)."""
+        if (queued := self.pending_event()) is not None:
+            return queued
+        getter = asyncio.ensure_future(self._events.get())
+        try:
+            done, _ = await asyncio.wait(
+                (getter, gone), timeout=max(timeout_s, 0.0), return_when="FIRST_COMPLETED"
+            )
+        finally:
+            if not getter.done():
+                getter.cancel()  # the queue keeps an event a cancelled get did not take
+        return getter.result() if getter in done else None
+
     def pending_event(self) -> Answer | None:
         """The next event if one is already queued, else None (never waits)."""
         with contextlib.suppress(asyncio.QueueEmpty):

@@ -417,6 +417,7 @@ class _Api:
                 accepted,
                 stream_grace_s=self.options.stream_grace_s,
                 telemetry=telemetry,
+                receive=request.receive,
             )
         try:
             completion = await self.desk.completion(

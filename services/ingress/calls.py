@@ -37,6 +37,7 @@ from switchyard.contracts.messages import (
     CompletionStatus,
     InferenceRequest,
     LLMPayload,
+    OutputChunk,
 )
 from switchyard.lifecycle import (
     CANCELLED_BY_CLIENT,
@@ -305,6 +306,21 @@ class RequestDesk:
             if left <= 0:
                 return None
             await asyncio.sleep(min(self.options.poll_interval_s, left))
+
+    async def first_event(
+        self, request_id: str, waiter: Waiter, timeout_s: float, receive: Receive
+    ) -> OutputChunk | Completion | None:
+        """The first chunk or the completion of a streamed call (``waiter`` streams), or
+        None when neither came within ``timeout_s``; a client that goes away first cancels the request as
+        :meth:`completion` does (a streamed answer's headers wait for its first chunk)."""
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            event = await waiter.next_event_unless(gone, timeout_s)
+        finally:
+            gone.cancel()
+        if event is None and gone.done() and not gone.cancelled() and not gone.exception():
+            await self._cancel(request_id)
+        return event
 
     async def _cancel(self, request_id: str) -> None:
         outcome: str

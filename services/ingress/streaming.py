@@ -70,8 +70,11 @@ async def stream_answer(
     *,
     stream_grace_s: float,
     telemetry: CallRecord | None = None,
+    receive: Receive | None = None,
 ) -> Response:
-    """The streamed answer of an accepted LLM call (see the module docstring)."""
+    """The streamed answer of an accepted LLM call (see the module docstring). With the
+    call's ``receive``, a client that goes away before the first chunk cancels the
+    request if it has not started (:meth:`RequestDesk.first_event`)."""
     waiter = accepted.waiter
     deadline = time.monotonic() + desk.options.answer_timeout_s
 
@@ -80,7 +83,11 @@ async def stream_answer(
 
     try:
         first: OutputChunk | Completion | None
-        if waiter is not None and waiter.stream:
+        if waiter is not None and waiter.stream and receive is not None:
+            first = await desk.first_event(
+                accepted.request_id, waiter, deadline - time.monotonic(), receive
+            )
+        elif waiter is not None and waiter.stream:
             first = await waiter.next_event(deadline - time.monotonic())
         else:  # a retry: the whole answer comes as one piece
             first = await desk.completion(accepted, deadline - time.monotonic())

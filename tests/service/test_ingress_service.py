@@ -203,11 +203,13 @@ async def test_past_its_connection_cap_the_ingress_answers_503_at_once(
     assert again.status_code == 200, again.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_client_that_goes_away_cancels_its_request_before_it_starts(
-    running: Running,
+    running: Running, stream: bool
 ) -> None:
-    """Nothing runs a request no one waits for: a retry is told so (409), not served."""
-    body = completion_body(prompt="SLOW", switchyard={"request_id": "impatient-1"})
+    """Nothing runs a request no one waits for: a retry is told so (409), not served.
+    A streamed call too: its answer's headers wait for the first chunk."""
+    body = completion_body(prompt="SLOW", stream=stream, switchyard={"request_id": "impatient-1"})
     ledger = RequestLedger(running.service.ctx.state)
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{running.service.http_port}", timeout=10.0
