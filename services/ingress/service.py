@@ -32,6 +32,7 @@ from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
 from services.ingress.dispatch import DirectDispatcher
 from services.ingress.drain import Admission
+from services.ingress.http_protocol import header_timeout_protocol
 from services.ingress.load_shedding import AdmissionGate
 from services.ingress.quotas import Quotas
 from services.ingress.routing import answer_subscription, route_answers, sweep_overdue
@@ -159,8 +160,9 @@ class IngressService(Service):
         self._port = int(sock.getsockname()[1])
         config = uvicorn.Config(
             app,
-            # httptools: uvicorn's C HTTP/1.1 parser, faster than h11 on the hot path.
-            http="httptools",
+            # httptools (uvicorn's C HTTP/1.1 parser, faster than h11 on the hot path),
+            # with a header-read timeout (services/ingress/http_protocol.py).
+            http=header_timeout_protocol(settings.http_header_timeout_s),
             # The loop is ours (switchyard.runtime.loop: uvloop when installed); uvicorn
             # only serves on it and must not pick or set up one.
             loop="none",

@@ -236,6 +236,16 @@ class Settings(BaseModel):
         le=3600,
         description="How long the ingress keeps an idle keep-alive connection open.",
     )
+    http_header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description=(
+            "How long the ingress waits for a request's headers, from the connection or "
+            "the previous answer: a slower client is answered 408 and disconnected, so "
+            "idle or trickling connections cannot hold every connection place."
+        ),
+    )
     max_body_bytes: int = Field(
         default=1_048_576, ge=1024, description="Largest request body the ingress accepts."
     )

@@ -321,3 +321,34 @@ async def test_runs_under_the_service_runtime_and_exits_cleanly() -> None:
         await asyncio.gather(worker_task, return_exceptions=True)
         stop.set()
     assert await asyncio.wait_for(run, 10) == EXIT_OK
+
+
+@pytest.mark.parametrize("running", [{"http_header_timeout_s": 0.5}], indirect=True)
+async def test_a_connection_whose_headers_do_not_come_is_answered_408_and_closed(
+    running: Running,
+) -> None:
+    """Idle and trickling connections cannot hold the ingress's connection places."""
+    port = running.service.http_port
+    silent_reader, silent = await asyncio.open_connection("127.0.0.1", port)
+    trickle_reader, trickle = await asyncio.open_connection("127.0.0.1", port)
+    trickle.write(b"POST /v1/completions HTTP/1.1\r\nHost: ingress\r\n")
+    started_s = time.monotonic()
+    for _ in range(2):  # a byte every 0.2 s: data keeps coming, the headers never end
+        await asyncio.sleep(0.2)
+        trickle.write(b"X")
+    try:
+        answers = await asyncio.wait_for(
+            asyncio.gather(silent_reader.read(), trickle_reader.read()), timeout=5
+        )
+    finally:
+        silent.close()
+        trickle.close()
+    assert time.monotonic() - started_s < 2.0
+    for answer in answers:  # read to the end: the ingress closed the connection
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+    # A call whose headers come in time is served as ever, on a connection kept alive
+    # past the timeout between its calls.
+    first = await running.client.post("/v1/completions", json=completion_body())
+    await asyncio.sleep(0.7)
+    second = await running.client.post("/v1/completions", json=completion_body())
+    assert (first.status_code, second.status_code) == (200, 200), second.text
