@@ -379,8 +379,12 @@ class _Api:
             stream=stream,
         )
 
+        tenant = tenant_of(request.scope)
+
         def make_request(request_id: str) -> InferenceRequest:
-            return self.desk.request(request_id, app.name, payload, arrival_s, deadline_s, priority)
+            return self.desk.request(
+                request_id, app.name, payload, arrival_s, deadline_s, priority, tenant
+            )
 
         demand = Demand(
             kind="llm",
@@ -393,7 +397,7 @@ class _Api:
         accepted = await self.desk.accept(
             options.request_id,
             make_request,
-            tenant=tenant_of(request.scope),
+            tenant=tenant,
             stream=stream,
             demand=demand,
             what=f"model {app.name!r}",
@@ -460,8 +464,12 @@ class _Api:
         deadline_s: float | None = due_s
         payload = ClassificationPayload(features=list(body.features))
 
+        tenant = tenant_of(request.scope)
+
         def make_request(request_id: str) -> InferenceRequest:
-            return self.desk.request(request_id, app.name, payload, arrival_s, deadline_s, priority)
+            return self.desk.request(
+                request_id, app.name, payload, arrival_s, deadline_s, priority, tenant
+            )
 
         demand = Demand(
             kind="classification",
@@ -473,7 +481,7 @@ class _Api:
         accepted = await self.desk.accept(
             body.request_id,
             make_request,
-            tenant=tenant_of(request.scope),
+            tenant=tenant,
             stream=False,
             demand=demand,
             what=f"application {app.name!r}",

@@ -151,6 +151,7 @@ class RequestDesk:
         arrival_s: float,
         deadline_s: float | None,
         priority: int,
+        tenant: Tenant = ANONYMOUS,
     ) -> InferenceRequest:
         """The request of a call, addressed back to this replica."""
         return InferenceRequest(
@@ -160,6 +161,7 @@ class RequestDesk:
             arrival_s=arrival_s,
             deadline_s=deadline_s,
             priority=priority,
+            tenant=tenant.name,
             reply_to=self.answers.instance_id,
             reply_partition=self.answers.reply_partition,
         )

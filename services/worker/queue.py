@@ -6,6 +6,18 @@ first-served. A request whose ``not_before_s`` lies in the future (its KV cache 
 in transfer after a migration) stays in place but is not *ready*: nothing may start it
 before then.
 
+**Tenants share the queue fairly.** An LLM request of a named tenant is ordered no
+earlier than its tenant's previous request here plus that one's estimated service time
+(a virtual clock, as in fair queueing): ``order = max(order, next[tenant])``, then
+``next[tenant] = order + estimate_s``. The scheduler's order is arrival time for LLM
+requests, so a tenant whose requests come no faster than they are served keeps
+first-come first-served, while one that sends a burst has it spread over the time it
+takes to serve, and another tenant's request arriving meanwhile waits behind only the
+part of the burst that was due before it (rather than all of it). Within a tenant the
+order stays first-come first-served. Requests without a tenant (an API without keys)
+and classification requests (whose order is the window scheduler's plan) keep the
+scheduler's order.
+
 A pure data structure: no clock (callers pass ``now_s``), no I/O.
 """
 
@@ -14,6 +26,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -70,6 +83,8 @@ class WorkItem:
             assignment's CONSUMER span), captured at intake: what the worker publishes
             for it later, from the engine, continues the request's trace from there.
         span: its execution span while it runs (a child of ``trace_context``).
+        fair_order: its order in this worker's queue once pushed (the scheduler's,
+            or its tenant's fair share of it: see the module docstring).
     """
 
     assignment: Assignment
@@ -88,6 +103,7 @@ class WorkItem:
     pending_chunk_text: list[str] = field(default_factory=list)
     trace_context: Context | None = None
     span: Span | None = None
+    fair_order: float | None = None
     seq: int = field(default_factory=lambda: next(_sequence))
 
     @property
@@ -121,7 +137,8 @@ class WorkItem:
         return self.not_before_s is None or self.not_before_s <= now_s
 
     def sort_key(self) -> tuple[float, float, int]:
-        return (self.assignment.order, self.assignment.assigned_at_s, self.seq)
+        order = self.assignment.order if self.fair_order is None else self.fair_order
+        return (order, self.assignment.assigned_at_s, self.seq)
 
     @contextlib.contextmanager
     def in_trace(self) -> Iterator[None]:
@@ -147,6 +164,8 @@ class LocalQueue:
         self._keys: list[tuple[float, float, int]] = []
         self._items: list[WorkItem] = []
         self._by_id: dict[str, WorkItem] = {}
+        self._tenant_next: dict[str, float] = {}
+        """Per tenant: the earliest order its next LLM request may take."""
 
     def __len__(self) -> int:
         return len(self._items)
@@ -169,11 +188,22 @@ class LocalQueue:
         """
         if item.request_id in self._by_id:
             raise ValueError(f"request {item.request_id!r} is already queued")
+        if item.fair_order is None:  # once: a request put back keeps its place
+            item.fair_order = self._fair_order(item)
         key = item.sort_key()
         index = bisect.bisect_right(self._keys, key)
         self._keys.insert(index, key)
         self._items.insert(index, item)
         self._by_id[item.request_id] = item
+
+    def _fair_order(self, item: WorkItem) -> float:
+        request = item.request
+        order = item.assignment.order
+        if request.tenant is None or not isinstance(request.payload, LLMPayload):
+            return order
+        order = max(order, self._tenant_next.get(request.tenant, -math.inf))
+        self._tenant_next[request.tenant] = order + max(0.0, item.estimate_s)
+        return order
 
     def remove(self, request_id: str) -> WorkItem | None:
         """Take a request out (started, migrated or superseded); None when not queued."""

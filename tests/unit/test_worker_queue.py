@@ -19,6 +19,8 @@ def _item(
     prompt_tokens: int = 10,
     output_tokens: int = 5,
     generated_tokens: int = 0,
+    tenant: str | None = None,
+    estimate_s: float = 0.0,
 ) -> WorkItem:
     request = InferenceRequest(
         request_id=request_id,
@@ -27,6 +29,7 @@ def _item(
             model=model, prompt_tokens=prompt_tokens, max_output_tokens=output_tokens
         ),
         arrival_s=90.0,
+        tenant=tenant,
     )
     assignment = Assignment(
         request=request,
@@ -45,6 +48,7 @@ def _item(
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
         generated_tokens=generated_tokens,
+        estimate_s=estimate_s,
     )
 
 
@@ -63,6 +67,36 @@ def test_queue_orders_by_order_then_assignment_time_then_arrival() -> None:
     ):
         queue.push(item)
     assert _ids(list(queue)) == ["a-first", "b-second", "late", "tie-1", "tie-2"]
+
+
+def test_a_tenant_s_burst_does_not_hold_back_another_tenant_s_request() -> None:
+    queue = LocalQueue()
+    # Tenant "bulk" sends 20 requests of 1 s each at once (orders are arrival times).
+    for index in range(20):
+        queue.push(_item(f"bulk-{index}", order=100.0, tenant="bulk", estimate_s=1.0))
+    # "chat" sends one 2.5 s later: only what bulk was due to have started by then
+    # (3 of its requests) goes first, not all 20.
+    queue.push(_item("chat-1", order=102.5, tenant="chat", estimate_s=1.0))
+    order = _ids(list(queue))
+    assert order.index("chat-1") == 3, order
+    # Within a tenant, first come first served.
+    assert [i for i in order if i.startswith("bulk")] == [f"bulk-{i}" for i in range(20)]
+    # A request taken out and put back (preempted) keeps its place.
+    again = queue.remove("chat-1")
+    assert again is not None
+    queue.push(again)
+    assert _ids(list(queue)).index("chat-1") == 3
+
+
+def test_without_tenants_or_for_paced_tenants_the_order_is_the_scheduler_s() -> None:
+    anonymous, paced = LocalQueue(), LocalQueue()
+    for index in range(5):
+        anonymous.push(_item(f"a-{index}", order=100.0 + index * 0.1, estimate_s=1.0))
+        # A tenant whose requests come no faster than they are served: 1 s apart, 0.5 s each.
+        paced.push(_item(f"p-{index}", order=100.0 + index, tenant="t", estimate_s=0.5))
+    paced.push(_item("other", order=101.2, tenant="u", estimate_s=0.5))
+    assert _ids(list(anonymous)) == [f"a-{i}" for i in range(5)]
+    assert _ids(list(paced)) == ["p-0", "p-1", "other", "p-2", "p-3", "p-4"]
 
 
 def test_queue_remove_and_duplicates() -> None:
