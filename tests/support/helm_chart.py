@@ -93,3 +93,31 @@ def env_of(deployment: Manifest, manifests: tuple[Manifest, ...]) -> dict[str, s
                 secret["stringData"][ref["key"]] if secret else "redis://redis.example:6379/0"
             )
     return env
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD's schema refusing unknown fields, as `kubectl apply` with strict field
+    validation does (the API server would otherwise drop a misspelled field silently)."""
+    if isinstance(schema, dict):
+        schema = {key: _strict(value) for key, value in schema.items()}
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    return schema
+
+
+@cache
+def keda_schema(plural: str) -> dict[str, Any]:
+    """The schema of KEDA's ``keda.sh/v1alpha1`` resource ``plural`` (``scaledobjects``,
+    ``triggerauthentications``) from its CRD, refusing unknown fields."""
+    scaled_objects = Path(run_script("crd"))
+    path = scaled_objects.with_name(f"keda.sh_{plural}.yaml")
+    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    return dict(_strict(version["schema"]["openAPIV3Schema"]))

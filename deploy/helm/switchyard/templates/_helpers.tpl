@@ -108,15 +108,27 @@ become `worker-NAME`.
 {{- end -}}
 
 {{/*
+Whether KEDA's lag scalers need credentials: a SASL user, or the CA of a TLS listener
+(none: the image's trusted CAs). Empty text when not.
+*/}}
+{{- define "switchyard.kafkaLagAuth" -}}
+{{- $protocol := .Values.kafka.securityProtocol -}}
+{{- if or (hasPrefix "SASL_" $protocol) (and (hasSuffix "SSL" $protocol) .Values.kafka.tls.caSecret) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
 Kafka lag triggers of a ScaledObject: (dict "root" $ "autoscaling" $spec.autoscaling).
 offsetResetPolicy is the services' own: a group without offsets starts at the earliest
-record, so its lag counts from there.
+record, so its lag counts from there. On a secured Kafka each trigger names KEDA's
+SASL mechanism and TLS as the services use them, and the TriggerAuthentication that
+gives it the user, the password and the CA (triggerauthentication.yaml).
 */}}
 {{- define "switchyard.kafkaTriggers" -}}
 {{- $prefix := .root.Values.config.SWITCHYARD_TOPIC_PREFIX | default "" -}}
-{{- if and .autoscaling.triggers (ne .root.Values.kafka.securityProtocol "PLAINTEXT") }}
-{{- fail (printf "the lag autoscalers read Kafka in plaintext, and kafka.securityProtocol is %s: the chart has no KEDA TriggerAuthentication for TLS or SASL yet; leave KEDA autoscaling off (the ingress's CPU autoscaler is unaffected)" .root.Values.kafka.securityProtocol) }}
-{{- end }}
+{{- $protocol := .root.Values.kafka.securityProtocol -}}
+{{- $sasl := dict "PLAIN" "plaintext" "SCRAM-SHA-256" "scram_sha256" "SCRAM-SHA-512" "scram_sha512" -}}
 {{- range .autoscaling.triggers }}
 - type: kafka
   metadata:
@@ -126,6 +138,16 @@ record, so its lag counts from there.
     lagThreshold: {{ .lagThreshold | toString | quote }}
     offsetResetPolicy: earliest
     allowIdleConsumers: {{ .allowIdleConsumers | default false | toString | quote }}
+    {{- if hasPrefix "SASL_" $protocol }}
+    sasl: {{ get $sasl $.root.Values.kafka.sasl.mechanism | quote }}
+    {{- end }}
+    {{- if hasSuffix "SSL" $protocol }}
+    tls: enable
+    {{- end }}
+  {{- if include "switchyard.kafkaLagAuth" $.root }}
+  authenticationRef:
+    name: {{ include "switchyard.fullname" $.root }}-kafka-lag
+  {{- end }}
 {{- end }}
 {{- with .autoscaling.extraTriggers }}
 {{ toYaml . }}
