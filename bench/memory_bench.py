@@ -1,17 +1,17 @@
 """The embedded stack's memory over a long replay, with small and with default bounds.
 
-Each run starts the embedded stack (every service in this process, the in-memory bus
-and state) with one ``MAX_KEYS:BUS_RECORDS`` pair of ``--bounds``
-(``SWITCHYARD_MEMORY_MAX_KEYS``, ``SWITCHYARD_MEMORY_BUS_RECORDS``),
-replays ``--requests`` short completions (a Poisson trace at ``--rate`` requests/s,
-emulated Llama-2-7B workers at time scale 100) and samples, every ``--every-s`` seconds,
-the process's resident memory (``VmRSS``) and the state's key count. Records live an hour
-(``REQUEST_TTL_S``) and the bus keeps its latest 16 MiB per partition: the keys grow
-with every request up to their bound, the bus up to its own, and then the resident
-memory levels off.
+Each run starts the embedded stack (every service in one process, the in-memory bus and
+state) in a process of its own, with one ``MAX_KEYS:BUS_BYTES`` pair of ``--bounds``
+(``SWITCHYARD_MEMORY_MAX_KEYS``, ``SWITCHYARD_MEMORY_BUS_BYTES``); this process replays
+``--requests`` short completions against it (a Poisson trace at ``--rate`` requests/s,
+emulated Llama-2-7B workers at time scale 100), so the load generator's own record of
+every request is not in the memory measured. The stack's process samples, every
+``--every-s`` seconds, its resident memory (``VmRSS``) and the state's key count.
+Records live an hour (``REQUEST_TTL_S``) and the bus keeps its latest bytes per
+partition: the keys grow with every request up to their bound, the bus up to its own,
+and then the resident memory should level off.
 
-Each pair runs in a fresh process (``--one``), so that one run's heap does not carry
-into the next. Run ``python -m bench.memory_bench`` (``make bench-memory``); JSON in
+Run ``python -m bench.memory_bench`` (``make bench-memory``); JSON in
 ``bench/results/memory.json``; figures in docs/benchmarks.md, "Memory of the embedded
 stack".
 """
@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,14 +40,11 @@ def rss_bytes() -> int:
     return 0
 
 
-async def one_run(
-    max_keys: int, bus_bytes: int, requests: int, rate: float, every_s: float
-) -> dict[str, Any]:
+async def serve(max_keys: int, bus_bytes: int, every_s: float) -> dict[str, Any]:
+    """The stack's process: serve until SIGTERM, sampling its memory; returns the
+    samples and the evictions."""
     from switchyard.config import load_settings
-    from switchyard.traces import resolve_trace
 
-    from loadgen.mixes import build_plan
-    from loadgen.replay import replay
     from services.embedded import EmbeddedPlan, EmbeddedStack
 
     settings = load_settings(
@@ -58,40 +58,67 @@ async def one_run(
     plan = EmbeddedPlan(
         llm_workers=("a100-80gb/llama-2-7b", "a100-80gb/llama-2-7b"), torch_workers=0, http_port=0
     )
-    trace = resolve_trace(
-        f"poisson:rate_rps={rate:g},requests={requests},lengths=azure-conv-sample,seed=5"
-    )
-    calls = build_plan(trace, "llm")
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     samples: list[dict[str, float]] = []
     async with EmbeddedStack(settings, plan) as stack:
         state = stack._memory_state
         assert state is not None
         start_s = time.monotonic()
-        done = asyncio.Event()
-
-        async def sample() -> None:
-            while not done.is_set():
-                samples.append(
-                    {
-                        "t_s": round(time.monotonic() - start_s, 1),
-                        "rss_mib": round(rss_bytes() / 2**20, 1),
-                        "keys": len(state._data),
-                    }
-                )
-                await asyncio.sleep(every_s)
-
-        sampler = asyncio.create_task(sample())
-        result = await replay(calls, stack.url, speedup=1.0, timeout_s=120, progress=False)
-        done.set()
-        await sampler
+        print(stack.url, flush=True)
+        while not stop.is_set():
+            samples.append(
+                {
+                    "t_s": round(time.monotonic() - start_s, 1),
+                    "rss_mib": round(rss_bytes() / 2**20, 1),
+                    "keys": len(state._data),
+                }
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
         evicted = state.evicted
+    return {"samples": samples, "evicted": evicted}
+
+
+def one_run(bounds: str, requests: int, rate: float, every_s: float) -> dict[str, Any]:
+    """Start the stack's process with ``bounds``, replay against it, stop it."""
+    from switchyard.traces import resolve_trace
+
+    from loadgen.mixes import build_plan
+    from loadgen.replay import replay
+
+    max_keys, bus_bytes = (int(v) for v in bounds.split(":"))
+    trace = resolve_trace(
+        f"poisson:rate_rps={rate:g},requests={requests},lengths=azure-conv-sample,seed=5"
+    )
+    calls = build_plan(trace, "llm")
+    with tempfile.TemporaryDirectory() as folder:
+        samples_path = Path(folder) / "samples.json"
+        argv = [sys.executable, "-m", "bench.memory_bench", "--serve", bounds]
+        argv += ["--every-s", str(every_s), "--samples", str(samples_path)]
+        stack = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        try:
+            assert stack.stdout is not None
+            url = stack.stdout.readline().strip()
+            if not url.startswith("http"):
+                raise SystemExit(f"the stack's process did not start (exit {stack.wait()})")
+            result = asyncio.run(
+                replay(calls, url, speedup=1.0, timeout_s=120, progress=False, run_id="memory")
+            )
+        finally:
+            stack.send_signal(signal.SIGTERM)
+            stack.wait(timeout=60)
+        served = json.loads(samples_path.read_text())
+    samples = served["samples"]
     answered = sum(1 for r in result.records if r.status_code == 200)
     return {
         "max_keys": max_keys,
         "bus_bytes": bus_bytes,
         "requests": requests,
+        "rate_rps": rate,
         "answered_200": answered,
-        "evicted": evicted,
+        "generator_cpu_ms_per_request": round((result.cpu_s or 0.0) * 1000 / max(1, answered), 3),
+        "evicted": served["evicted"],
         "samples": samples,
         "final_rss_mib": samples[-1]["rss_mib"],
         "final_keys": samples[-1]["keys"],
@@ -105,43 +132,27 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--every-s", type=float, default=5.0)
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--samples", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=RESULTS / "memory.json")
     args = parser.parse_args()
-    if args.one is not None:
+    if args.serve is not None:
         from switchyard.runtime import loop as event_loop
 
-        keys, bus_bytes = (int(v) for v in args.one.split(":"))
-        run = event_loop.run(one_run(keys, bus_bytes, args.requests, args.rate, args.every_s))
-        print(json.dumps(run))
+        keys, bus_bytes = (int(v) for v in args.serve.split(":"))
+        served = event_loop.run(serve(keys, bus_bytes, args.every_s))
+        args.samples.write_text(json.dumps(served))
         return
     runs = []
     for value in args.bounds.split(","):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.memory_bench",
-                "--one",
-                value,
-                "--requests",
-                str(args.requests),
-                "--rate",
-                str(args.rate),
-                "--every-s",
-                str(args.every_s),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        run = json.loads(done.stdout.strip().splitlines()[-1])
+        run = one_run(value, args.requests, args.rate, args.every_s)
         runs.append(run)
         print(
             f"bounds {value}: {run['answered_200']}/{run['requests']} answered, keys "
             f"peak {run['peak_keys']} final {run['final_keys']} (evicted {run['evicted']}), "
             f"RSS final {run['final_rss_mib']} MiB; RSS by time: "
-            + ", ".join(f"{s['t_s']:g}s {s['rss_mib']:g}" for s in run["samples"][::4])
+            + ", ".join(f"{s['t_s']:g}s {s['rss_mib']:g}" for s in run["samples"][::4]),
+            flush=True,
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(runs, indent=1))
