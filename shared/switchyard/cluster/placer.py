@@ -88,12 +88,35 @@ class Placed:
 
 @dataclass(slots=True)
 class _Pending:
-    """What this scheduler sent a worker since the heartbeat it last saw."""
+    """What this scheduler sent a worker since the heartbeat it last saw, and the
+    worker's view with it added (built again only after it or the base view changed)."""
 
     since_sent_at_s: float
     waiting: int = 0
     work_s: float = 0.0
     tokens: int = 0
+    base: WorkerView | None = None
+    view: WorkerView | None = None
+
+    def add(self, work_s: float, tokens: int) -> None:
+        self.waiting += 1
+        self.work_s += work_s
+        self.tokens += tokens
+        self.view = None
+
+    def applied_to(self, view: WorkerView) -> WorkerView:
+        if self.view is None or self.base is not view:
+            self.base = view
+            self.view = replace(
+                view,
+                waiting=view.waiting + self.waiting,
+                queued_work_s=view.queued_work_s + self.work_s,
+                queued_tokens=view.queued_tokens + self.tokens,
+                utilization=1.0
+                if self.waiting and view.running >= view.max_slots
+                else view.utilization,
+            )
+        return self.view
 
 
 class LlmPlacer:
@@ -115,6 +138,9 @@ class LlmPlacer:
         self._heartbeats: dict[str, Heartbeat] = {}
         self._alive: dict[str, bool] = {}
         self._pending: dict[str, _Pending] = {}
+        # (worker, model) -> the heartbeat and liveness a view was built from, and the
+        # view: a heartbeat is read ten times a second and decided on per request.
+        self._views: dict[tuple[str, str], tuple[Heartbeat, bool, WorkerView]] = {}
 
     def observe(self, heartbeat: Heartbeat, *, alive: bool) -> None:
         """Take a worker's latest heartbeat (as the monitor stored it: a restarted worker's
@@ -151,6 +177,8 @@ class LlmPlacer:
             self._heartbeats.pop(worker_id, None)
             self._alive.pop(worker_id, None)
             self._pending.pop(worker_id, None)
+        for key in [k for k in self._views if k[0] not in keep]:
+            del self._views[key]
 
     def cluster(
         self, model: str, now_s: float, exclude: frozenset[str] = frozenset()
@@ -163,19 +191,14 @@ class LlmPlacer:
                 continue
             # A worker that names no inbox partition cannot be sent anything.
             alive = self._alive.get(worker_id, False) and heartbeat.inbox_partition is not None
-            view = llm_worker_view(heartbeat, model, alive=alive)
+            built = self._views.get((worker_id, model))
+            if built is not None and built[0] is heartbeat and built[1] == alive:
+                view = built[2]
+            else:
+                view = llm_worker_view(heartbeat, model, alive=alive)
+                self._views[worker_id, model] = (heartbeat, alive, view)
             pending = self._pending.get(worker_id)
-            if pending is not None:
-                view = replace(
-                    view,
-                    waiting=view.waiting + pending.waiting,
-                    queued_work_s=view.queued_work_s + pending.work_s,
-                    queued_tokens=view.queued_tokens + pending.tokens,
-                    utilization=1.0
-                    if pending.waiting and view.running >= view.max_slots
-                    else view.utilization,
-                )
-            views.append(view)
+            views.append(view if pending is None else pending.applied_to(view))
         return ClusterSnapshot(now_s=now_s, workers=tuple(views))
 
     def inbox_partition(self, worker_id: str) -> int | None:
@@ -216,6 +239,4 @@ class LlmPlacer:
         if pending is None:
             pending = self._pending[worker_id] = _Pending(since_sent_at_s=heartbeat.sent_at_s)
         worker_type = llm_worker_type(heartbeat, view.model)
-        pending.waiting += 1
-        pending.work_s += view.calibrated_s.get(worker_type, 0.0)
-        pending.tokens += view.prompt_tokens
+        pending.add(view.calibrated_s.get(worker_type, 0.0), view.prompt_tokens)
