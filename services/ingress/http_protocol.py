@@ -5,10 +5,12 @@ uvicorn closes a keep-alive connection that stays idle after an answer, but sets
 limit on reading a request's headers: a connection that sends nothing, or sends its
 headers a byte at a time, holds one of the ``SWITCHYARD_HTTP_MAX_CONNECTIONS`` places
 for as long as it likes, and a few hundred such clients lock every other client out.
-Here the headers of each request must be complete within ``header_timeout_s`` of the
-connection being made or of the previous answer; when they are not, the connection is
-answered ``408 Request Timeout`` and closed (as nginx's ``client_header_timeout``
-does). Bodies are bounded by ``SWITCHYARD_MAX_BODY_BYTES`` and the answer timeout.
+Here the headers of a connection's first request must be complete within
+``header_timeout_s`` of the connection being made, and those of a later request within
+``header_timeout_s`` of its first byte (until then the keep-alive timeout applies);
+when they are not, the connection is answered ``408 Request Timeout`` and closed (as
+nginx's ``client_header_timeout`` does). Bodies are bounded by
+``SWITCHYARD_MAX_BODY_BYTES`` and the answer timeout.
 """
 
 from __future__ import annotations
@@ -49,10 +51,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._disarm_header_timer()
         super().on_headers_complete()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
+    def on_message_begin(self) -> None:
+        # A later request's first byte: its headers are timed from here (the first
+        # request's from the connection).
+        if self._header_timer is None:
             self._arm_header_timer()
+        super().on_message_begin()
 
     def _arm_header_timer(self) -> None:
         self._disarm_header_timer()
