@@ -241,9 +241,10 @@ class Settings(BaseModel):
         gt=0,
         le=3600,
         description=(
-            "How long the ingress waits for a request's headers, from the connection or "
-            "the previous answer: a slower client is answered 408 and disconnected, so "
-            "idle or trickling connections cannot hold every connection place."
+            "How long the ingress waits for a request's headers, from the connection (a "
+            "later request on it: from its first byte): a slower client is answered 408 "
+            "and disconnected, so idle or trickling connections cannot hold every "
+            "connection place."
         ),
     )
     max_body_bytes: int = Field(
