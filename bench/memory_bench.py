@@ -128,8 +128,8 @@ def one_run(bounds: str, requests: int, rate: float, every_s: float) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bounds", default="5000:4194304,500000:16777216")
-    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--bounds", default="5000:4194304,100000:16777216")
+    parser.add_argument("--requests", type=int, default=150_000)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--every-s", type=float, default=5.0)
     parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)

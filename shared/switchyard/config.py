@@ -163,11 +163,12 @@ class Settings(BaseModel):
         ),
     )
     memory_max_keys: int = Field(
-        default=500_000,
+        default=100_000,
         ge=1_000,
         description=(
             "The most keys the in-memory state (the embedded stack) holds: past it the "
-            "request records nearest their expiry go first (about 1 KB each)."
+            "request records nearest their expiry go first. A record keeps its request, "
+            "prompt included: about 7 KB for the conversation sample's prompts."
         ),
     )
 
