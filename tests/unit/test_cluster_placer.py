@@ -8,27 +8,15 @@ from switchyard.cluster.placer import LlmPlacer
 from switchyard.contracts.messages import Heartbeat, InferenceRequest, LLMPayload
 from switchyard.policies.registry import make_llm_policy
 
+from tests.support.services import heartbeat as stored_heartbeat
+
 MODEL = "llama-2-7b"
 
 
 def heartbeat(worker_id: str, *, queue_length: int = 0, sent_at_s: float = 0.0) -> Heartbeat:
-    return Heartbeat(
-        worker_id=worker_id,
-        worker_type="a100-80gb",
-        sequence=1,
-        interval_s=0.5,
-        queue_length=queue_length,
-        queued_work_s=0.0,
-        running=0,
-        utilization=0.1,
-        servable_models=[MODEL],
-        resident_models=[MODEL],
-        profile=f"a100-80gb/{MODEL}",
-        max_slots=64,
-        kv_capacity_tokens=100_000,
-        inbox_partition=int(worker_id[1:]),
-        sent_at_s=sent_at_s,
-    )
+    """A heartbeat naming its inbox partition (a worker without one is sent nothing)."""
+    beat = stored_heartbeat(worker_id, waiting=queue_length)
+    return beat.model_copy(update={"inbox_partition": int(worker_id[1:]), "sent_at_s": sent_at_s})
 
 
 def request(request_id: str) -> InferenceRequest:
