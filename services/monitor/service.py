@@ -6,7 +6,8 @@ Two routines:
   ``monitor``, no group rebalance) and records each
   (:mod:`services.monitor.heartbeats`), announcing drains on the way;
 * ``liveness_routine`` declares silent workers down and sweeps down workers' assigned
-  sets (:mod:`services.monitor.liveness`), publishing
+  sets (:mod:`services.monitor.liveness`), takes back what live workers were sent and
+  never received (:mod:`services.monitor.unclaimed`), publishing
   :class:`~switchyard.contracts.messages.WorkerDown` on WORKER_EVENTS, and notices when
   the state store lost its data (:mod:`services.monitor.state_loss`).
 
@@ -19,8 +20,8 @@ and ignored) and runs the liveness check, and claim keys make one of them publis
 event. Silence is judged only while a replica hears (:mod:`services.monitor.silence`).
 
 Metrics: ``switchyard.monitor.heartbeats`` (by ``outcome``: accepted, stale),
-``switchyard.monitor.workers_down`` (by ``reason``), ``switchyard.monitor.state_losses``,
-counters;
+``switchyard.monitor.workers_down`` (by ``reason``), ``switchyard.monitor.unclaimed``
+(requests taken back from live workers), ``switchyard.monitor.state_losses``, counters;
 ``switchyard.monitor.workers`` (observable gauge): the workers by the status this
 replica recorded last (``alive``, ``down``, ``drained``).
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -46,6 +48,7 @@ from services.monitor.heartbeats import HeartbeatRecorder
 from services.monitor.liveness import STRANDED_GRACE_S, Liveness
 from services.monitor.silence import HeardThrough
 from services.monitor.state_loss import StateWatch
+from services.monitor.unclaimed import SWEEP_PERIOD_S, UnclaimedSweep
 
 GROUP = "monitor"
 
@@ -93,6 +96,19 @@ class MonitorService(Service):
             heard=self.heard,
             on_status=self._record_status,
             on_down=lambda reason: self._m_down.add(1, {"reason": reason}),
+        )
+        unclaimed = meter.create_counter(
+            "switchyard.monitor.unclaimed",
+            unit="{request}",
+            description="Requests assigned to a live worker that never reached it, taken "
+            "back for re-assignment.",
+        )
+        self.unclaimed = UnclaimedSweep(
+            ctx.state,
+            ctx.bus,
+            fresh_s=self.worker_timeout_s,
+            clock=clock,
+            on_taken_back=lambda count: unclaimed.add(count),
         )
         losses = meter.create_counter(
             "switchyard.monitor.state_losses",
@@ -187,14 +203,20 @@ class MonitorService(Service):
     async def handle_heartbeat(self, heartbeat: Heartbeat) -> bool:
         """Record ``heartbeat``; False when it was stale and ignored."""
         accepted = await self.recorder.record(heartbeat)
+        if accepted:
+            self.unclaimed.heard(heartbeat)
         self._m_heartbeats.add(1, {"outcome": "accepted" if accepted else "stale"})
         return accepted
 
     async def liveness_routine(self) -> None:
         stopping = self.ctx.stopping
+        swept_s = -math.inf
         while not stopping.is_set():
             await self.state_watch.check()
             await self.check_liveness()
+            if time.monotonic() - swept_s >= SWEEP_PERIOD_S:
+                swept_s = time.monotonic()
+                await self.unclaimed.sweep()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.check_period_s)
 

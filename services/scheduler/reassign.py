@@ -1,10 +1,13 @@
-"""Re-assigning a dead, draining or drained worker's requests (a :class:`WorkerDown`).
+"""Re-assigning a dead, draining or drained worker's requests, and a live one's that never
+reached it (a :class:`WorkerDown`).
 
 For a worker that died (``heartbeat-timeout``) or drained, the requests are those the
 event lists plus whatever the worker's assigned set names now (another scheduler replica
 may have sent it one more after the monitor looked: read again now that no decision
 here can choose the worker); for one that began to drain, only what the event lists as
-waiting (what runs there finishes there).
+waiting (what runs there finishes there); for a live worker's ``unclaimed`` requests,
+only those listed (the monitor took them back from the worker: their record's epoch moved
+on), and the worker stays a candidate for them and for everything else.
 
 Each is re-assigned with epoch + 1 by the request ledger's compare-and-set on the epoch
 and worker it replaces: of several scheduler replicas that all see the event, one moves
@@ -81,8 +84,10 @@ class Reassigner:
     async def on_worker_down(self, delivery: Delivery[WorkerDown]) -> None:
         scheduler = self.scheduler
         event = delivery.message
-        scheduler.forget_worker(event.worker_id)
-        if event.reason == "draining":
+        unclaimed = event.reason == "unclaimed"
+        if not unclaimed:
+            scheduler.forget_worker(event.worker_id)
+        if event.reason in ("draining", "unclaimed"):
             orphans = list(event.orphaned_request_ids)
         else:
             late = await read_assigned(scheduler.ctx.state, event.worker_id)
@@ -110,7 +115,8 @@ class Reassigner:
                     request,
                     time.time(),
                     epoch,
-                    frozenset({event.worker_id}),
+                    # A live worker may take it again: the message was lost, not the worker.
+                    frozenset() if unclaimed else frozenset({event.worker_id}),
                     outbox,
                     origin,
                     replaces_worker=event.worker_id,

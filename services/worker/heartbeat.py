@@ -23,6 +23,7 @@ class HeartbeatFacts:
     interval_s: float
     time_scale: float
     inbox_partition: int | None
+    inbox_read_through_s: float | None
     draining: bool
     now_s: float
 
@@ -69,6 +70,7 @@ def build_heartbeat(backend: Backend, queue: LocalQueue, facts: HeartbeatFacts) 
         time_scale=facts.time_scale if backend.emulated else 1.0,
         emulated=backend.emulated,
         inbox_partition=facts.inbox_partition,
+        inbox_read_through_s=facts.inbox_read_through_s,
         sent_at_s=facts.now_s,
     )
 

@@ -120,6 +120,9 @@ class WorkerService(Service):
         )
         self.inbox: Inbox[Assignment | Migration] = Inbox(ctx, WORKER_INBOX, self.worker_id)
         self._inbox_sub: Subscription[Assignment | Migration] | None = None
+        self._reading: Subscription[Assignment | Migration] | None = None
+        """The inbox subscription the inbox routine reads now (its progress is in every
+        heartbeat)."""
 
     @property
     def backend(self) -> Backend:
@@ -193,6 +196,7 @@ class WorkerService(Service):
             self._inbox_sub or self.inbox.subscribe(group=f"worker-{self.worker_id}"),
             None,
         )
+        self._reading = sub
         async with sub:
             while not self.ctx.stopping.is_set():
                 batch = await sub.next_batch(_INBOX_BATCH, timeout_s=_INBOX_WAIT_S)
@@ -301,6 +305,7 @@ class WorkerService(Service):
             partition: int | None = self.inbox.partition
         except RuntimeError:
             partition = None
+        reading = self._reading
         return build_heartbeat(
             self.backend,
             self.holdings.queue,
@@ -310,6 +315,7 @@ class WorkerService(Service):
                 interval_s=settings.heartbeat_interval_s,
                 time_scale=settings.worker_time_scale,
                 inbox_partition=partition,
+                inbox_read_through_s=None if reading is None else reading.handled_through_s(),
                 draining=draining,
                 now_s=time.time(),
             ),

@@ -8,7 +8,8 @@
 3. through the published API port (HAProxy over the ingress replicas): completions on
    the emulated workers and on the torch worker's tiny-lm, classification calls, a
    streamed chat;
-4. ``worker-llm`` scaled to three replicas (the new one takes work) and back to two (the
+4. ``worker-llm`` scaled to three replicas while calls keep coming (each answered; the
+   new one takes work) and back to two (the
    removed one drains: what ran on it finishes there, it exits 0, it is recorded drained);
    ``ingress`` scaled to two behind the one port (both take calls) and back to one while
    calls keep coming (none refused);
@@ -23,6 +24,7 @@ The steps share one stack (a module fixture) and run in file order.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -174,6 +176,30 @@ def post_completion(model: str) -> int:
     return httpx.post(f"{INGRESS}/v1/completions", json=body, headers=AUTH, timeout=180).status_code
 
 
+def completion_status(request_id: str) -> tuple[str, int | str]:
+    """A short completion with a client-chosen id; its HTTP status, or what went wrong."""
+    body = {
+        "model": "llama-2-7b",
+        "prompt": "Hello",
+        "max_tokens": 4,
+        "switchyard": {**LONG_DEADLINE, "request_id": request_id},
+    }
+    try:
+        answer = httpx.post(f"{INGRESS}/v1/completions", json=body, headers=AUTH, timeout=120)
+    except httpx.HTTPError as error:
+        return request_id, f"{type(error).__name__}: {error}"
+    return request_id, answer.status_code
+
+
+def request_states(request_ids: list[str]) -> dict[str, Any]:
+    """``GET /v1/requests/{id}`` of each: the recorded state of calls that went wrong."""
+    states: dict[str, Any] = {}
+    for request_id in request_ids[:10]:
+        found = httpx.get(f"{INGRESS}/v1/requests/{request_id}", headers=AUTH, timeout=30)
+        states[request_id] = found.json() if found.status_code == 200 else found.status_code
+    return states
+
+
 def call_every(
     pool: ThreadPoolExecutor, every_s: float, stop: threading.Event, call: Callable[[], T]
 ) -> list[Future[T]]:
@@ -309,7 +335,21 @@ def test_worker_llm_scales_up_the_new_worker_takes_work_and_scaled_down_one_drai
     stack: docker.DockerClient, workers: Workers
 ) -> None:
     before = {c.name for c in project_containers(stack, "worker-llm")}
-    scale("worker-llm", 3)
+    # Calls keep coming while the new worker starts: every one answered.
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        stop = threading.Event()
+        numbers = itertools.count()
+        trickle = pool.submit(
+            call_every, pool, 0.1, stop, lambda: completion_status(f"scale-up-{next(numbers)}")
+        )
+        time.sleep(1)
+        scale("worker-llm", 3)
+        time.sleep(2)
+        stop.set()
+        during = dict(call.result(timeout=200) for call in trickle.result())
+    unanswered = {rid: status for rid, status in during.items() if status != 200}
+    # For each, what the ingress knows of it (its record), and the services' logs.
+    assert unanswered == {}, (unanswered, request_states(list(unanswered)), why())
     replicas = project_containers(stack, "worker-llm")
     assert len(replicas) == 3
     (new,) = [c for c in replicas if c.name not in before]

@@ -224,6 +224,36 @@ async def test_of_two_racing_reassignments_one_wins(
     ]
 
 
+async def test_an_assignment_its_worker_never_took_in_is_taken_back_and_fenced(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    for rid in ("lost", "started", "young", "moved"):
+        await ledger.accept(request(rid))
+        await ledger.assign(Assign(assignment("w1", of=request(rid))))  # assigned at 101 s
+    await ledger.start_many([Fence("started", 0, "w1")], now_s=102.0)
+    await ledger.assign(Assign(assignment("w2", epoch=1, of=request("moved")), 0, "w1"))
+
+    # "young" was assigned after the cutoff: it may still be on its way.
+    assert await ledger.disown_many("w1", ["lost", "started", "moved"], 101.0) == ["lost"]
+    assert await ledger.disown_many("w1", ["young"], 100.5) == []
+    # What another worker holds now, or nobody, only left its entry behind: it goes.
+    await store.zadd(keys.assigned("w1"), {"moved": 101.0, "gone": 101.0})
+    assert await ledger.disown_many("w1", ["moved", "gone"], 101.0) == []
+    assert sorted(await assigned_to(store, "w1")) == ["lost", "started", "young"]
+
+    record = await ledger.read("lost")
+    assert record is not None
+    assert (record.status, record.epoch, record.worker_id) == ("assigned", 1, "w1")
+    # The lost message turns up after all: it can no longer start the request.
+    assert await ledger.start_many([Fence("lost", 0, "w1")], now_s=104.0) == ["superseded"]
+    # It stays the worker's until re-assigned, which replaces the new epoch.
+    assert "lost" in await assigned_to(store, "w1")
+    again = await ledger.assign(Assign(assignment("w2", epoch=2, of=request("lost")), 1, "w1"))
+    assert again.result == "assigned"
+    assert "lost" not in await assigned_to(store, "w1")
+    assert await ledger.start_many([Fence("lost", 2, "w2")], now_s=105.0) == ["started"]
+
+
 async def test_a_start_is_fenced_by_epoch_and_worker(ledger: RequestLedger) -> None:
     await ledger.accept(request())
     await ledger.assign(Assign(assignment("w1")))

@@ -36,7 +36,7 @@ from switchyard.state.memory import MemoryStateStore
 from services.scheduler import SchedulerService
 from tests.support.services import heartbeat, memory_context, service_settings, store_worker
 
-DownReason = Literal["heartbeat-timeout", "draining", "drained", "failed"]
+DownReason = Literal["heartbeat-timeout", "draining", "drained", "failed", "unclaimed"]
 
 CATALOGUE = ServingCatalogue(
     llm={app.name: app for app in DEFAULT_LLM_APPLICATIONS}, classification={}

@@ -7,13 +7,18 @@ real classification variants and the tiny language model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 import pytest_asyncio
+from switchyard.bus import MemoryBroker
+from switchyard.bus.records import OutgoingRecord, RecordMetadata
 from switchyard.config import load_settings
+from switchyard.contracts.topics import WORKER_INBOX
 
 from services.embedded import EmbeddedPlan, EmbeddedStack
 
@@ -128,3 +133,48 @@ async def test_bad_requests_get_a_4xx_naming_the_problem(client: httpx.AsyncClie
     )
     assert negative.status_code == 400
     assert negative.json()["error"]["param"] == "max_tokens"
+
+
+async def test_an_assignment_lost_on_its_way_to_a_live_worker_is_answered_all_the_same(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The call's assignment goes to a partition its worker does not read: the worker
+    # stays alive and never sees it. The monitor finds it unlisted by the worker's later
+    # heartbeats and takes it back, and the scheduler sends it again.
+    append = MemoryBroker.append
+    misdirected: list[OutgoingRecord] = []
+
+    def misdirect(
+        self: MemoryBroker, record: OutgoingRecord, default_partitions: int
+    ) -> RecordMetadata:
+        if (
+            not misdirected
+            and record.topic.endswith(WORKER_INBOX.name)
+            and record.partition is not None
+            and b"lost-on-the-way" in record.value
+        ):
+            others = self.partition_count(record.topic)
+            record = dataclasses.replace(record, partition=(record.partition + 1) % others)
+            misdirected.append(record)
+        return append(self, record, default_partitions)
+
+    monkeypatch.setattr(MemoryBroker, "append", misdirect)
+    started_s = time.monotonic()
+    answer = await client.post(
+        "/v1/completions",
+        json={
+            "model": "llama-2-7b",
+            "prompt": "Where did my request go?",
+            "max_tokens": 4,
+            "switchyard": {"request_id": "lost-on-the-way"},
+        },
+    )
+    waited_s = time.monotonic() - started_s
+
+    assert misdirected, "the assignment was never sent"
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["switchyard"]["worker_id"] == "llm-0"
+    status = await client.get("/v1/requests/lost-on-the-way")
+    assert status.json()["status"] == "ok", status.text
+    # Without the sweep the call would wait out the client's 60 s timeout.
+    print(f"\nlost assignment: answered after {waited_s:.1f} s")

@@ -74,6 +74,30 @@ async def test_a_request_sent_to_a_worker_after_the_monitor_listed_its_orphans_m
     assert again.epoch == 1
 
 
+async def test_a_live_workers_unclaimed_request_is_reassigned_and_the_worker_kept(
+    jsq: Stack,
+) -> None:
+    await jsq.worker("only")
+    await jsq.start()
+    for request_id in ("lost", "arrived"):
+        await jsq.submit(llm_request(request_id))
+    assert {a.worker_id for a in await jsq.assignments(2)} == {"only"}
+    # The monitor found "lost" unlisted by the worker's later heartbeats and took it back
+    # (epoch 0 -> 1); the worker is alive, and the only one serving the model.
+    assert await jsq.ledger.disown_many("only", ["lost"], time.time()) == ["lost"]
+    await jsq.worker_down("only", ["lost"], reason="unclaimed")
+
+    (again,) = await jsq.assignments(1)
+    assert (again.request.request_id, again.worker_id, again.epoch) == ("lost", "only", 2)
+    record = await jsq.record("lost")
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "only", 2)
+    # Only the listed request moved, and the worker still gets new work.
+    assert (await jsq.record("arrived")).epoch == 0
+    await jsq.submit(llm_request("next"))
+    (later,) = await jsq.assignments(1)
+    assert (later.request.request_id, later.worker_id) == ("next", "only")
+
+
 async def test_of_several_scheduler_replicas_one_moves_each_request(
     jsq: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -542,6 +542,12 @@ class Heartbeat(Message):
         description="The partition of switchyard.worker-inbox this worker reads: where "
         "its assignments and migrations go.",
     )
+    inbox_read_through_s: float | None = Field(
+        default=None,
+        description="Wall seconds by which this worker had taken in every record its inbox "
+        "partition held (started, queued or refused each); None until it has caught up "
+        "once. The monitor judges an assignment it does not list as lost only against this.",
+    )
     sent_at_s: float
 
 
@@ -567,7 +573,7 @@ class OutputChunk(Message):
 
 class WorkerDown(Message):
     """The monitor's verdict that a worker stopped sending heartbeats, is leaving on
-    purpose, or has left.
+    purpose, or has left; or that a live one was sent requests it never received.
 
     ``reason``:
 
@@ -578,6 +584,11 @@ class WorkerDown(Message):
       elsewhere now rather than after the running work.
     - ``drained``: its last heartbeat; nothing runs there any more and what it still held
       is listed.
+    - ``unclaimed``: the worker is alive, but ``orphaned_request_ids`` were assigned to it
+      and never reached it: its heartbeats, sent well after, do not list them and it never
+      started them. The monitor took them back (:meth:`RequestLedger.disown_many
+      <switchyard.lifecycle.RequestLedger.disown_many>`) for the scheduler to re-assign;
+      the worker stays in service.
 
     ``held_request_ids`` (draining and drained only) is what the worker's heartbeat listed
     as waiting there, when that list was complete: a request assigned to it that is not in
@@ -588,7 +599,7 @@ class WorkerDown(Message):
     MESSAGE_TYPE = "worker-down"
 
     worker_id: Identifier
-    reason: Literal["heartbeat-timeout", "draining", "drained", "failed"]
+    reason: Literal["heartbeat-timeout", "draining", "drained", "failed", "unclaimed"]
     last_heartbeat_s: float | None = None
     detected_at_s: float
     orphaned_request_ids: list[Identifier] = Field(default_factory=list)

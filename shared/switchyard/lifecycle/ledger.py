@@ -15,6 +15,8 @@ Who calls what:
   with the epoch it replaces), and answers directly with
   :meth:`~RequestLedger.finish_many` (``worker_fenced=False``) what a window plan gives
   itself or what no worker can serve;
+- the monitor :meth:`~RequestLedger.disown_many`\\ s what a live worker was sent and
+  never took in (its heartbeats do not list it), for the scheduler to re-assign;
 - a worker :meth:`~RequestLedger.start_many`\\ s what it takes in and
   :meth:`~RequestLedger.finish_many`\\ es what it ran; a worker that moves a request
   assigns it to the target with its own epoch as the one it replaces.
@@ -254,6 +256,28 @@ class RequestLedger:
         afterwards was sent to the worker later, and the monitor's sweep lists it."""
         if request_ids:
             await self.state.zrem(keys.assigned(worker_id), *request_ids)
+
+    async def disown_many(
+        self, worker_id: str, request_ids: Sequence[str], assigned_by_s: float
+    ) -> list[str]:
+        """Take back from a live worker the requests it was sent and never took in: each
+        still assigned to it and unstarted, in its assigned set since ``assigned_by_s`` or
+        earlier. Their epoch moves on (the lost message can no longer start them) and they
+        stay in the worker's assigned set until re-assigned. Returns the ids taken back;
+        one started (or moved) meanwhile is kept."""
+        calls = [
+            (
+                [keys.request(request_id), keys.assigned(worker_id)],
+                [self._ttl_ms, request_id, worker_id, repr(assigned_by_s)],
+            )
+            for request_id in request_ids
+        ]
+        replies = await self.state.run_script_many(scripts.DISOWN, calls)
+        return [
+            request_id
+            for request_id, reply in zip(request_ids, replies, strict=True)
+            if reply[0] == "disowned"
+        ]
 
     # -- start -----------------------------------------------------------------------------
 

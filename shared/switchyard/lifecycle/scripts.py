@@ -294,3 +294,51 @@ def _cancel(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[
 
 
 CANCEL = Script("cancel", _CANCEL_LUA, _cancel)
+
+# -- disown ------------------------------------------------------------------------------
+# An assignment that never reached its worker: the record still waits, assigned to the
+# worker, for it to start, and the worker's assigned set has held it since before the
+# cutoff. The epoch moves on, so the lost message can no longer start it should it turn
+# up; the request stays in the worker's assigned set until it is re-assigned. An entry
+# whose record is gone, answered or another worker's is only left behind: it is removed.
+# KEYS: request, assigned set of the worker. ARGV: ttl_ms, request_id, worker_id,
+# cutoff_s (assigned at or before).
+# -> {"disowned", epoch} | {"kept"} | {"stale"}
+
+_DISOWN_LUA = (
+    _FINAL
+    + """
+local r = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'worker_id')
+local status = r[1]
+if not status or final[status] or r[3] ~= ARGV[3] then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  return {'stale'}
+end
+if status ~= 'assigned' then return {'kept'} end
+local since = redis.call('ZSCORE', KEYS[2], ARGV[2])
+if not since or tonumber(since) > tonumber(ARGV[4]) then return {'kept'} end
+local epoch = tostring(tonumber(r[2] or '0') + 1)
+redis.call('HSET', KEYS[1], 'epoch', epoch)
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return {'disowned', epoch}
+"""
+)
+
+
+def _disown(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    status, epoch, worker = view.hmget(keys[0], ("status", "epoch", "worker_id"))
+    if status is None or status in _FINAL_SET or worker != args[2]:
+        view.zrem(keys[1], args[1])
+        return ["stale"]
+    if status != "assigned":
+        return ["kept"]
+    since = view.zscore(keys[1], args[1])
+    if since is None or since > float(args[3]):
+        return ["kept"]
+    moved = str(int(epoch or "0") + 1)
+    view.hset(keys[0], {"epoch": moved})
+    view.expire(keys[0], int(args[0]) / 1000.0)
+    return ["disowned", moved]
+
+
+DISOWN = Script("disown", _DISOWN_LUA, _disown)

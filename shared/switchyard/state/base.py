@@ -55,7 +55,7 @@ class ScriptView(Protocol):
     un-prefixed keys of the in-memory store, each the counterpart of one Redis command
     its Lua body uses (``GET``, ``SET``/``PX``, ``DEL``, ``EXISTS``, ``PEXPIRE``,
     ``HGET``, ``HMGET``, ``HGETALL``, ``HSET``, ``HDEL``, ``HINCRBY``, ``ZADD``,
-    ``ZREM``, ``ZRANGE key 0 -1``)."""
+    ``ZREM``, ``ZRANGE key 0 -1``, ``ZSCORE``)."""
 
     def get(self, key: str) -> str | None: ...
 
@@ -86,6 +86,8 @@ class ScriptView(Protocol):
     def zrange(self, key: str) -> list[str]:
         """Every member, by score (ties by member), as ``ZRANGE key 0 -1``."""
         ...
+
+    def zscore(self, key: str, member: str) -> float | None: ...
 
 
 ScriptBody = Callable[[ScriptView, Sequence[str], Sequence[str]], Sequence[str]]

@@ -481,3 +481,7 @@ class _ScriptView:
     def zrange(self, key: str) -> list[str]:
         found: Mapping[str, float] = self._store._zset(key) or {}
         return [member for member, _ in sorted(found.items(), key=lambda item: (item[1], item[0]))]
+
+    def zscore(self, key: str, member: str) -> float | None:
+        found = self._store._zset(key)
+        return None if found is None else found.get(member)
