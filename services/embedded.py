@@ -31,7 +31,7 @@ from switchyard.runtime import Service, ServiceContext, run_service
 from switchyard.runtime.loop import settle_heap
 from switchyard.runtime.service import ServiceFactory
 from switchyard.serving.catalogue import ServingCatalogue
-from switchyard.state import StateStore, state_from_settings
+from switchyard.state import StateStore, keys, state_from_settings
 from switchyard.state.memory import MemoryStateStore
 from switchyard.telemetry import (
     Telemetry,
@@ -275,17 +275,21 @@ class EmbeddedStack:
                         f"service {running.name} ({running.settings.instance_id}) exited "
                         f"with code {code} while the stack was starting"
                     )
-            registered = await self.state.zcard("workers")
+            registered = await self.state.zcard(keys.WORKERS)
+            # The monitor's answers restore is done (on a new store: at once), so calls
+            # that name their request id are accepted.
+            restored = await self.state.get(keys.STATE_GENERATION) is not None
             port = None
             with contextlib.suppress(KeyError):
                 port = getattr(self.service("ingress"), "http_port", None)
-            if registered >= expected and isinstance(port, int) and port > 0:
+            if registered >= expected and restored and isinstance(port, int) and port > 0:
                 return
             if time.monotonic() > deadline:
                 await self.stop()
                 raise EmbeddedStartError(
                     f"the embedded stack was not ready within {timeout_s:g} s "
-                    f"({registered} of {expected} workers reported; API port {port})"
+                    f"({registered} of {expected} workers reported; API port {port}; "
+                    f"answers restored: {restored})"
                 )
             await asyncio.sleep(0.05)
 

@@ -180,6 +180,15 @@ async def _broker_restart(ctx: FaultContext) -> tuple[float, float]:
     return began_s, ctx.note("the broker answers again")
 
 
+async def _redis_empty(ctx: FaultContext) -> tuple[float, float]:
+    killed_at_s = ctx.infra.kill_redis()
+    ctx.infra.wipe_redis()
+    ctx.note("SIGKILL Redis and remove its append-only file (as without persistence)")
+    await asyncio.sleep(RESTART_AFTER_S)
+    await asyncio.to_thread(ctx.infra.start_redis)
+    return killed_at_s, ctx.note("Redis answers again, empty")
+
+
 async def _redis_kill(ctx: FaultContext) -> tuple[float, float]:
     killed_at_s = ctx.infra.kill_redis()
     ctx.note("SIGKILL Redis (append-only file, fsync every second)")
@@ -240,5 +249,10 @@ FAULTS: dict[str, Fault] = {
         Fault("broker-kill", "SIGKILL of the Kafka broker, restarted at once", _broker_kill),
         Fault("broker-restart", "a graceful restart of the Kafka broker", _broker_restart),
         Fault("redis-kill", "SIGKILL of Redis, restarted 1 s later", _redis_kill),
+        Fault(
+            "redis-empty",
+            "SIGKILL of Redis, restarted 1 s later without its data",
+            _redis_empty,
+        ),
     )
 }

@@ -119,6 +119,11 @@ class PrivateInfra:
         """SIGKILL Redis: what its append-only file had fsynced survives."""
         return self._kill("redis")
 
+    def wipe_redis(self) -> None:
+        """Remove Redis's append-only file (with Redis stopped): it comes back empty, as
+        one run without persistence does."""
+        shutil.rmtree(self._run_dir("redis") / "appendonlydir", ignore_errors=True)
+
     def _kill(self, server: str) -> float:
         pidfile = self._run_dir(server) / f"{server}.pid"
         try:

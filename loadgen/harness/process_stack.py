@@ -52,7 +52,7 @@ from switchyard.bus import Envelope, codec
 from switchyard.config import Settings, load_settings
 from switchyard.contracts.base import Message
 from switchyard.contracts.topics import ALL_TOPICS, Topic
-from switchyard.state import StateStore, state_from_settings
+from switchyard.state import StateStore, keys, state_from_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HEARTBEAT_INTERVAL_S = 0.25
@@ -292,13 +292,16 @@ class ProcessStack:
                         if (await client.get(f"{self.url_of(name)}/healthz")).status_code == 200:
                             unhealthy.discard(name)
                 healthy = not unhealthy
-                registered = await self.state.zcard("workers")
-                if healthy and registered >= workers:
+                registered = await self.state.zcard(keys.WORKERS)
+                # The monitor has restored the answers (calls naming their id accepted).
+                restored = await self.state.get(keys.STATE_GENERATION) is not None
+                if healthy and registered >= workers and restored:
                     return time.monotonic() - began
                 if time.monotonic() > deadline:
                     raise StackError(
                         f"stack not ready within {timeout_s:g} s (ingress healthy: {healthy}; "
-                        f"{registered} of {workers} workers registered)\n{self.logs()}"
+                        f"{registered} of {workers} workers registered; answers restored: "
+                        f"{restored})\n{self.logs()}"
                     )
                 await asyncio.sleep(0.1)
 

@@ -135,12 +135,13 @@ class RequestDesk:
         self.clock = clock
         self.gate = gate
         # Calls arriving together share one round trip to the store (group commit).
-        self._accepts: GroupCommit[InferenceRequest, LedgerAccepted] = GroupCommit(
-            ledger.accept_many
+        # Each with whether its id is the client's (see RequestLedger.accept).
+        self._accepts: GroupCommit[tuple[InferenceRequest, bool], LedgerAccepted] = GroupCommit(
+            lambda items: ledger.accept_many([r for r, _ in items], [n for _, n in items])
         )
         self.decisions = decisions
-        self._accepts_decided: GroupCommit[Assign, LedgerAccepted] = GroupCommit(
-            ledger.accept_decided_many
+        self._accepts_decided: GroupCommit[tuple[Assign, bool], LedgerAccepted] = GroupCommit(
+            lambda items: ledger.accept_decided_many([a for a, _ in items], [n for _, n in items])
         )
 
     def request(
@@ -204,13 +205,17 @@ class RequestDesk:
         decided = self.decisions.decide(request) if self.decisions is not None else None
         waiter = self.answers.register(request_id, stream=stream)
         try:
+            named = client_id is not None
             if decided is not None:
-                accepted = await self._accepts_decided.submit(decided)
+                accepted = await self._accepts_decided.submit((decided, named))
             else:
-                accepted = await self._accepts.submit(request)
+                accepted = await self._accepts.submit((request, named))
         except Exception as exc:
             self.answers.release(waiter)
             raise unavailable(f"the state store is unavailable: {exc}") from None
+        if accepted.restoring:
+            self.answers.release(waiter)
+            raise restoring(public_request_id(request_id))
         if not accepted.accepted:
             # A retry: the earlier request's answer. Another call's use of the id is a 409.
             self.answers.release(waiter)
@@ -433,6 +438,20 @@ def _same_call_or_conflict(record: RequestRecord, request: InferenceRequest) -> 
         f"repeat the request exactly, and a new request needs a new request_id",
         param="request_id",
         code="request_id_reused",
+    )
+
+
+def restoring(request_id: str) -> ApiError:
+    """The 503 of a call naming its id while the state store's answers are being
+    restored: accepting it now could run an answered request again."""
+    return ApiError(
+        503,
+        f"the state store lost its data and the answers are being restored from the "
+        f"broker: a call naming its request_id ({request_id!r}) cannot be accepted until "
+        f"then, or an answered request could run again; retry shortly",
+        type_=SERVER_ERROR,
+        code="state_restoring",
+        headers={"Retry-After": "2"},
     )
 
 

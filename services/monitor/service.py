@@ -9,7 +9,8 @@ Two routines:
   sets (:mod:`services.monitor.liveness`), takes back what live workers were sent and
   never received (:mod:`services.monitor.unclaimed`), publishing
   :class:`~switchyard.contracts.messages.WorkerDown` on WORKER_EVENTS, and notices when
-  the state store lost its data (:mod:`services.monitor.state_loss`).
+  the state store lost its data and restores its answers from the answers topic
+  (:mod:`services.monitor.state_loss`, :mod:`services.monitor.restore`).
 
 Answers are not the monitor's business: a worker records each in the request ledger
 itself (with the per-worker and cluster counters, the recent violations), so no
@@ -41,11 +42,13 @@ from switchyard.bus import Delivery, Subscription
 from switchyard.cluster import WorkerStatus
 from switchyard.contracts.messages import Heartbeat
 from switchyard.contracts.topics import HEARTBEATS
+from switchyard.lifecycle import RequestLedger
 from switchyard.runtime.service import Service, ServiceContext
 from switchyard.telemetry.observables import observe
 
 from services.monitor.heartbeats import HeartbeatRecorder
 from services.monitor.liveness import STRANDED_GRACE_S, Liveness
+from services.monitor.restore import restore_answers
 from services.monitor.silence import HeardThrough
 from services.monitor.state_loss import StateWatch
 from services.monitor.unclaimed import SWEEP_PERIOD_S, UnclaimedSweep
@@ -116,7 +119,14 @@ class MonitorService(Service):
             description="Times the state store was found to have lost its data.",
         )
         self._heartbeats: Subscription[Heartbeat] | None = None
-        self.state_watch = StateWatch(ctx.state, ctx.logger, lambda: losses.add(1))
+        self.state_watch = StateWatch(
+            ctx.state,
+            ctx.logger,
+            lambda: losses.add(1),
+            restore=lambda: restore_answers(
+                ctx.bus, RequestLedger(ctx.state), stopping=ctx.stopping
+            ),
+        )
         self.recorder = HeartbeatRecorder(
             ctx.state,
             clock=clock,
@@ -171,6 +181,10 @@ class MonitorService(Service):
         self._heartbeats = await self._read_heartbeats()
         self.spawn_routine("heartbeat_routine", self.heartbeat_routine)
         self.spawn_routine("liveness_routine", self.liveness_routine)
+
+    async def drain(self) -> None:
+        await self.state_watch.close()
+        await super().drain()
 
     async def _read_heartbeats(self) -> Subscription[Heartbeat]:
         # Every partition, without a group rebalance: a restarted replica reads at once

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
-from switchyard.bus import Delivery, Envelope, Subscription
+from switchyard.bus import Bus, Delivery, Envelope, Subscription
 from switchyard.bus.kafka_security import KafkaSecurity, kafka_security
 from switchyard.bus.partitioner import partition_for_key
 from switchyard.config import load_settings
@@ -286,17 +286,23 @@ async def test_a_key_filter_skips_other_keys_without_holding_them_back(
     assert [d.message.request_id for d in rest] == ["r5", "r6"]
 
 
-async def test_a_reader_since_a_time_skips_what_came_before_it(make_bus: BusFactory) -> None:
-    first, second = make_bus(), make_bus()
-    await first.start()
-    await second.start()
+async def _old_then_new(bus: Bus) -> float:
+    """Four requests ``old*``, then three ``new*``; the wall time between them."""
     for i in range(4):
-        await first.publish(REQUESTS, make_request(f"old{i}", seq=i))
+        await bus.publish(REQUESTS, make_request(f"old{i}", seq=i))
     await asyncio.sleep(0.05)
     since_s = time.time()
     await asyncio.sleep(0.05)
     for i in range(3):
-        await first.publish(REQUESTS, make_request(f"new{i}", seq=i))
+        await bus.publish(REQUESTS, make_request(f"new{i}", seq=i))
+    return since_s
+
+
+async def test_a_reader_since_a_time_skips_what_came_before_it(make_bus: BusFactory) -> None:
+    first, second = make_bus(), make_bus()
+    await first.start()
+    await second.start()
+    since_s = await _old_then_new(first)
     # A fresh group starts at the first record of each partition appended since then.
     async with second.subscribe(REQUESTS, group="fresh", since_s=since_s) as sub:
         got = await collect(sub, 3)
@@ -310,6 +316,22 @@ async def test_a_reader_since_a_time_skips_what_came_before_it(make_bus: BusFact
         (later,) = await collect(again, 1)
         assert await drain_for(again, 0.5) == []
     assert later.message.request_id == "later"
+
+
+async def test_a_reader_of_given_partitions_since_a_time_reads_what_came_since(
+    make_bus: BusFactory,
+) -> None:
+    first, second = make_bus(), make_bus()
+    await first.start()
+    await second.start()
+    since_s = await _old_then_new(first)
+    every = list(range(await second.partitions_of(REQUESTS)))
+    # No group rebalance, and not from the end: from each partition's first record since.
+    reader = second.subscribe(REQUESTS, group="restore", partitions=every, since_s=since_s)
+    async with reader as sub:
+        got = await collect(sub, 3)
+        assert await drain_for(sub, 0.5) == []
+    assert sorted(d.message.request_id for d in got) == ["new0", "new1", "new2"]
 
 
 async def _dead_letters(bus_maker: BusFactory, count: int) -> list[DeadLetter]:

@@ -254,6 +254,33 @@ async def test_an_assignment_its_worker_never_took_in_is_taken_back_and_fenced(
     assert await ledger.start_many([Fence("lost", 2, "w2")], now_s=105.0) == ["started"]
 
 
+async def test_a_store_that_lost_its_answers_refuses_named_ids_until_they_are_restored(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    # No generation marker: the store is new or lost its data, its answers not back yet.
+    refused = await ledger.accept(request("named"), named=True)
+    assert (refused.accepted, refused.restoring) == (False, True)
+    decided = Assign(assignment("w1", of=request("named-decided")))
+    (refused_decided,) = await ledger.accept_decided_many([decided], [True])
+    assert refused_decided.restoring
+    assert await assigned_to(store, "w1") == []
+    assert (await ledger.accept(request("made-up"))).accepted
+
+    answered = completion("w1", epoch=2, request_id="named")
+    other = completion("w1", request_id="made-up")
+    assert await ledger.restore_many([answered, other]) == 1  # made-up has a record
+    await store.set_if_absent(keys.STATE_GENERATION, "g1")
+
+    retry = await ledger.accept(request("named"), named=True)
+    assert retry.record is not None
+    assert (retry.record.status, retry.record.epoch) == ("ok", 2)
+    assert retry.record.completion == answered
+    assert retry.record.request is None  # what was asked is not restored
+    (accepted,) = await ledger.accept_decided_many([decided], [True])
+    assert accepted.accepted
+    assert await assigned_to(store, "w1") == ["named-decided"]
+
+
 async def test_a_start_is_fenced_by_epoch_and_worker(ledger: RequestLedger) -> None:
     await ledger.accept(request())
     await ledger.assign(Assign(assignment("w1")))

@@ -47,6 +47,7 @@ def infra() -> Iterator[PrivateInfra]:
         "monitor-kill",
         "broker-kill",
         "redis-kill",
+        "redis-empty",
     ],
 )
 async def test_a_fault_during_a_replay_loses_doubles_and_reruns_nothing(

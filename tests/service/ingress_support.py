@@ -65,6 +65,7 @@ from services.ingress.drain import Admission
 from services.ingress.quotas import Quotas
 from services.ingress.routing import answer_subscription, route_answers
 from services.ingress.tenants import KeyRing
+from tests.support.services import mark_restored
 
 if TYPE_CHECKING:
     from switchyard.telemetry import Telemetry
@@ -380,6 +381,7 @@ async def stack_fixture() -> AsyncIterator[Stack]:
     bus = Bus(MemoryTransport(), commit_interval_s=0.05)
     await bus.start()
     state = MemoryStateStore()
+    await mark_restored(state)
     made = Stack(bus, state, make_catalogue(), FakeWorker(bus, state))
     made.tasks.append(asyncio.create_task(made.worker.run(made.stopping)))
     try:

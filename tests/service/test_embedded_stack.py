@@ -7,6 +7,7 @@ real classification variants and the tiny language model.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -178,3 +179,31 @@ async def test_an_assignment_lost_on_its_way_to_a_live_worker_is_answered_all_th
     assert status.json()["status"] == "ok", status.text
     # Without the sweep the call would wait out the client's 60 s timeout.
     print(f"\nlost assignment: answered after {waited_s:.1f} s")
+
+
+async def test_after_the_state_store_lost_its_data_a_retry_gets_its_one_answer(
+    stack: EmbeddedStack, client: httpx.AsyncClient
+) -> None:
+    body = {
+        "model": "llama-2-7b",
+        "prompt": "Remember me",
+        "max_tokens": 6,
+        "switchyard": {"request_id": "survives-the-loss"},
+    }
+    first = await client.post("/v1/completions", json=body)
+    assert first.status_code == 200, first.text
+
+    await stack.state.clear_prefix()  # as a Redis restarted without persistence
+    statuses = []
+    for _ in range(100):
+        retry = await client.post("/v1/completions", json=body)
+        statuses.append(retry.status_code)
+        if retry.status_code != 503:
+            break
+        # Until the monitor has read the answers back: refused, never run again.
+        assert retry.json()["error"]["code"] == "state_restoring", retry.text
+        await asyncio.sleep(0.05)
+    assert retry.status_code == 200, (statuses, retry.text)
+    # The first run's answer, from the answers topic: the same run, not a second one.
+    assert retry.json()["switchyard"]["timeline"] == first.json()["switchyard"]["timeline"]
+    assert retry.json()["choices"] == first.json()["choices"]

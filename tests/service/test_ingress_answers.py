@@ -47,6 +47,7 @@ from services.ingress.routing import (
     sweep_overdue,
 )
 from services.ingress.tokens import approximate_tokens, chat_prompt
+from tests.support.services import mark_restored
 
 WAIT_S = 10.0  # generous: these waits end on an event, the timeout only bounds a failure
 
@@ -183,6 +184,7 @@ async def answered(ledger: RequestLedger, done: Completion) -> None:
 
 async def test_a_record_goes_from_queued_to_its_completion() -> None:
     state = MemoryStateStore()
+    await mark_restored(state)
     ledger = RequestLedger(state)
     assert await ledger.read("r-1") is None
     accepted = request()
@@ -219,6 +221,7 @@ async def test_a_record_goes_from_queued_to_its_completion() -> None:
 
 async def test_a_stale_completion_does_not_replace_a_newer_one() -> None:
     state = MemoryStateStore()
+    await mark_restored(state)
     ledger = RequestLedger(state)
     await ledger.accept(request())
     await ledger.assign(Assign(assignment(epoch=1)))
@@ -238,6 +241,7 @@ async def test_a_stale_completion_does_not_replace_a_newer_one() -> None:
 
 async def test_a_request_id_is_accepted_once_and_a_retry_finds_the_record() -> None:
     state = MemoryStateStore()
+    await mark_restored(state)
     ledger = RequestLedger(state)
     first = request()
     assert (await ledger.accept(first)).accepted is True
@@ -349,6 +353,7 @@ async def settled(this: Replica) -> None:
 
 async def test_an_answer_reaches_the_call_waiting_for_it_and_nothing_is_written() -> None:
     state = MemoryStateStore()
+    await mark_restored(state)
     async with replica(MemoryBroker(), state, "me") as me:
         await settled(me)
         with me.answers.waiting("r-1", stream=True) as waiter:
@@ -366,6 +371,7 @@ async def test_an_answer_reaches_the_call_waiting_for_it_and_nothing_is_written(
 
 async def test_a_replica_reads_only_the_answers_since_it_started() -> None:
     state = MemoryStateStore()
+    await mark_restored(state)
 
     async def history(this: Replica) -> None:
         # An answer on this partition from before this replica started reading it (its
@@ -383,6 +389,7 @@ async def test_a_replica_sharing_its_partition_reads_only_its_own_answers() -> N
     # One partition for two replicas: the second shares it (every partition is leased).
     broker = MemoryBroker()
     state = MemoryStateStore()
+    await mark_restored(state)
     async with (
         replica(broker, state, "me", addressed_partitions=1) as me,
         replica(broker, state, "other", addressed_partitions=1) as other,
@@ -418,6 +425,7 @@ async def test_an_answer_that_did_not_come_over_the_bus_is_read_from_its_record(
     # Calls waiting longer than OVERDUE_S look at their records (shortened here).
     monkeypatch.setattr(routing, "OVERDUE_S", 0.05)
     state = MemoryStateStore()
+    await mark_restored(state)
     ledger = RequestLedger(state)
     done = completion("r-lost")
     await answered(ledger, done)  # recorded, but its publish was lost

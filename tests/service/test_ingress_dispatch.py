@@ -35,7 +35,7 @@ from services.ingress.calls import CallOptions, RequestDesk
 from services.ingress.dispatch import DirectDispatcher
 from services.ingress.service import IngressService
 from services.scheduler.service import SchedulerService
-from tests.support.services import heartbeat, store_worker
+from tests.support.services import heartbeat, mark_restored, store_worker
 
 INBOX_PARTITION = 3
 
@@ -78,6 +78,7 @@ async def setup() -> AsyncIterator[Setup]:
     bus = Bus(MemoryTransport(), commit_interval_s=0.05)
     await bus.start()
     state = MemoryStateStore()
+    await mark_restored(state)
     dispatcher = DirectDispatcher(
         bus, state, make_llm_policy("jsq"), worker_timeout_s=2.0, model_interval_s=1.0
     )
@@ -249,6 +250,7 @@ async def test_a_retry_republishes_a_request_decided_but_not_started(
     # Direct dispatch records the decision before it sends the assignment: a call whose
     # send was not confirmed leaves the record assigned, and its retry must send it.
     state = MemoryStateStore()
+    await mark_restored(state)
     ledger = RequestLedger(state)
     request = llm_request("r1")
     await ledger.accept(request)

@@ -32,7 +32,7 @@ from tests.service.ingress_support import (
     make_catalogue,
     routed_answers,
 )
-from tests.support.services import heartbeat, store_worker
+from tests.support.services import heartbeat, mark_restored, store_worker
 
 
 @dataclass
@@ -58,6 +58,7 @@ async def _gated(grace_s: float = 10.0) -> AsyncIterator[Gated]:
     bus = Bus(MemoryTransport(), commit_interval_s=0.05)
     await bus.start()
     state = MemoryStateStore()
+    await mark_restored(state)
     worker = FakeWorker(bus, state)
     stopping = asyncio.Event()
     answers, routing = await routed_answers(bus, state, "ingress-a", stopping)

@@ -35,6 +35,7 @@ from tests.service.ingress_support import (
     make_catalogue,
     sse_events,
 )
+from tests.support.services import mark_restored
 
 if TYPE_CHECKING:
     from switchyard.telemetry import Telemetry
@@ -76,6 +77,7 @@ async def running(request: pytest.FixtureRequest) -> AsyncIterator[Running]:
     bus = Bus(MemoryTransport(), commit_interval_s=0.05)
     await bus.start()
     ctx = make_context(bus, **getattr(request, "param", {}))
+    await mark_restored(ctx.state)
     service = await create(ctx, make_catalogue())
     assert isinstance(service, IngressService)
     worker = FakeWorker(bus, ctx.state)

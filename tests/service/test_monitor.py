@@ -368,16 +368,21 @@ async def test_a_state_store_that_lost_its_data_is_reported_loudly(
     stack: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
     monitor = await stack.monitor(run=False)
-    assert not await monitor.state_watch.check()  # writes the first generation
-    assert not await monitor.state_watch.check()
+    watch = monitor.state_watch
+    assert not await watch.check()  # a new store: restored (nothing), then marked
+    await watch.settled()
+    assert not await watch.check()
     # Redis restarted without persistence: everything under the prefix is gone.
     await stack.state.clear_prefix()
     with caplog.at_level(logging.ERROR):
-        assert await monitor.state_watch.check()
+        assert await watch.check()
     assert "lost its data" in caplog.text
     assert [r for r in caplog.records if getattr(r, "event", None) == "state_lost"]
-    # Reported once; a second monitor that started after the loss sees nothing to report.
-    assert not await monitor.state_watch.check()
+    # Reported once, while restoring and after; a second monitor that started after the
+    # loss sees nothing to report.
+    assert not await watch.check()
+    await watch.settled()
+    assert not await watch.check()
     other = await stack.monitor(run=False)
     assert not await other.state_watch.check()
-    assert monitor.state_watch.losses == 1
+    assert watch.losses == 1

@@ -354,7 +354,13 @@ class KafkaTransport:
         return _KafkaConsumer(consumer, self.bootstrap)
 
     async def reader(
-        self, topic: str, partitions: Sequence[int], *, group: str, client_id: str
+        self,
+        topic: str,
+        partitions: Sequence[int],
+        *,
+        group: str,
+        client_id: str,
+        since_ms: int | None = None,
     ) -> _KafkaConsumer:
         # A group id for committed offsets only: assign() never joins the group, so no
         # rebalance ever moves these partitions or stalls this reader.
@@ -373,10 +379,24 @@ class KafkaTransport:
         try:
             await consumer.start()
             consumer.assign(assigned)
+            starts: dict[KafkaTopicPartition, int] = {}
+            if since_ms is not None:
+                # The first record since then, the end where there is none: looked up for
+                # every partition at once (seek_to_end waits a fetch cycle per partition).
+                found = await consumer.offsets_for_times(dict.fromkeys(assigned, since_ms))
+                missing = [tp for tp in assigned if found.get(tp) is None]
+                ends = await consumer.end_offsets(missing) if missing else {}
+                for tp in assigned:
+                    hit = found.get(tp)
+                    starts[tp] = hit.offset if hit is not None else ends[tp]
             for tp in assigned:
                 # Settled now, not at the first fetch: a destination announces itself
                 # (a heartbeat naming its partition) only once it reads from here on.
-                if await consumer.committed(tp) is None:
+                committed = await consumer.committed(tp)
+                if since_ms is not None:
+                    if committed is None or committed < starts[tp]:
+                        consumer.seek(tp, starts[tp])
+                elif committed is None:
                     await consumer.seek_to_end(tp)
                 positions[tp] = await consumer.position(tp)
         except (KafkaError, OSError) as exc:

@@ -188,9 +188,12 @@ class MemoryBroker:
                 member.positions.clear()
                 await self._rebalance(group)
 
-    def read(self, group_id: str, topic: str, partitions: Sequence[int]) -> _Member:
+    def read(
+        self, group_id: str, topic: str, partitions: Sequence[int], since_ms: int | None = None
+    ) -> _Member:
         """A reader of fixed ``partitions`` of ``topic``: outside the group's members (no
-        rebalance moves them), starting at the group's committed offsets or the end."""
+        rebalance moves them), starting at the group's committed offsets or the end (with
+        ``since_ms``: at its first record since then, when that is later)."""
         group = self._groups.setdefault(group_id, _Group())
         reader = _Member(f"reader-{next(self._member_ids)}", frozenset({topic}), _no_revoke)
         logs = self._partitions.get(topic, [])
@@ -201,7 +204,12 @@ class MemoryBroker:
                     retriable=False,
                 )
             tp = TopicPartition(topic, partition)
-            reader.positions[tp] = group.committed.get(tp, logs[partition].end)
+            committed = group.committed.get(tp)
+            if since_ms is None:
+                start = logs[partition].end if committed is None else committed
+            else:
+                start = max(committed or 0, self._first_since(tp, since_ms))
+            reader.positions[tp] = start
         return reader
 
     async def _rebalance(self, group: _Group) -> None:
@@ -377,10 +385,16 @@ class MemoryTransport:
         return _MemoryConsumer(self.broker, group, member)
 
     async def reader(
-        self, topic: str, partitions: Sequence[int], *, group: str, client_id: str
+        self,
+        topic: str,
+        partitions: Sequence[int],
+        *,
+        group: str,
+        client_id: str,
+        since_ms: int | None = None,
     ) -> _MemoryConsumer:
         return _MemoryConsumer(
-            self.broker, group, self.broker.read(group, topic, partitions), joined=False
+            self.broker, group, self.broker.read(group, topic, partitions, since_ms), joined=False
         )
 
     async def partitions_for(self, topic: str) -> int:

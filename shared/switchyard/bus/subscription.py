@@ -125,7 +125,11 @@ class Subscription(Generic[M]):
         client_id = f"{self._bus.client_id}-{self.group}"
         if self._partitions is not None:
             self._consumer = await self._bus.transport.reader(
-                self._bus.topic_name(self.topic), self._partitions, group=group, client_id=client_id
+                self._bus.topic_name(self.topic),
+                self._partitions,
+                group=group,
+                client_id=client_id,
+                since_ms=self._since_ms,
             )
         else:
             self._consumer = await self._bus.transport.consumer(
@@ -287,6 +291,11 @@ class Subscription(Generic[M]):
             mw.consuming(delivery.envelope, self.group, message_type)
             for mw in self._bus.middlewares
         )
+
+    def batch_handled(self) -> None:
+        """Count the batch :meth:`next_batch` returned last as handled now, rather than
+        at the next ask (for a reader that judges :meth:`handled_through_s` in between)."""
+        self._finish_batch(handled=True)
 
     def _finish_batch(self, *, handled: bool) -> None:
         if handled:

@@ -87,13 +87,21 @@ class Transport(Protocol):
         ...
 
     async def reader(
-        self, topic: str, partitions: Sequence[int], *, group: str, client_id: str
+        self,
+        topic: str,
+        partitions: Sequence[int],
+        *,
+        group: str,
+        client_id: str,
+        since_ms: int | None = None,
     ) -> TransportConsumer:
         """Read ``partitions`` of ``topic`` without joining a group's rebalances (the
         reader owns them until it closes); ``group`` only keeps its committed offsets.
         Reading starts at the group's committed offset of each partition, or at its end
-        when there is none (what came before was for another reader). Positions are
-        settled before this returns, so a record published afterwards is read."""
+        when there is none (what came before was for another reader); with ``since_ms``,
+        at the first record appended at or after it when that is later (the end when
+        there is none). Positions are settled before this returns, so a record published
+        afterwards is read."""
         ...
 
     async def partitions_for(self, topic: str) -> int:

@@ -71,11 +71,14 @@ def completion_violated(completion: Completion) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    """What :meth:`RequestLedger.accept` found: a new request (``accepted``) or the
-    record of the earlier one with that id."""
+    """What :meth:`RequestLedger.accept` found: a new request (``accepted``), the record
+    of the earlier one with that id, or, for a request naming its id, that the store
+    lost its data and its answers are being restored (``restoring``: not accepted, try
+    again shortly)."""
 
     accepted: bool
     record: RequestRecord | None = None
+    restoring: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,29 +169,39 @@ class RequestLedger:
 
     # -- accept ----------------------------------------------------------------------------
 
-    async def accept(self, request: InferenceRequest) -> Accepted:
+    async def accept(self, request: InferenceRequest, *, named: bool = False) -> Accepted:
         """Record ``request`` as queued, unless a record with its id exists: then that
-        record (a retry, or another call's use of the id)."""
-        return (await self.accept_many([request]))[0]
+        record (a retry, or another call's use of the id). ``named``: its id is the
+        client's (an idempotency key), so it is refused while the store is without its
+        generation marker (:data:`~switchyard.state.keys.STATE_GENERATION`: the data was
+        lost and the answers are not restored yet)."""
+        return (await self.accept_many([request], [named]))[0]
 
-    async def accept_many(self, requests: Sequence[InferenceRequest]) -> list[Accepted]:
-        """:meth:`accept` for several requests in one round trip; a result each, in order."""
+    async def accept_many(
+        self, requests: Sequence[InferenceRequest], named: Sequence[bool] | None = None
+    ) -> list[Accepted]:
+        """:meth:`accept` for several requests in one round trip; a result each, in order
+        (``named``: a flag each, none named when not given)."""
+        flags = named if named is not None else [False] * len(requests)
         calls = []
-        for request in requests:
-            args = [self._ttl_ms]
+        for request, flag in zip(requests, flags, strict=True):
+            args = [self._ttl_ms, "1" if flag else ""]
             for field, value in acceptance_fields(request).items():
                 args += (field, value)
-            calls.append(([keys.request(request.request_id)], args))
+            calls.append(([keys.request(request.request_id), keys.STATE_GENERATION], args))
         replies = await self.state.run_script_many(scripts.ACCEPT, calls)
         return [_accepted(request, reply) for request, reply in zip(requests, replies, strict=True)]
 
-    async def accept_decided_many(self, items: Sequence[Assign]) -> list[Accepted]:
+    async def accept_decided_many(
+        self, items: Sequence[Assign], named: Sequence[bool] | None = None
+    ) -> list[Accepted]:
         """:meth:`accept` for new requests and their first decisions at once (an ingress
         that places requests itself): each record is created ``assigned`` under epoch 0,
         as :meth:`assign_many` would leave it, in one round trip for all; a request
         whose id has a record gets that record, and nothing of its decision is kept."""
+        flags = named if named is not None else [False] * len(items)
         calls = []
-        for item in items:
+        for item, flag in zip(items, flags, strict=True):
             assignment = item.assignment
             request = assignment.request
             trace = item.trace or {}
@@ -201,11 +214,23 @@ class RequestLedger:
                 "traceparent": trace.get("traceparent", ""),
                 "tracestate": trace.get("tracestate", ""),
             }
-            args = [self._ttl_ms, request.request_id, repr(assignment.assigned_at_s)]
+            args = [
+                self._ttl_ms,
+                request.request_id,
+                repr(assignment.assigned_at_s),
+                "1" if flag else "",
+            ]
             for field, value in fields.items():
                 args += (field, value)
             calls.append(
-                ([keys.request(request.request_id), keys.assigned(assignment.worker_id)], args)
+                (
+                    [
+                        keys.request(request.request_id),
+                        keys.assigned(assignment.worker_id),
+                        keys.STATE_GENERATION,
+                    ],
+                    args,
+                )
             )
         replies = await self.state.run_script_many(scripts.ACCEPT_DECIDED, calls)
         return [
@@ -278,6 +303,29 @@ class RequestLedger:
             for request_id, reply in zip(request_ids, replies, strict=True)
             if reply[0] == "disowned"
         ]
+
+    async def restore_many(self, completions: Sequence[Completion]) -> int:
+        """Give requests whose records the store lost their answers back, read from the
+        answers topic: a final record each, unless the request has a record again (a
+        retry accepted since, a finish after the loss); one round trip. Returns how many
+        were restored. Such a record holds the answer, not the request: a retry gets the
+        answer whatever its body (no 409)."""
+        calls = [
+            (
+                [keys.request(completion.request_id)],
+                [
+                    self._ttl_ms,
+                    str(completion.status),
+                    completion.model_dump_json(),
+                    str(completion.epoch),
+                    completion.worker_id,
+                    completion.app,
+                ],
+            )
+            for completion in completions
+        ]
+        replies = await self.state.run_script_many(scripts.RESTORE, calls)
+        return sum(1 for reply in replies if reply[0] == "restored")
 
     # -- start -----------------------------------------------------------------------------
 
@@ -386,6 +434,8 @@ def acceptance_fields(request: InferenceRequest) -> dict[str, str]:
 def _accepted(request: InferenceRequest, reply: Sequence[str]) -> Accepted:
     if reply[0] == "accepted":
         return Accepted(True)
+    if reply[0] == "restoring":
+        return Accepted(False, restoring=True)
     pairs = reply[1:]
     fields = dict(zip(pairs[0::2], pairs[1::2], strict=True))
     return Accepted(False, RequestRecord.from_fields(request.request_id, fields))

@@ -23,6 +23,8 @@ field                written by (transition)
 ``completion``       finish: the ``Completion`` JSON
 ``superseded_runs``  finish: answers refused because the request had been given to
                      another worker or epoch (runs that should not have happened)
+``restored``         restore: ``1`` on a record rebuilt from the answers topic after the
+                     store lost its data (it holds the answer, not the request)
 ===================  =================================================================
 """
 

@@ -20,8 +20,12 @@ _FINAL = "local final = {ok=true, failed=true, expired=true, cancelled=true}\n"
 _FINAL_SET = frozenset({"ok", "failed", "expired", "cancelled"})
 
 # -- accept ------------------------------------------------------------------------------
-# KEYS: request. ARGV: ttl_ms, then field, value pairs (status included).
-# -> {"accepted"} | {"exists", field, value, ...}
+# A request that names its id (a client's idempotency key) is refused while the store has
+# no generation marker: it lost its data and the answers are not restored yet, so the id
+# of a request answered before would run it again. An id the ingress made up is new.
+# KEYS: request, the generation marker. ARGV: ttl_ms, named ("1" or ""), then field,
+# value pairs (status included).
+# -> {"accepted"} | {"exists", field, value, ...} | {"restoring"}
 
 _ACCEPT_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -29,7 +33,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   table.insert(found, 1, 'exists')
   return found
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return {'restoring'} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return {'accepted'}
 """
@@ -39,7 +44,9 @@ def _accept(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[
     if view.exists(keys[0]):
         found = view.hgetall(keys[0])
         return ["exists", *(item for pair in found.items() for item in pair)]
-    pairs = args[1:]
+    if args[1] == "1" and not view.exists(keys[1]):
+        return ["restoring"]
+    pairs = args[2:]
     view.hset(keys[0], dict(zip(pairs[0::2], pairs[1::2], strict=True)))
     view.expire(keys[0], int(args[0]) / 1000.0)
     return ["accepted"]
@@ -50,9 +57,10 @@ ACCEPT = Script("accept", _ACCEPT_LUA, _accept)
 # -- accept, decided ---------------------------------------------------------------------
 # A new request and its first decision in one step (the ingress placing it itself):
 # the record is created assigned, and the worker's assigned set gains it.
-# KEYS: request, assigned set of the worker. ARGV: ttl_ms, request_id, assigned_at_s,
-# then field, value pairs (status, epoch, worker_id, decision included).
-# -> {"accepted"} | {"exists", field, value, ...}
+# KEYS: request, assigned set of the worker, the generation marker. ARGV: ttl_ms,
+# request_id, assigned_at_s, named, then field, value pairs (status, epoch, worker_id,
+# decision included).
+# -> {"accepted"} | {"exists", field, value, ...} | {"restoring"}
 
 _ACCEPT_DECIDED_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -60,7 +68,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   table.insert(found, 1, 'exists')
   return found
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+if ARGV[4] == '1' and redis.call('EXISTS', KEYS[3]) == 0 then return {'restoring'} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 return {'accepted'}
@@ -68,8 +77,8 @@ return {'accepted'}
 
 
 def _accept_decided(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
-    # An accept of the record (its ttl and fields), then the worker's assigned set.
-    result = _accept(view, keys[:1], [args[0], *args[3:]])
+    # An accept of the record (its ttl, flag and fields), then the worker's assigned set.
+    result = _accept(view, [keys[0], keys[2]], [args[0], args[3], *args[4:]])
     if result[0] == "accepted":
         view.zadd(keys[1], {args[1]: float(args[2])})
     return result
@@ -342,3 +351,39 @@ def _disown(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[
 
 
 DISOWN = Script("disown", _DISOWN_LUA, _disown)
+
+# -- restore -----------------------------------------------------------------------------
+# The answer of a request whose record the store lost, read back from the answers topic:
+# a final record holding it, unless the request has a record again (a retry accepted
+# since, or a finish that came after the loss).
+# KEYS: request. ARGV: ttl_ms, status, completion JSON, epoch, worker_id, app.
+# -> {"restored"} | {"kept"}
+
+_RESTORE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'kept'} end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'completion', ARGV[3], 'epoch', ARGV[4],
+  'worker_id', ARGV[5], 'app', ARGV[6], 'restored', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return {'restored'}
+"""
+
+
+def _restore(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    if view.exists(keys[0]):
+        return ["kept"]
+    view.hset(
+        keys[0],
+        {
+            "status": args[1],
+            "completion": args[2],
+            "epoch": args[3],
+            "worker_id": args[4],
+            "app": args[5],
+            "restored": "1",
+        },
+    )
+    view.expire(keys[0], int(args[0]) / 1000.0)
+    return ["restored"]
+
+
+RESTORE = Script("restore", _RESTORE_LUA, _restore)

@@ -28,8 +28,9 @@ key                            type        owner (writes) -- readers
                                            leases of addressed topics)
 ``lease:rebalancer``           string      the rebalancer replica that runs rounds
 ``claim:worker-down:{id}:..``  string      monitor (one WorkerDown per death)
-``state:generation``           string      monitor (written once; gone = the store lost
-                                           its data)
+``state:generation``           string      monitor (written once the answers are restored;
+                                           gone = the store lost its data) -- the ledger's
+                                           accept (refuses named ids while it is gone)
 ``tenant:{name}:bucket``       hash        :mod:`services.ingress.quotas` (a tenant's
                                            request-rate token bucket)
 ``tenant:{name}:calls``        hash        :mod:`services.ingress.quotas` (a tenant's
@@ -57,8 +58,10 @@ PREDICTOR_MODEL = "predictor:model"
 """String: the predictor's latest fitted model (``PredictorModel`` JSON)."""
 
 STATE_GENERATION = "state:generation"
-"""String, no time to live: a random token the monitor writes once; its absence means the
-store lost its data (:mod:`services.monitor.state_loss`)."""
+"""String, no time to live: a random token the monitor writes once the answers are in
+the store; its absence means the store lost its data (or is new) and the answers are not
+restored yet (:mod:`services.monitor.state_loss`), so the ledger refuses requests that
+name their id meanwhile."""
 
 REBALANCER_LEASE = "lease:rebalancer"
 """String with a time to live: the rebalancer replica that runs rounds."""
