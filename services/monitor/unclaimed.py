@@ -8,20 +8,21 @@ declared down, and the request's client waits until it gives up.
 The sweep compares each live worker's latest heartbeat with the worker's assigned set
 (the request ledger keeps it). A heartbeat says how far the worker has read its inbox
 (``inbox_read_through_s``: by then it had taken in every record its partition held). A
-request assigned to the worker at least :data:`UNCLAIMED_GRACE_S` before that (and before
-the heartbeat was sent), which the heartbeat does not list (running or waiting) and which
-the worker never started, did not arrive. A worker behind on its inbox (a backlog under
-load) reports an older time, so nothing still queued for it at the broker is judged. The ledger's
-:meth:`~switchyard.lifecycle.RequestLedger.disown_many` takes it back in one atomic step
-per request: a start that races it wins, and then nothing is taken back; once taken back,
-the lost message can no longer start it should it turn up. A WorkerDown ``unclaimed``
-lists what was taken back, for the scheduler to re-assign; the worker stays in service.
+request assigned to the worker at least :data:`UNCLAIMED_GRACE_S` before that (and
+before the heartbeat was sent), which the heartbeat does not list (running or waiting)
+and which the worker never started, did not arrive. A worker behind on its inbox (a
+backlog under load) reports an older time, so nothing still queued for it at the broker
+is judged. The ledger's :meth:`~switchyard.lifecycle.RequestLedger.disown_many` takes it
+back in one atomic step per request: a start that races it wins, and then nothing is
+taken back; once taken back, the lost message can no longer start it should it turn up.
+A WorkerDown ``unclaimed`` lists what was taken back, for the scheduler to re-assign; the
+worker stays in service.
 
 A heartbeat whose list was cut short (a worker holding more than ``Heartbeat.MAX_LISTED``
 requests), or that does not say how far its worker has read, proves nothing: its worker
-is skipped until a complete one arrives. Monitor
-replicas may each take a request back; the scheduler re-assigns it once (it moves only a
-request the record still shows on that worker).
+is skipped until a complete one arrives. Monitor replicas may each take a request back;
+the scheduler re-assigns it once (it moves only a request the record still shows on that
+worker).
 
 Cost: one range read of each live worker's assigned set per sweep (every
 :data:`SWEEP_PERIOD_S`); a script runs only for the entries a heartbeat does not list.

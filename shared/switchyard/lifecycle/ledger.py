@@ -16,7 +16,9 @@ Who calls what:
   :meth:`~RequestLedger.finish_many` (``worker_fenced=False``) what a window plan gives
   itself or what no worker can serve;
 - the monitor :meth:`~RequestLedger.disown_many`\\ s what a live worker was sent and
-  never took in (its heartbeats do not list it), for the scheduler to re-assign;
+  never took in (its heartbeats do not list it), for the scheduler to re-assign, and
+  :meth:`~RequestLedger.restore_many`\\ s the answers read back from the answers topic
+  after the store lost its data;
 - a worker :meth:`~RequestLedger.start_many`\\ s what it takes in and
   :meth:`~RequestLedger.finish_many`\\ es what it ran; a worker that moves a request
   assigns it to the target with its own epoch as the one it replaces.
