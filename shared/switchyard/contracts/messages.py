@@ -8,56 +8,38 @@ breakdown (scheduling, queueing, execution) needs no join. Durations are ``_s`` 
 from __future__ import annotations
 
 from enum import StrEnum
-from itertools import pairwise
-from typing import Annotated, ClassVar, Final, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
-    field_validator,
     model_validator,
 )
 
 from switchyard.contracts.base import Message
-
-Identifier = Annotated[str, Field(min_length=1, max_length=192, pattern=r"^[A-Za-z0-9._:/@~-]+$")]
-"""Ids of requests, workers, apps: a client's request id (at most 128 characters of
-these, ``~`` excepted) scoped by its tenant's name (``tenant~id``) fits."""
-
-FLOAT32_MAX: Final = 3.4028234663852886e38
-"""The largest finite 32-bit float: models read features as float32."""
-
-Float32 = Annotated[float, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX, allow_inf_nan=False)]
-"""A finite number that stays finite as a 32-bit float (``1e39`` does not)."""
-"""Ids and names that end up in keys, topics and logs: no spaces or control characters."""
-
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-"""A float that is neither infinite nor NaN (JSON has no spelling for either)."""
-NonNegativeFiniteFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-def _check_worker_type(value: str) -> str:
-    gpu, _, model = value.partition("/")
-    if not gpu or not model:
-        raise ValueError(f"a worker type is named GPU/model, got {value!r}")
-    return value
-
-
-WorkerTypeName = Annotated[Identifier, AfterValidator(_check_worker_type)]
-"""A worker type, ``GPU/model`` (``a100-80gb/llama-2-7b``): the GPU up to the first ``/``."""
-
-LINEAR_TERMS: Final = 8
-"""Terms of the linear service-time model (``switchyard.prediction.linear.TERM_NAMES``)."""
-
-
-class _Part(BaseModel):
-    """A nested part of a message: frozen, unknown fields ignored like the message itself."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+from switchyard.contracts.fields import FLOAT32_MAX as FLOAT32_MAX
+from switchyard.contracts.fields import LINEAR_TERMS as LINEAR_TERMS
+from switchyard.contracts.fields import FiniteFloat as FiniteFloat
+from switchyard.contracts.fields import Float32 as Float32
+from switchyard.contracts.fields import Identifier as Identifier
+from switchyard.contracts.fields import NonNegativeFiniteFloat as NonNegativeFiniteFloat
+from switchyard.contracts.fields import Part as Part
+from switchyard.contracts.fields import WorkerTypeName as WorkerTypeName
+from switchyard.contracts.fields import WorkloadType as WorkloadType
+from switchyard.contracts.prediction_messages import CalibrationSettings as CalibrationSettings
+from switchyard.contracts.prediction_messages import LinearKeyWeights as LinearKeyWeights
+from switchyard.contracts.prediction_messages import LinearModelPart as LinearModelPart
+from switchyard.contracts.prediction_messages import LinearWeights as LinearWeights
+from switchyard.contracts.prediction_messages import PredictorModel as PredictorModel
+from switchyard.contracts.prediction_messages import ServiceObservation as ServiceObservation
+from switchyard.contracts.prediction_messages import ServiceObservations as ServiceObservations
+from switchyard.contracts.prediction_messages import (
+    ServiceTimePrediction as ServiceTimePrediction,
+)
+from switchyard.contracts.prediction_messages import (
+    WorkerTypeCalibration as WorkerTypeCalibration,
+)
 
 
 class RequestKind(StrEnum):
@@ -65,15 +47,7 @@ class RequestKind(StrEnum):
     CLASSIFICATION = "classification"
 
 
-class WorkloadType(StrEnum):
-    """The workload class of an LLM request, as in the Azure traces."""
-
-    CODE = "code"
-    CONVERSATION = "conversation"
-    OTHER = "other"
-
-
-class LLMPayload(_Part):
+class LLMPayload(Part):
     """What an LLM completion request asks for."""
 
     kind: Literal[RequestKind.LLM] = RequestKind.LLM
@@ -88,7 +62,7 @@ class LLMPayload(_Part):
     stream: bool = False
 
 
-class ClassificationPayload(_Part):
+class ClassificationPayload(Part):
     """What a classification request asks for: one feature vector for an application."""
 
     kind: Literal[RequestKind.CLASSIFICATION] = RequestKind.CLASSIFICATION
@@ -126,184 +100,6 @@ class InferenceRequest(Message):
         if self.deadline_s is not None and self.deadline_s < self.arrival_s:
             raise ValueError("deadline_s is before arrival_s")
         return self
-
-
-class ServiceTimePrediction(Message):
-    """The predictor's estimate of a request's service time, with its calibration.
-
-    ``calibrated_s = predicted_s + beta*mae_s + gamma*predicted_s*mape`` and the adaptive
-    deadline is ``(1 + eps) * calibrated_s`` after arrival.
-    """
-
-    MESSAGE_TYPE = "service-time-prediction"
-
-    request_id: Identifier
-    predicted_s: NonNegativeFloat
-    calibrated_s: NonNegativeFloat
-    deadline_s: float | None = None
-    by_worker_type_s: dict[str, NonNegativeFloat] = Field(
-        default_factory=dict, description="Calibrated service time per worker type."
-    )
-    raw_by_worker_type_s: dict[str, NonNegativeFloat] = Field(
-        default_factory=dict, description="Uncalibrated prediction per worker type."
-    )
-    mae_s: NonNegativeFloat = 0.0
-    mape: NonNegativeFloat = 0.0
-    predictor: Identifier
-    predicted_at_s: float
-
-
-class ServiceObservation(_Part):
-    """One LLM request that ran: what it was, where, what was predicted, what it took.
-
-    The predictor learns from it: ``execution_s`` trains the linear model of the GPU of
-    ``worker_type`` serving ``model``, and ``raw_predicted_s`` (the uncalibrated
-    prediction the scheduler used for that worker type, when it had one) feeds that
-    worker type's calibration errors.
-    """
-
-    worker_type: WorkerTypeName
-    model: Identifier = Field(description="The model variant that served the request.")
-    prompt_tokens: Annotated[int, Field(ge=1, le=10_000_000)]
-    workload: WorkloadType
-    output_tokens_hint: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    raw_predicted_s: NonNegativeFiniteFloat | None = None
-    execution_s: NonNegativeFiniteFloat = Field(description="Start to finish on the worker.")
-
-
-class ServiceObservations(Message):
-    """A batch of :class:`ServiceObservation` of requests that finished, for the predictor."""
-
-    MESSAGE_TYPE = "service-observations"
-    MAX_OBSERVATIONS: ClassVar[int] = 10_000
-
-    worker_id: Identifier
-    observations: Annotated[
-        list[ServiceObservation], Field(min_length=1, max_length=MAX_OBSERVATIONS)
-    ]
-    sent_at_s: FiniteFloat
-
-
-class CalibrationSettings(_Part):
-    """The calibration weights (``switchyard.prediction.CalibrationConfig``)."""
-
-    beta: NonNegativeFiniteFloat
-    gamma: NonNegativeFiniteFloat
-    eps: NonNegativeFiniteFloat
-    ema_alpha: Annotated[float, Field(gt=0, le=1)]
-
-
-class WorkerTypeCalibration(_Part):
-    """The running errors on one worker type (``switchyard.prediction.CalibrationState``)."""
-
-    mae_s: NonNegativeFiniteFloat
-    mape: NonNegativeFiniteFloat
-    observations: NonNegativeInt
-    mape_observations: NonNegativeInt
-
-    @model_validator(mode="after")
-    def _mape_counts_a_subset(self) -> WorkerTypeCalibration:
-        if self.mape_observations > self.observations:
-            raise ValueError(
-                f"mape_observations ({self.mape_observations}) exceeds observations "
-                f"({self.observations}): every observation that feeds the MAPE feeds the MAE"
-            )
-        return self
-
-
-_Coefficients = Annotated[
-    tuple[FiniteFloat, ...], Field(min_length=LINEAR_TERMS, max_length=LINEAR_TERMS)
-]
-_Gram = Annotated[
-    tuple[FiniteFloat, ...],
-    Field(min_length=LINEAR_TERMS * LINEAR_TERMS, max_length=LINEAR_TERMS * LINEAR_TERMS),
-]
-
-
-class LinearWeights(_Part):
-    """One linear model: its solution and the normal equations it solves, ``gram w = moment``.
-
-    ``coef`` is what predictions use; ``gram`` (row-major, ``LINEAR_TERMS`` squared) and
-    ``moment`` are what online learning goes on from; ``weight`` is the effective
-    (discounted) number of samples behind them.
-    """
-
-    coef: _Coefficients
-    weight: NonNegativeFiniteFloat
-    gram: _Gram
-    moment: _Coefficients
-
-
-class LinearKeyWeights(LinearWeights):
-    """The linear model of one (model, GPU) key."""
-
-    model: Identifier
-    gpu: Identifier
-
-
-class LinearModelPart(_Part):
-    """Everything a linear predictor learnt, with the settings it learns by."""
-
-    MAX_KEYS: ClassVar[int] = 10_000
-
-    ridge: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    forgetting: Annotated[float, Field(gt=0, le=1)]
-    solve_every: Annotated[int, Field(ge=1)]
-    global_weights: LinearWeights | None = Field(
-        default=None, description="The model learnt from every sample; None before any."
-    )
-    keys: Annotated[tuple[LinearKeyWeights, ...], Field(max_length=MAX_KEYS)] = ()
-
-    @field_validator("keys")
-    @classmethod
-    def _one_model_per_key(cls, keys: tuple[LinearKeyWeights, ...]) -> tuple[LinearKeyWeights, ...]:
-        seen: set[tuple[str, str]] = set()
-        for key in keys:
-            pair = (key.model, key.gpu)
-            if pair in seen:
-                raise ValueError(f"two models for key (model={key.model!r}, gpu={key.gpu!r})")
-            seen.add(pair)
-        return keys
-
-
-class PredictorModel(Message):
-    """The predictor's fitted model: what the scheduler and the rebalancer predict with.
-
-    Published periodically by the predictor service, which keeps learning and
-    calibrating; applied in-process by ``switchyard.prediction.snapshot.FittedPredictor``.
-    It is also a complete checkpoint: a predictor restored from it (normal equations,
-    calibration counts and all) learns on exactly as the one that published it.
-    ``version`` grows with every publication, so a reader keeps the newest it has seen.
-    """
-
-    MESSAGE_TYPE = "predictor-model"
-    MAX_WORKER_TYPES: ClassVar[int] = 10_000
-
-    predictor: Literal["linear"] = "linear"
-    version: NonNegativeInt
-    time_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
-        description="Emulated workers run this many times faster than the performance "
-        "model; the model was trained for that (SWITCHYARD_WORKER_TIME_SCALE)."
-    )
-    published_at_s: FiniteFloat
-    observed: NonNegativeInt = Field(default=0, description="Completions learnt from online.")
-    calibration: CalibrationSettings
-    worker_types: Annotated[tuple[WorkerTypeName, ...], Field(max_length=MAX_WORKER_TYPES)] = Field(
-        description="Every worker type predicted for, sorted."
-    )
-    calibration_states: Annotated[
-        dict[WorkerTypeName, WorkerTypeCalibration], Field(max_length=MAX_WORKER_TYPES)
-    ] = Field(default_factory=dict, description="Running errors by worker type; absent: none yet.")
-    linear: LinearModelPart
-
-    @field_validator("worker_types")
-    @classmethod
-    def _sorted_and_unique(cls, worker_types: tuple[str, ...]) -> tuple[str, ...]:
-        ordered = tuple(sorted(worker_types))
-        twice = sorted({a for a, b in pairwise(ordered) if a == b})
-        if twice:
-            raise ValueError(f"worker types listed more than once: {', '.join(twice)}")
-        return ordered
 
 
 class AccuracyEstimate(Message):
@@ -386,7 +182,7 @@ class CompletionStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-class RequestTimeline(_Part):
+class RequestTimeline(Part):
     """When each step of a request happened (epoch seconds; None when it did not happen)."""
 
     arrival_s: float
@@ -412,13 +208,13 @@ class RequestTimeline(_Part):
         return self.finished_s - self.started_s
 
 
-class LLMResult(_Part):
+class LLMResult(Part):
     kind: Literal[RequestKind.LLM] = RequestKind.LLM
     output_tokens: NonNegativeInt
     text: str | None = None
 
 
-class ClassificationResult(_Part):
+class ClassificationResult(Part):
     kind: Literal[RequestKind.CLASSIFICATION] = RequestKind.CLASSIFICATION
     label: NonNegativeInt
     probabilities: list[NonNegativeFloat] = Field(default_factory=list)
@@ -451,7 +247,7 @@ class Completion(Message):
     reply_to: Identifier | None = None
 
 
-class ResourceVector(_Part):
+class ResourceVector(Part):
     """CPU cores, GPU share (1.0 = one whole GPU) and memory in bytes."""
 
     cpu: NonNegativeFloat = 0.0
@@ -459,7 +255,7 @@ class ResourceVector(_Part):
     mem_bytes: NonNegativeInt = 0
 
 
-class QueuedEntry(_Part):
+class QueuedEntry(Part):
     """One request a worker holds (waiting or running), as its heartbeat lists it."""
 
     request_id: Identifier
