@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from switchyard.contracts.fields import WorkloadType
 from switchyard.policies.registry import llm_policy_names
+from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
 from research.args import comma_list
 
@@ -51,6 +54,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="SLO: latency at most this times the service time on an idle worker (default 5)",
     )  # fmt: skip
     parser.add_argument(
+        "--ttft-slo-s", type=float, default=None,
+        help="TTFT objective in seconds for every request (default by workload: code 0.5, "
+        "conversation and other 1.0; see switchyard.slo)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tpot-slo-s", type=float, default=None,
+        help="TPOT objective in seconds for every request (default 0.1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--capacity", action="store_true",
+        help="search each policy's capacity instead: the highest load at which --targets "
+        "of the requests meet every SLO (--load-scale is the first load probed)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--targets", type=comma_list(float, "--targets"), default=(0.90, 0.99),
+        help="SLO attainment targets of --capacity, 0..1 (default 0.9,0.99)",
+    )  # fmt: skip
+    parser.add_argument(
         "--predictor-error", type=comma_list(float, "--predictor-error"), default=(0.0,),
         help="multiplicative error injected into predictions, 0..1 (0.4 = 40 %%); a list sweeps",
     )  # fmt: skip
@@ -80,6 +101,29 @@ def _check_numbers(args: argparse.Namespace) -> None:
     for error in args.predictor_error:
         if not 0.0 <= error <= 1.0:
             raise ValueError(f"--predictor-error must be within [0, 1], got {error:g}")
+    for name in ("ttft_slo_s", "tpot_slo_s"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value:g}")
+    if args.capacity:
+        for target in args.targets:
+            if not 0.0 < target <= 1.0:
+                raise ValueError(f"--targets must be within (0, 1], got {target:g}")
+        if len(args.load_scale) > 1 or len(args.predictor_error) > 1:
+            raise ValueError(
+                "--capacity searches the load itself: give one --load-scale (the first "
+                "load probed) and one --predictor-error"
+            )
+
+
+def _token_slos(args: argparse.Namespace) -> dict[WorkloadType, TokenSlo]:
+    return {
+        workload: TokenSlo(
+            ttft_s=slo.ttft_s if args.ttft_slo_s is None else args.ttft_slo_s,
+            tpot_s=slo.tpot_s if args.tpot_slo_s is None else args.tpot_slo_s,
+        )
+        for workload, slo in DEFAULT_TOKEN_SLOS.items()
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,9 +163,12 @@ def _run(args: argparse.Namespace) -> int:
         load_scales=args.load_scale,
         predictor_errors=args.predictor_error,
         slo_scale=args.slo_scale,
+        token_slos=_token_slos(args),
         predictor=args.predictor,
         seeds=args.seeds,
     )
+    if args.capacity:
+        return _run_capacity(args, config, trace)
 
     def trace_at(scale: float) -> Sequence[Any]:
         return scale_load(trace, scale).requests
@@ -147,6 +194,36 @@ def _run(args: argparse.Namespace) -> int:
     if args.report is not None:
         page = write_report(runs, described, args.report)
         print(f"report written to {page}", file=sys.stderr)
+    return 0
+
+
+def _run_capacity(args: argparse.Namespace, config: Any, trace: Any) -> int:
+    from switchyard.progress import Progress
+
+    from research.llm.capacity_run import format_capacity_table, run_capacity
+
+    searches = len(config.policies) * len(config.workers)
+    with Progress(searches, "capacity", enabled=False if args.quiet else None) as progress:
+
+        def on_probe(policy: str, point: Any) -> None:
+            progress.set_postfix(
+                f"{policy} load x{point.load_scale:.3g}: {point.slo_attainment:.1%} met"
+            )
+
+        results = run_capacity(
+            config,
+            trace,
+            targets=args.targets,
+            on_probe=on_probe,
+            on_search=lambda _: progress.advance(),
+        )
+    print(format_capacity_table(results), end="")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        described = {**config.to_json(), "trace_source": trace.source, "targets": args.targets}
+        document = {"config": described, "capacity": results}
+        args.json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+        print(f"capacity written to {args.json}", file=sys.stderr)
     return 0
 
 

@@ -13,8 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from switchyard.policies.registry import PolicyOptions, make_llm_policy
+from switchyard.contracts.fields import WorkloadType
+from switchyard.policies.registry import LlmPolicy, PolicyOptions, make_llm_policy
 from switchyard.prediction import CalibrationConfig
+from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
 from research.llm.simulator import LlmTraceRequest, SimulationConfig, Simulator
 
@@ -28,6 +30,9 @@ class ExperimentConfig:
     load_scales: tuple[float, ...] = (1.0,)
     predictor_errors: tuple[float, ...] = (0.0,)
     slo_scale: float = 5.0
+    token_slos: dict[WorkloadType, TokenSlo] = field(
+        default_factory=lambda: dict(DEFAULT_TOKEN_SLOS)
+    )
     predictor: str = "linear"
     seeds: int = 1
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
@@ -79,34 +84,59 @@ def run_experiment(
             for error in config.predictor_errors:
                 for seed in range(config.seeds):
                     for policy in policies:
-                        sim_config = SimulationConfig(
+                        run = simulate_one(
+                            config,
+                            policy,
+                            rows,
                             workers=workers,
-                            profiles=config.profiles,
-                            slo_scale=config.slo_scale,
-                            predictor=config.predictor,
+                            load_scale=load_scale,
                             predictor_error=error,
-                            calibration=config.calibration,
                             seed=seed,
+                            on_requests=on_requests,
                         )
-                        simulator = Simulator(policy, sim_config, on_progress=on_requests)
-                        started = time.perf_counter()
-                        metrics = simulator.run(rows)
-                        wall_s = time.perf_counter() - started
-                        run: dict[str, Any] = {
-                            "policy": policy.name,
-                            "reference": policy.reference,
-                            "workers": workers,
-                            "seed": seed,
-                            "trace": config.trace,
-                            "load_scale": load_scale,
-                            "predictor_error": error,
-                            "gpu": ",".join(config.profiles),
-                            "slo_scale": config.slo_scale,
-                            **metrics.to_json(),
-                            "sim_wall_s": wall_s,
-                            "simulated_rps": metrics.requests / wall_s if wall_s > 0 else 0.0,
-                        }
                         runs.append(run)
                         if on_run is not None:
                             on_run(run)
     return runs
+
+
+def simulate_one(
+    config: ExperimentConfig,
+    policy: LlmPolicy,
+    rows: Sequence[LlmTraceRequest],
+    *,
+    workers: int,
+    load_scale: float,
+    predictor_error: float,
+    seed: int,
+    on_requests: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """One run of the grid: ``rows`` (already at ``load_scale``) on a fresh cluster."""
+    sim_config = SimulationConfig(
+        workers=workers,
+        profiles=config.profiles,
+        slo_scale=config.slo_scale,
+        token_slos=config.token_slos,
+        predictor=config.predictor,
+        predictor_error=predictor_error,
+        calibration=config.calibration,
+        seed=seed,
+    )
+    simulator = Simulator(policy, sim_config, on_progress=on_requests)
+    started = time.perf_counter()
+    metrics = simulator.run(rows)
+    wall_s = time.perf_counter() - started
+    return {
+        "policy": policy.name,
+        "reference": policy.reference,
+        "workers": workers,
+        "seed": seed,
+        "trace": config.trace,
+        "load_scale": load_scale,
+        "predictor_error": predictor_error,
+        "gpu": ",".join(config.profiles),
+        "slo_scale": config.slo_scale,
+        **metrics.to_json(),
+        "sim_wall_s": wall_s,
+        "simulated_rps": metrics.requests / wall_s if wall_s > 0 else 0.0,
+    }

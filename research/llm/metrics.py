@@ -1,6 +1,13 @@
 """What one simulation run measured, and how it is summarised.
 
-Latency is arrival to last token. Utilisation of a worker is the time average of its
+Latency is arrival to last token; TTFT arrival to first token; TPOT the time per output
+token after the first (:mod:`switchyard.slo`). ``slo_violation_rate`` judges end-to-end
+latency alone (the GAPS paper's objective); ``slo_attainment`` is the share of requests
+that met every objective (TTFT and TPOT by workload class, and end to end), and
+``goodput_rps`` those requests per second of the trace's arrival window (first to last
+arrival: the drain after the last arrival is not counted, so a short trace is not
+charged for its last requests' tail, and goodput is attainment times the offered rate).
+Rejected requests are misses in all three. Utilisation of a worker is the time average of its
 binding resource in use (batch slots or KV-cache memory, 1.0 while requests wait);
 ``load_cov`` is the coefficient of variation of that average across workers (0 is a
 perfectly even spread). Quantiles interpolate linearly between order statistics.
@@ -9,10 +16,12 @@ perfectly even spread). Quantiles interpolate linearly between order statistics.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from switchyard.contracts.fields import WorkloadType
+from switchyard.slo import TokenSlo, judge, time_per_output_token_s
 from switchyard.stats import coefficient_of_variation, quantile
 
 from research.llm.request import SimRequest
@@ -30,7 +39,15 @@ class RunMetrics:
     mean_latency_s: float
     ttft_p50_s: float
     ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p99_s: float
     slo_violation_rate: float
+    """End-to-end latency objective missed (or rejected), over all requests."""
+    ttft_attainment: float
+    tpot_attainment: float
+    slo_attainment: float
+    """Every objective met, over all requests."""
+    goodput_rps: float
     migrations: int
     migration_cost_s: float
     mean_utilization: float
@@ -61,13 +78,46 @@ class RunTotals:
     decisions: int
 
 
-def summarise(run: RunTotals, *, start_s: float, end_s: float, rejected: int) -> RunMetrics:
+def summarise(
+    run: RunTotals,
+    *,
+    start_s: float,
+    end_s: float,
+    rejected: int,
+    token_slos: Mapping[WorkloadType, TokenSlo],
+    last_arrival_s: float,
+) -> RunMetrics:
     done = run.completed
-    latencies = sorted(r.finished_s - r.arrival_s for r in done)
-    ttfts = sorted(r.first_token_s - r.arrival_s for r in done)
-    violations = sum(1 for r in done if r.finished_s - r.arrival_s > r.slo_s)
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    violations = ttft_met = tpot_met = all_met = 0
+    for r in done:
+        latency_s = r.finished_s - r.arrival_s
+        ttft_s = r.first_token_s - r.arrival_s
+        tpot_s = time_per_output_token_s(r.first_token_s, r.finished_s, r.output_tokens)
+        latencies.append(latency_s)
+        ttfts.append(ttft_s)
+        if tpot_s is not None:
+            tpots.append(tpot_s)
+        outcome = judge(
+            token_slos[r.workload],
+            ttft_s=ttft_s,
+            tpot_s=tpot_s,
+            latency_s=latency_s,
+            latency_slo_s=r.slo_s,
+        )
+        violations += not outcome.latency_met
+        ttft_met += outcome.ttft_met
+        tpot_met += outcome.tpot_met
+        all_met += outcome.met
+    latencies.sort()
+    ttfts.sort()
+    tpots.sort()
     total = len(run.requests)
     duration_s = max(end_s - start_s, 1e-9)
+    # One arrival (or all at once) has no window: the run's duration stands in.
+    arrival_window_s = last_arrival_s - start_s if last_arrival_s > start_s else duration_s
     utils = [area_s / duration_s for area_s in run.util_areas_s]
     mean_util = sum(utils) / len(utils)
     errors = [
@@ -86,7 +136,13 @@ def summarise(run: RunTotals, *, start_s: float, end_s: float, rejected: int) ->
         mean_latency_s=sum(latencies) / len(latencies) if latencies else math.nan,
         ttft_p50_s=quantile(ttfts, 0.50),
         ttft_p99_s=quantile(ttfts, 0.99),
+        tpot_p50_s=quantile(tpots, 0.50),
+        tpot_p99_s=quantile(tpots, 0.99),
         slo_violation_rate=(violations + rejected) / total if total else 0.0,
+        ttft_attainment=ttft_met / total if total else 0.0,
+        tpot_attainment=tpot_met / total if total else 0.0,
+        slo_attainment=all_met / total if total else 0.0,
+        goodput_rps=all_met / arrival_window_s,
         migrations=run.migrations,
         migration_cost_s=run.migration_cost_s,
         mean_utilization=mean_util,

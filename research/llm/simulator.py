@@ -16,7 +16,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +44,7 @@ from switchyard.prediction import (
     calibrated_s,
     make_predictor,
 )
+from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
 from research.llm.instance import Phase, SimInstance
 from research.llm.metrics import RunMetrics, RunTotals, summarise
@@ -75,8 +76,10 @@ class SimulationConfig:
     profiles: tuple[str, ...] = ("a100-80gb/llama-2-7b",)
     """Performance profiles, assigned to workers in turn (several: a mixed cluster)."""
     slo_scale: float = 5.0
-    """A request meets its SLO when its latency is at most this times its service time
-    on an idle worker of the first profile."""
+    """A request meets its end-to-end objective when its latency is at most this times
+    its service time on an idle worker of the first profile."""
+    token_slos: Mapping[WorkloadType, TokenSlo] = field(default_factory=lambda: DEFAULT_TOKEN_SLOS)
+    """TTFT and TPOT objectives per workload class (:mod:`switchyard.slo`)."""
     predictor: str = "linear"
     predictor_error: float = 0.0
     """Multiplicative error injected into every prediction (0.4 = 40 %)."""
@@ -515,7 +518,14 @@ class Simulator:
             migration_cost_s=self.migration_cost_s,
             decisions=self.decisions,
         )
-        return summarise(totals, start_s=start_s, end_s=end_s, rejected=rejected)
+        return summarise(
+            totals,
+            start_s=start_s,
+            end_s=end_s,
+            rejected=rejected,
+            token_slos=self.config.token_slos,
+            last_arrival_s=trace[-1].arrival_s,
+        )
 
     def _dispatch(self, event: _Event, pending: int, period_s: float) -> int:
         now_s, _, kind, inst, request, version = event

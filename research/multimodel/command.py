@@ -31,7 +31,7 @@ from typing import Any
 from switchyard.errors import SwitchyardError
 
 from research.args import comma_list
-from research.report.table import json_ready
+from research.report.runs import json_ready
 
 EXIT_BAD_INPUT = 2
 

@@ -19,12 +19,8 @@ from urllib.parse import quote
 from switchyard.figures import ReportError, ensure_out_dir
 
 from research.report.plots import PlotFile, write_plot_files
-from research.report.table import (
-    Table,
-    build_table,
-    check_runs,
-    write_runs_json,
-)
+from research.report.runs import check_runs, write_runs_json
+from research.report.table import Table, build_table
 
 PAGE_NAME = "index.html"
 RUNS_NAME = "runs.json"

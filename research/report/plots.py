@@ -25,9 +25,8 @@ from switchyard.figures import (
     require_matplotlib,
 )
 
+from research.report.runs import SCENARIO_KEYS, AggregateRow
 from research.report.table import (
-    SCENARIO_KEYS,
-    AggregateRow,
     aggregate,
     describe_scenario,
     format_error,

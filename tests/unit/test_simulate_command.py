@@ -111,3 +111,70 @@ def test_the_table_and_json_hold_every_policy_and_repeat_for_a_seed(
 
     assert without_clock(first) == without_clock(second)
     assert first["config"] == second["config"]
+
+
+def test_the_capacity_search_names_each_policys_capacity_and_a_stricter_target_holds_less(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_file = tmp_path / "capacity.json"
+    code, out, _ = simulate(
+        capsys,
+        "--trace", "azure-conv-sample",
+        "--requests", "300",
+        "--workers", "2",
+        "--policies", "round-robin,jsq",
+        "--capacity",
+        "--json", str(out_file),
+    )  # fmt: skip
+
+    assert code == 0
+    assert "req/s @90%" in out
+    assert "req/s @99%" in out
+    assert "highest capacity at 90% (2 workers):" in out
+    document = json.loads(out_file.read_text())
+    assert [r["policy"] for r in document["capacity"]] == ["round-robin", "jsq"]
+    for result in document["capacity"]:
+        lenient, strict = result["targets"]
+        assert lenient["held"]["slo_attainment"] >= 0.90 > lenient["failed"]["slo_attainment"]
+        assert strict["held"]["slo_attainment"] >= 0.99
+        assert strict["held"]["load_scale"] <= lenient["held"]["load_scale"]
+        assert lenient["failed"]["load_scale"] <= lenient["held"]["load_scale"] * 1.02
+        assert result["max_goodput"]["goodput_rps"] > 0
+
+
+def test_the_token_objectives_decide_what_counts_as_good(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    attainment = {}
+    for ttft_s in ("10", "0.001"):
+        out_file = tmp_path / f"ttft-{ttft_s}.json"
+        code, _, _ = simulate(
+            capsys,
+            "--trace", "azure-conv-sample",
+            "--requests", "200",
+            "--policies", "jsq",
+            "--ttft-slo-s", ttft_s,
+            "--json", str(out_file),
+        )  # fmt: skip
+        assert code == 0
+        (run,) = json.loads(out_file.read_text())["runs"]
+        attainment[ttft_s] = run["slo_attainment"]
+    assert attainment["10"] > 0.9
+    assert attainment["0.001"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--capacity", "--targets", "0.9,1.5"), "--targets"),
+        (("--capacity", "--load-scale", "1,2"), "--load-scale"),
+        (("--ttft-slo-s", "0"), "--ttft-slo-s"),
+        (("--tpot-slo-s", "nan"), "--tpot-slo-s"),
+    ],
+)
+def test_bad_objectives_and_capacity_settings_are_named(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], named: str
+) -> None:
+    code, _, err = simulate(capsys, "--requests", "50", "--policies", "jsq", *args)
+
+    assert_one_line_error(code, err, named)

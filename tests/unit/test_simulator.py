@@ -20,6 +20,7 @@ from switchyard.policies.snapshot import (
     RequestView,
     WorkerRole,
 )
+from switchyard.slo import TokenSlo
 from switchyard.traces import TraceRequest, resolve_trace, scale_load
 
 from research.llm import RunMetrics, SimulationConfig, SimulationError, Simulator
@@ -91,6 +92,25 @@ def test_a_request_larger_than_the_cache_is_reported_not_simulated() -> None:
     perf = performance_model(A100)
     _, metrics = simulate("jsq", [Row(0.0, perf.kv_capacity_tokens, 10), Row(0.1, 100, 10)])
     assert (metrics.requests, metrics.completed, metrics.rejected) == (2, 1, 1)
+
+
+def test_ttft_tpot_and_goodput_follow_the_token_objectives() -> None:
+    perf = performance_model(A100)
+    rows = [Row(0.0, 1200, 300), Row(10.0, 800, 100), Row(20.0, perf.kv_capacity_tokens, 10)]
+    sim, metrics = simulate("jsq", rows)
+    ttfts = [r.first_token_s - r.arrival_s for r in sim.completed]
+    tpots = [(r.finished_s - r.first_token_s) / (r.output_tokens - 1) for r in sim.completed]
+    assert ttfts[0] == pytest.approx(perf.prefill_s([1200]))
+    assert metrics.ttft_p50_s == pytest.approx(sum(ttfts) / 2)  # median of two
+    assert metrics.tpot_p50_s == pytest.approx(sum(tpots) / 2)
+    # Two of three met every (default) objective; the rejected one is a miss.
+    assert metrics.slo_attainment == pytest.approx(2 / 3)
+    assert metrics.goodput_rps == pytest.approx(2 / 20.0)  # per second of arrivals
+    strict = {w: TokenSlo(ttft_s=1e-3, tpot_s=1.0) for w in WorkloadType}
+    _, missed = simulate("jsq", rows, token_slos=strict)
+    assert (missed.ttft_attainment, missed.slo_attainment, missed.goodput_rps) == (0, 0, 0)
+    assert missed.tpot_attainment == pytest.approx(2 / 3)
+    assert missed.slo_violation_rate == metrics.slo_violation_rate  # end to end only
 
 
 @pytest.mark.parametrize(
