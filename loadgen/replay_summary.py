@@ -14,7 +14,7 @@ Definitions (also in ``docs``-facing help):
   **rejected**: the 429 and 503 answers among them; **http_errors**: the other non-2xx
   answers; **timeouts** and **transport_errors**: no answer at all.
 - **latency**: client end-to-end latency (send to whole answer read) of 2xx answers.
-  There is no TTFT: answers are not streamed.
+  TTFT and TPOT below are the server's (answers are read whole).
 - **SLO violation**: a 2xx answer with ``deadline_met`` false, or any request that got
   no 2xx answer (error, rejection, timeout, transport error). A 2xx answer that does not
   say whether its deadline was met is not judged (``deadline_unknown``); the rate is
@@ -28,6 +28,14 @@ Definitions (also in ``docs``-facing help):
   worker's own queue), control plane = client latency - (``finished_s -
   assigned_s``) (what the request spent anywhere but at its worker: the ingress, the
   bus, the scheduler, the answer's way back).
+- **TTFT and TPOT** (LLM 2xx answers whose server timeline has ``first_token_s`` and
+  ``finished_s``): TTFT = ``first_token_s - arrival_s`` at the server (the client's own
+  wait adds the ingress and the network), TPOT = ``(finished_s - first_token_s) /
+  (completion_tokens - 1)`` (:mod:`switchyard.slo`). **token_slo_attainment**: the
+  share of LLM requests whose answer met the TTFT and TPOT objectives of its workload
+  class (``DEFAULT_TOKEN_SLOS``), over the LLM requests judged as SLO violations are
+  (an LLM request with no 2xx answer is a miss; a 2xx answer without the timeline
+  fields is not judged); **token_goodput_rps**: those answers per second of replay.
 - **emulated_share**: the share of 2xx answers with ``emulated`` true. Their latencies
   are a performance model's output, not measurements, and the table says so.
 - **send lag**: how late the generator sent requests against its schedule.
@@ -41,6 +49,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from switchyard.contracts.fields import WorkloadType
+from switchyard.slo import DEFAULT_TOKEN_SLOS, judge, time_per_output_token_s
 from switchyard.stats import quantile
 
 from loadgen.replay_records import (
@@ -108,6 +118,13 @@ class Summary:
     send_lag_p99_s: float | None
     send_lag_max_s: float | None
     breakdown: dict[str, Component] = field(default_factory=dict)
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p99_s: float | None = None
+    token_slo_judged: int = 0
+    token_slo_attainment: float | None = None
+    token_goodput_rps: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict (``breakdown`` nested by component)."""
@@ -194,6 +211,56 @@ def is_violation(record: RequestRecord) -> bool | None:
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class _TokenFigures:
+    ttfts_s: list[float]
+    tpots_s: list[float]
+    judged: int
+    met: int
+
+
+def _token_times(record: RequestRecord) -> tuple[float, float | None] | None:
+    """Server-side TTFT and TPOT of an LLM 2xx answer; None without the timeline."""
+    timeline = record.timeline
+    if timeline is None or not {"arrival_s", "first_token_s", "finished_s"} <= timeline.keys():
+        return None
+    ttft_s = timeline["first_token_s"] - timeline["arrival_s"]
+    tpot_s = time_per_output_token_s(
+        timeline["first_token_s"], timeline["finished_s"], record.completion_tokens or 1
+    )
+    return ttft_s, tpot_s
+
+
+def _token_figures(records: Sequence[RequestRecord]) -> _TokenFigures:
+    ttfts_s: list[float] = []
+    tpots_s: list[float] = []
+    judged = met = 0
+    for record in records:
+        if record.kind != "llm" or record.outcome in (NOT_SENT, CANCELLED):
+            continue
+        if record.outcome != OK:
+            judged += 1  # no answer: a miss
+            continue
+        times = _token_times(record)
+        if times is None:
+            continue
+        ttft_s, tpot_s = times
+        ttfts_s.append(ttft_s)
+        if tpot_s is not None:
+            tpots_s.append(tpot_s)
+        slo = DEFAULT_TOKEN_SLOS[_workload(record.workload)]
+        judged += 1
+        met += judge(slo, ttft_s=ttft_s, tpot_s=tpot_s, latency_s=0.0).met
+    return _TokenFigures(ttfts_s=ttfts_s, tpots_s=tpots_s, judged=judged, met=met)
+
+
+def _workload(name: str) -> WorkloadType:
+    try:
+        return WorkloadType(name)
+    except ValueError:
+        return WorkloadType.OTHER
+
+
 def summarize(records: Sequence[RequestRecord], duration_s: float) -> Summary:
     """The figures of ``records`` (see the module documentation for each definition).
 
@@ -215,6 +282,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> Summary:
     lags = [record.send_lag_s for record in sent if record.send_lag_s is not None]
     emulated = sum(1 for record in ok if record.emulated is True)
     good = sum(1 for record in ok if record.deadline_met is True)
+    tokens = _token_figures(records)
     return Summary(
         planned=len(records),
         sent=len(sent),
@@ -244,6 +312,13 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> Summary:
         send_lag_p99_s=_q(lags, 0.99),
         send_lag_max_s=max(lags) if lags else None,
         breakdown=breakdown(records),
+        ttft_p50_s=_q(tokens.ttfts_s, 0.5),
+        ttft_p99_s=_q(tokens.ttfts_s, 0.99),
+        tpot_p50_s=_q(tokens.tpots_s, 0.5),
+        tpot_p99_s=_q(tokens.tpots_s, 0.99),
+        token_slo_judged=tokens.judged,
+        token_slo_attainment=tokens.met / tokens.judged if tokens.judged else None,
+        token_goodput_rps=_rate(tokens.met, duration_s),
     )
 
 

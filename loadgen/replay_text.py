@@ -38,6 +38,11 @@ def _s(value: float | None) -> str:
     return f"{value:.{decimals}f}"
 
 
+def _ms(value: float | None) -> str:
+    """Seconds shown as milliseconds (three significant digits); "-" when undefined."""
+    return "-" if value is None else _s(value * 1000)
+
+
 def _pct(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return "-"
@@ -114,7 +119,7 @@ def format_report(
     out.extend(_aligned(_APP_HEADERS, rows))
     out.append(
         "client end-to-end latency of 2xx answers; errors = other non-2xx, timeouts and "
-        "transport errors; no TTFT (answers are not streamed)"
+        "transport errors"
     )
     statuses = ", ".join(f"{code}: {n}" for code, n in summary.errors_by_status.items())
     out.append(
@@ -127,6 +132,14 @@ def format_report(
         f"say; goodput {_s(summary.goodput_rps)} req/s, throughput "
         f"{_s(summary.throughput_rps)} req/s over {_s(summary.duration_s)} s"
     )
+    if summary.token_slo_judged:
+        out.append(
+            f"tokens (at the server): TTFT P50 {_s(summary.ttft_p50_s)} s, P99 "
+            f"{_s(summary.ttft_p99_s)} s; TPOT P50 {_ms(summary.tpot_p50_s)} ms, P99 "
+            f"{_ms(summary.tpot_p99_s)} ms; {_pct(summary.token_slo_attainment)}% of "
+            f"{summary.token_slo_judged} LLM requests met their TTFT and TPOT objectives "
+            f"(goodput {_s(summary.token_goodput_rps)} req/s)"
+        )
     out.append("")
     out.append("latency breakdown (2xx answers with a server timeline)")
     labels = {

@@ -16,9 +16,8 @@ any other request 1 s; every class streams at least ten tokens a second after th
 profile an idle worker prefills a 2,000-token prompt in 0.16 s and a decode step at a
 batch of 64 takes 0.046 s, so the defaults leave room for queueing and batching but
 not for a backlog; on an L40S the same batch takes 0.097 s, at the edge of the TPOT
-objective. An application sets its own in the registry (``ttft_slo_s``,
-``tpot_slo_s``), and ``switchyard simulate`` takes ``--ttft-slo-s`` and
-``--tpot-slo-s``.
+objective. ``switchyard simulate`` takes ``--ttft-slo-s`` and ``--tpot-slo-s`` for
+other objectives.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Every source yields a :class:`Trace`: named, sorted by arrival, the first reques
 
 - :mod:`switchyard.traces.azure`: the Azure LLM inference trace reader (strict; errors name
   the file, line and field) and the bundled samples.
+- :mod:`switchyard.traces.mooncake`: the Mooncake-format reader (JSON lines with the
+  prompt's KV-block ids, so shared prefixes are known).
 - :mod:`switchyard.traces.synthetic`: seeded Poisson, bursty (MMPP-2) and diurnal arrivals
   with resampled or lognormal lengths.
 - :mod:`switchyard.traces.transform`: scale the load, cut a time window, take the head,
@@ -15,6 +17,7 @@ Every source yields a :class:`Trace`: named, sorted by arrival, the first reques
 
 from switchyard.traces.azure import (
     BUNDLED_SAMPLES,
+    PREFIX_BLOCK_TOKENS,
     Trace,
     TraceFormatError,
     TraceRequest,
@@ -23,6 +26,7 @@ from switchyard.traces.azure import (
     load_azure_trace,
     read_azure_trace,
 )
+from switchyard.traces.mooncake import load_mooncake_trace
 from switchyard.traces.sources import TraceSpecError, resolve_trace, trace_help, trace_names
 from switchyard.traces.synthetic import (
     LengthSampler,
@@ -36,6 +40,7 @@ from switchyard.traces.transform import head, interleave, scale_load, window
 
 __all__ = [
     "BUNDLED_SAMPLES",
+    "PREFIX_BLOCK_TOKENS",
     "LengthSampler",
     "LognormalLengths",
     "ResampledLengths",
@@ -50,6 +55,7 @@ __all__ = [
     "head",
     "interleave",
     "load_azure_trace",
+    "load_mooncake_trace",
     "poisson",
     "read_azure_trace",
     "resolve_trace",

@@ -19,6 +19,7 @@ import itertools
 import math
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -43,6 +44,10 @@ _TIMESTAMP_RE = re.compile(
 )
 
 
+PREFIX_BLOCK_TOKENS = 512
+"""Tokens per block of :attr:`TraceRequest.prefix_blocks` (the Mooncake trace format's)."""
+
+
 class TraceFormatError(ValueError):
     """A trace file is missing, empty or malformed; the one-line message says where."""
 
@@ -56,12 +61,16 @@ class TraceRequest:
         prompt_tokens: prompt length (>= 1).
         output_tokens: output length (>= 1).
         workload: the workload class the request belongs to.
+        prefix_blocks: the prompt's KV-cache blocks of :data:`PREFIX_BLOCK_TOKENS`
+            tokens each, as content ids: two requests whose lists start with the same
+            ids share that prefix (empty: not known, nothing shared).
     """
 
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
     workload: WorkloadType
+    prefix_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.arrival_s) and self.arrival_s >= 0):
@@ -203,16 +212,23 @@ def load_azure_trace(
     path = Path(path)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit!r}")
+    with reading_errors_named(path), path.open(newline="", encoding="utf-8-sig") as handle:
+        requests = _read_rows(path, handle, workload, limit)
+    return Trace(name=name or path.stem, source=str(path), requests=tuple(requests))
+
+
+@contextmanager
+def reading_errors_named(path: Path) -> Iterator[None]:
+    """Turn a missing file, a directory or bytes that are not UTF-8 met while reading
+    the trace file ``path`` into a one-line :class:`TraceFormatError`."""
     try:
-        with path.open(newline="", encoding="utf-8-sig") as handle:
-            requests = _read_rows(path, handle, workload, limit)
+        yield
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise TraceFormatError(f"{path}: is a directory, not a trace file") from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    return Trace(name=name or path.stem, source=str(path), requests=tuple(requests))
 
 
 def _read_rows(

@@ -17,8 +17,14 @@ A spec is one of:
   ``lognormal``) and, with ``lengths=lognormal``, ``prompt_median_tokens``,
   ``prompt_sigma``, ``output_median_tokens``, ``output_sigma``, ``workload`` and
   ``max_tokens``.
+- ``mooncake``: the Mooncake FAST'25 synthetic trace (3,993 requests with shared
+  prefixes, :mod:`switchyard.traces.mooncake`) from
+  ``<repository root>/../shared/traces/mooncake`` when it is there, else the bundled
+  first 1,000 requests (then named ``mooncake-sample``); ``mooncake-sample``: those,
+  always.
 - the path of an Azure-format CSV file. Its workload is ``code`` when the file name
-  contains "code", ``conversation`` when it contains "conv", else ``other``.
+  contains "code", ``conversation`` when it contains "conv", else ``other``. A path
+  ending in ``.jsonl`` is read as a Mooncake-format trace.
 
 :func:`trace_help` describes all of this, with the defaults, for a command's help.
 """
@@ -37,6 +43,7 @@ from switchyard.traces.azure import (
     bundled_sample,
     load_azure_trace,
 )
+from switchyard.traces.mooncake import load_mooncake_trace
 from switchyard.traces.synthetic import (
     LengthSampler,
     LognormalLengths,
@@ -60,7 +67,19 @@ AZURE_FILES = {
 _FULL = {"azure-code": WorkloadType.CODE, "azure-conv": WorkloadType.CONVERSATION}
 _SAMPLES = {"azure-code-sample": WorkloadType.CODE, "azure-conv-sample": WorkloadType.CONVERSATION}
 
-_RECORDED_NAMES = (*_FULL, "azure-mix", *_SAMPLES, "azure-mix-sample")
+SHARED_MOONCAKE_FILE = (
+    REPOSITORY_ROOT.parent / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
+)
+BUNDLED_MOONCAKE_SAMPLE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
+
+_RECORDED_NAMES = (
+    *_FULL,
+    "azure-mix",
+    *_SAMPLES,
+    "azure-mix-sample",
+    "mooncake",
+    "mooncake-sample",
+)
 
 # Defaults of each generator's own keys; the type of the default is the type of the key.
 _GENERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {
@@ -104,12 +123,15 @@ def trace_help() -> str:
         "azure-code, azure-conv, azure-mix: the full Azure traces "
         f"(${TRACE_DIR_ENV}, else {SHARED_AZURE_DIR}, else the bundled samples)",
         "azure-code-sample, azure-conv-sample, azure-mix-sample: the bundled 1,000-request samples",
+        f"mooncake: the Mooncake trace with shared prefixes (from {SHARED_MOONCAKE_FILE.parent}, "
+        "else the bundled first 1,000 requests, mooncake-sample)",
     ]
     lines += [f"{name}:{keys(defaults)},seed=0" for name, defaults in _GENERATOR_DEFAULTS.items()]
     lines += [
         "  any generator: lengths=NAME|PATH (resampled, default azure-conv-sample) or "
         f"lengths=lognormal with {keys(_LOGNORMAL_DEFAULTS)},workload=other,max_tokens=N",
-        "PATH: an Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens)",
+        "PATH: an Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens), or a "
+        "Mooncake-format .jsonl (timestamp,input_length,output_length,hash_ids)",
     ]
     return "\n".join(lines)
 
@@ -150,7 +172,8 @@ def _looks_like_path(spec: str) -> bool:
 def _unknown(spec: str) -> TraceSpecError:
     return TraceSpecError(
         f"unknown trace {spec!r}; known names: {', '.join(trace_names())} "
-        "(generators take :KEY=VALUE,...), or the path of an Azure-format CSV file"
+        "(generators take :KEY=VALUE,...), or the path of an Azure-format CSV or a "
+        "Mooncake-format .jsonl file"
     )
 
 
@@ -164,7 +187,13 @@ def _resolve_recorded(spec: str) -> Trace | None:
         return interleave(spec, [_full_azure(w) for w in BUNDLED_SAMPLES])
     if spec == "azure-mix-sample":
         return interleave(spec, [bundled_sample(w) for w in BUNDLED_SAMPLES])
+    if spec == "mooncake" and SHARED_MOONCAKE_FILE.is_file():
+        return load_mooncake_trace(SHARED_MOONCAKE_FILE, name="mooncake")
+    if spec in ("mooncake", "mooncake-sample"):
+        return load_mooncake_trace(BUNDLED_MOONCAKE_SAMPLE, name="mooncake-sample")
     path = Path(spec).expanduser()
+    if spec.lower().endswith(".jsonl"):
+        return load_mooncake_trace(path)
     if path.exists() or _looks_like_path(spec):
         return load_azure_trace(path, _workload_of_file(path))
     return None
