@@ -176,6 +176,7 @@ def build_app(
         Route("/v1/apps/{app}/infer", api.infer, methods=["POST"]),
         Route("/v1/requests/{request_id:path}", read.request_status, methods=["GET"]),
         Route("/v1/models", read.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", read.model, methods=["GET"]),
         Route("/v1/apps", read.apps, methods=["GET"]),
         Route("/openapi.json", read.openapi, methods=["GET"]),
         Route("/healthz", read.healthz, methods=["GET"]),
@@ -292,6 +293,7 @@ class _Api:
             prompt_param="prompt",
             max_tokens=body.max_tokens,
             stream=bool(body.stream),
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
             options=options,
         )
 
@@ -309,6 +311,7 @@ class _Api:
             prompt_param="messages",
             max_tokens=body.max_completion_tokens or body.max_tokens,
             stream=bool(body.stream),
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
             options=body.switchyard or SwitchyardOptions(),
         )
 
@@ -323,6 +326,7 @@ class _Api:
         prompt_param: str,
         max_tokens: int | None,
         stream: bool,
+        include_usage: bool,
         options: SwitchyardOptions,
     ) -> Response:
         try:
@@ -413,6 +417,7 @@ class _Api:
             ),
             flavour=flavour,
             deadline_s=record.deadline_s if record else deadline_s,
+            include_usage=include_usage,
         )
         if stream:
             return await stream_answer(

@@ -3,13 +3,21 @@ validation failure becomes a 400 that names the field.
 
 Validation is strict: no coercion (``"16"`` is not a number, ``1`` is not ``true``), NaN
 and infinities are refused. Unknown top-level fields are ignored (OpenAI clients send
-``temperature``, ``top_p``, ... which Switchyard does not use); unknown fields inside the
-``switchyard`` block are refused, so a misspelt option is not silently dropped.
+``temperature``, ``top_p``, ``seed``, ... which change which tokens a model picks, not the
+shape of the answer); unknown fields inside the ``switchyard`` block are refused, so a
+misspelt option is not silently dropped. OpenAI parameters that would change the shape
+of the answer and that Switchyard does not honour (:data:`UNSUPPORTED_CHAT`,
+:data:`UNSUPPORTED_COMPLETION`: several choices, log probabilities, echo, stop
+sequences, tools, structured output) are refused with 400 ``unsupported_parameter``
+naming the parameter, unless they carry their neutral value (``n: 1``, ``stop: null``,
+``response_format: {"type": "text"}``, ...), rather than answered as if they were
+honoured.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from switchyard.contracts.messages import FLOAT32_MAX, Float32
@@ -42,8 +50,44 @@ Priority = Annotated[int, Field(ge=0, le=1000, description="0 (default) .. 1000.
 TokenCount = Annotated[int, Field(ge=1, le=1_000_000)]
 
 
+def _absent_or(*neutral: object) -> Callable[[object], bool]:
+    """A test that a parameter's value is None or one of ``neutral`` (by type as well:
+    ``True`` is not ``1``)."""
+    return lambda value: (
+        value is None or any(type(value) is type(n) and value == n for n in neutral)
+    )
+
+
+Unsupported = Mapping[str, tuple[Callable[[object], bool], str]]
+"""Parameter -> (is its value neutral, what Switchyard does instead)."""
+
+UNSUPPORTED_CHAT: Unsupported = {
+    "n": (_absent_or(1), "one choice is generated per request; send n=1"),
+    "logprobs": (_absent_or(False), "log probabilities are not returned"),
+    "top_logprobs": (_absent_or(0), "log probabilities are not returned"),
+    "stop": (_absent_or("", []), "stop sequences are not applied"),
+    "tools": (_absent_or([]), "tool calling is not supported"),
+    "tool_choice": (_absent_or("none"), "tool calling is not supported"),
+    "functions": (_absent_or([]), "function calling is not supported"),
+    "function_call": (_absent_or("none"), "function calling is not supported"),
+    "response_format": (_absent_or({"type": "text"}), "answers are plain text"),
+}
+"""OpenAI chat parameters refused unless neutral (module docstring)."""
+
+UNSUPPORTED_COMPLETION: Unsupported = {
+    **{key: UNSUPPORTED_CHAT[key] for key in ("n", "stop")},
+    "logprobs": (_absent_or(), "log probabilities are not returned"),
+    "best_of": (_absent_or(1), "one choice is generated per request; send best_of=1"),
+    "echo": (_absent_or(False), "the prompt is not echoed"),
+    "suffix": (_absent_or(""), "a suffix after the completion is not supported"),
+}
+"""OpenAI completion parameters refused unless neutral (module docstring)."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    UNSUPPORTED: ClassVar[Unsupported] = {}
 
 
 class SwitchyardOptions(_Strict):
@@ -69,6 +113,16 @@ class SwitchyardOptions(_Strict):
     request_id: RequestId | None = None
 
 
+class StreamOptions(_Strict):
+    """OpenAI's ``stream_options``."""
+
+    include_usage: bool | None = Field(
+        default=None,
+        description="Send the token usage in one last chunk with no choices (OpenAI's "
+        "behaviour); without it a stream carries no usage.",
+    )
+
+
 class CompletionBody(_Strict):
     """``POST /v1/completions``."""
 
@@ -80,7 +134,10 @@ class CompletionBody(_Strict):
     )
     max_tokens: TokenCount | None = MAX_TOKENS_DEFAULT
     stream: bool | None = False
+    stream_options: StreamOptions | None = None
     switchyard: SwitchyardOptions | None = None
+
+    UNSUPPORTED: ClassVar[Unsupported] = UNSUPPORTED_COMPLETION
 
 
 class TextPart(_Strict):
@@ -115,7 +172,10 @@ class ChatBody(_Strict):
         default=None, description="OpenAI's newer name for max_tokens; wins when given."
     )
     stream: bool | None = False
+    stream_options: StreamOptions | None = None
     switchyard: SwitchyardOptions | None = None
+
+    UNSUPPORTED: ClassVar[Unsupported] = UNSUPPORTED_CHAT
 
 
 class InferBody(_Strict):
@@ -189,6 +249,14 @@ def parse(model: type[_StrictT], data: Any) -> _StrictT:
     """``data`` validated as ``model``; raises the 400 :class:`ApiError` naming the field."""
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object", param=None, code="invalid_type")
+    unsupported: Unsupported = getattr(model, "UNSUPPORTED", {})
+    for name, (neutral, instead) in unsupported.items():
+        if name in data and not neutral(data[name]):
+            raise bad_request(
+                f"'{name}' is not supported: {instead}",
+                param=name,
+                code="unsupported_parameter",
+            )
     try:
         return model.model_validate(data)
     except ValidationError as exc:

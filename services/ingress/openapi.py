@@ -70,7 +70,8 @@ _COMPLETION = {
     "description": "object is text_completion (choices[0].text) or chat.completion "
     "(choices[0].message). A stream sends chunks (text_completion or "
     "chat.completion.chunk with choices[0].text / choices[0].delta.content), then a "
-    "final chunk with finish_reason, usage and switchyard, then data: [DONE].",
+    "final chunk with finish_reason and switchyard, then (with stream_options."
+    "include_usage) a chunk with no choices and the usage, then data: [DONE].",
     "properties": {
         "id": _STRING,
         "object": {"type": "string", "enum": ["text_completion", "chat.completion"]},
@@ -156,23 +157,22 @@ _ERROR = {
     "required": ["error"],
 }
 
+_MODEL = {
+    "type": "object",
+    "properties": {
+        "id": _STRING,
+        "object": {"const": "model"},
+        "created": _INTEGER,
+        "owned_by": _STRING,
+        "switchyard": {"type": "object"},
+    },
+}
+
 _MODEL_LIST = {
     "type": "object",
     "properties": {
         "object": {"const": "list"},
-        "data": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "id": _STRING,
-                    "object": {"const": "model"},
-                    "created": _INTEGER,
-                    "owned_by": _STRING,
-                    "switchyard": {"type": "object"},
-                },
-            },
-        },
+        "data": {"type": "array", "items": _ref("Model")},
     },
 }
 
@@ -274,6 +274,7 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
         "ClassificationAnswer": _CLASSIFICATION,
         "RequestStatus": _STATUS,
         "Error": _ERROR,
+        "Model": _MODEL,
         "ModelList": _MODEL_LIST,
         "AppList": _APP_LIST,
     }
@@ -370,6 +371,18 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
                 "get": {
                     "summary": "The LLM applications (OpenAI model list).",
                     "responses": {"200": _json(_ref("ModelList"), "The models."), **_errors(401)},
+                }
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "One LLM application (OpenAI model object).",
+                    "parameters": [
+                        {"name": "model", "in": "path", "required": True, "schema": _STRING}
+                    ],
+                    "responses": {
+                        "200": _json(_ref("Model"), "The model."),
+                        **_errors(401, 404),
+                    },
                 }
             },
             "/v1/apps": {

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from switchyard.lifecycle import REQUEST_TTL_S, RequestLedger
-from switchyard.serving import ServingCatalogue
+from switchyard.serving import LlmApplication, ServingCatalogue
 
 from services.ingress.answers import AnswerRegistry
 from services.ingress.auth import tenant_of
@@ -89,22 +89,24 @@ class ReadApi:
     async def models(self, request: Request) -> Response:
         """``GET /v1/models``: the LLM applications, as OpenAI lists models."""
         data = [
-            {
-                "id": app.name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "switchyard",
-                "switchyard": {
-                    "served_model": app.model,
-                    "slo_s": app.slo_s,
-                    "max_prompt_tokens": app.max_prompt_tokens,
-                    "max_output_tokens": app.max_output_tokens,
-                    "workload": str(app.workload),
-                },
-            }
-            for app in sorted(self.catalogue.llm.values(), key=lambda a: a.name)
+            _model_object(app) for app in sorted(self.catalogue.llm.values(), key=lambda a: a.name)
         ]
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{model}``: one LLM application, as OpenAI retrieves a model."""
+        name = request.path_params["model"]
+        app = self.catalogue.llm.get(name)
+        if app is None:
+            known = ", ".join(sorted(self.catalogue.llm)) or "none"
+            raise ApiError(
+                404,
+                f"the model '{name}' does not exist; served models: {known}",
+                type_=NOT_FOUND,
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(_model_object(app))
 
     async def apps(self, request: Request) -> Response:
         """``GET /v1/apps``: the classification applications."""
@@ -135,3 +137,20 @@ class ReadApi:
                 headers={"Retry-After": "1"},
             )
         return JSONResponse({"status": "ok", "waiting": len(self.answers)})
+
+
+def _model_object(app: LlmApplication) -> dict[str, Any]:
+    """An LLM application as an OpenAI model object, with Switchyard's own fields."""
+    return {
+        "id": app.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "switchyard",
+        "switchyard": {
+            "served_model": app.model,
+            "slo_s": app.slo_s,
+            "max_prompt_tokens": app.max_prompt_tokens,
+            "max_output_tokens": app.max_output_tokens,
+            "workload": str(app.workload),
+        },
+    }

@@ -44,6 +44,8 @@ class LlmCall:
     prompt_tokens: int
     flavour: Flavour
     deadline_s: float | None
+    include_usage: bool = False
+    """A stream ends with a usage chunk (``stream_options.include_usage``)."""
 
     @property
     def object_name(self) -> str:
@@ -154,9 +156,8 @@ def llm_chunk(call: LlmCall, text: str, *, first: bool) -> dict[str, Any]:
 
 
 def llm_final_chunk(call: LlmCall, completion: Completion) -> dict[str, Any]:
-    """The last chunk of a stream: no text, ``finish_reason``, usage and the switchyard
-    block."""
-    _, tokens = output_of(completion)
+    """The chunk that ends a stream's choice: no text, ``finish_reason`` and the
+    switchyard block (the usage follows in :func:`llm_usage_chunk` when asked for)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
     if call.flavour is Flavour.CHAT:
         choice["delta"] = {}
@@ -169,8 +170,21 @@ def llm_final_chunk(call: LlmCall, completion: Completion) -> dict[str, Any]:
         "created": call.created,
         "model": call.model,
         "choices": [choice],
-        "usage": usage(call, tokens),
         "switchyard": switchyard_block(completion, call.deadline_s),
+    }
+
+
+def llm_usage_chunk(call: LlmCall, completion: Completion) -> dict[str, Any]:
+    """The usage chunk OpenAI sends last when ``stream_options.include_usage`` is set:
+    no choices, the token counts."""
+    _, tokens = output_of(completion)
+    return {
+        "id": call.request_id,
+        "object": call.chunk_object_name,
+        "created": call.created,
+        "model": call.model,
+        "choices": [],
+        "usage": usage(call, tokens),
     }
 
 

@@ -27,6 +27,7 @@ from services.ingress.responses import (
     answer_headers,
     llm_chunk,
     llm_final_chunk,
+    llm_usage_chunk,
     output_of,
 )
 from services.ingress.telemetry import CallRecord
@@ -147,5 +148,10 @@ async def _events(
     error = status_error(completion, call.deadline_s)
     if error is not None and telemetry is not None:
         telemetry.error_code = error.code
-    yield _sse(error.body() if error is not None else llm_final_chunk(call, completion))
+    if error is not None:
+        yield _sse(error.body())
+    else:
+        yield _sse(llm_final_chunk(call, completion))
+        if call.include_usage:
+            yield _sse(llm_usage_chunk(call, completion))
     yield _DONE

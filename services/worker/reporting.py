@@ -40,8 +40,10 @@ from services.worker.holdings import Holdings
 from services.worker.queue import WorkItem
 from services.worker.telemetry import SCOPE, WorkerMetrics
 
-CHUNK_TOKENS = 4
-"""A streamed request gets an output chunk every this many tokens (and at its end)."""
+CHUNK_TOKENS = 1
+"""A streamed request gets an output chunk once it has this many new tokens (and at its
+end): with 1, a chunk for every engine iteration that gave it tokens, as vLLM streams,
+so a client sees each token's pace (inter-token latency)."""
 
 MAX_OBSERVATIONS = 10_000
 """Most observations kept between two publishes (the oldest are dropped beyond)."""

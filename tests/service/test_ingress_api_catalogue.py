@@ -30,6 +30,23 @@ async def test_models_lists_the_llm_applications(ingress: Replica) -> None:
     assert chat["switchyard"]["served_model"] == "llama-2-7b"
 
 
+async def test_one_model_is_retrieved_by_name_and_an_unknown_one_is_a_404(
+    ingress: Replica,
+) -> None:
+    found = await ingress.client.get("/v1/models/chat")
+    missing = await ingress.client.get("/v1/models/gpt-9")
+
+    assert found.status_code == 200
+    assert found.json()["id"] == "chat"
+    assert found.json()["object"] == "model"
+    assert found.json()["switchyard"]["served_model"] == "llama-2-7b"
+    assert missing.status_code == 404
+    error = missing.json()["error"]
+    assert error["code"] == "model_not_found"
+    assert "'gpt-9'" in error["message"]
+    assert "chat" in error["message"]  # the served models are named
+
+
 async def test_apps_lists_the_classification_applications(ingress: Replica) -> None:
     response = await ingress.client.get("/v1/apps")
     assert response.status_code == 200
@@ -55,6 +72,7 @@ async def test_openapi_describes_every_endpoint(ingress: Replica) -> None:
         "/v1/apps/{app}/infer",
         "/v1/requests/{request_id}",
         "/v1/models",
+        "/v1/models/{model}",
         "/v1/apps",
         "/openapi.json",
         "/healthz",

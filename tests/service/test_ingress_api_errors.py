@@ -239,6 +239,48 @@ async def test_an_unknown_model_is_a_404_listing_the_served_ones(ingress: Replic
 
 
 @pytest.mark.parametrize(
+    ("path", "param", "value"),
+    [
+        ("/v1/completions", "n", 2),
+        ("/v1/completions", "best_of", 3),
+        ("/v1/completions", "logprobs", 0),
+        ("/v1/completions", "echo", True),
+        ("/v1/completions", "stop", ["\n"]),
+        ("/v1/completions", "suffix", "end"),
+        ("/v1/chat/completions", "n", 2),
+        ("/v1/chat/completions", "logprobs", True),
+        ("/v1/chat/completions", "stop", "END"),
+        ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("/v1/chat/completions", "tool_choice", "required"),
+        ("/v1/chat/completions", "response_format", {"type": "json_object"}),
+    ],
+)
+async def test_a_parameter_that_would_change_the_answer_is_refused_not_ignored(
+    ingress: Replica, path: str, param: str, value: object
+) -> None:
+    body: dict[str, Any] = (
+        completion_body()
+        if path == "/v1/completions"
+        else {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    response = await ingress.client.post(path, json={**body, param: value})
+    error = assert_error(response, 400, param=param, names=f"'{param}' is not supported")
+    assert error["code"] == "unsupported_parameter"
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [("n", 1), ("stop", None), ("logprobs", False), ("response_format", {"type": "text"})],
+)
+async def test_a_neutral_value_of_an_unsupported_parameter_is_accepted(
+    ingress: Replica, param: str, value: object
+) -> None:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], param: value}
+    response = await ingress.client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
     ("messages", "param"),
     [
         ([], "messages"),

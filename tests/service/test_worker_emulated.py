@@ -22,7 +22,7 @@ from switchyard.perf import PerformanceModel, performance_model
 
 from services.worker.backends import build_backend, emulated_llm
 from services.worker.backends.base import UnsupportedWorkError
-from services.worker.backends.emulated_llm import EmulatedLlmBackend
+from services.worker.backends.emulated_llm import EmulatedLlmBackend, emulated_text
 from services.worker.queue import LocalQueue, WorkItem
 from tests.support.worker import Sink
 
@@ -103,8 +103,8 @@ async def test_a_lone_request_takes_the_modelled_idle_service_time(perf: Perform
     # in one wake-up (STEP_QUANTUM_WALL_S), and no other request could finish among them.
     assert steps == 2
     assert sink.token_counts["r1"] == 20
-    assert sink.results["r1"] == LLMResult(output_tokens=20, text="")
-    assert sink.texts["r1"] == ""
+    assert sink.results["r1"] == LLMResult(output_tokens=20, text=emulated_text(0, 20))
+    assert sink.texts["r1"] == emulated_text(0, 20)  # streamed as generated
     assert not backend.has_running()
     assert backend.modelled_now_s == pytest.approx(perf.idle_service_s(500, 20))
 
@@ -121,7 +121,7 @@ async def test_requests_share_prefill_and_decode_steps(perf: PerformanceModel) -
     long_done = short_done + perf.decode_step_s(1, 83) + perf.decode_step_s(1, 84)
     assert _times(short) == pytest.approx((0.0, prefill, short_done))
     assert _times(long) == pytest.approx((0.0, prefill, long_done))
-    assert sink.results["long"] == LLMResult(output_tokens=5, text="")
+    assert sink.results["long"] == LLMResult(output_tokens=5, text=emulated_text(0, 5))
 
 
 async def test_a_full_batch_makes_the_next_request_wait(perf: PerformanceModel) -> None:
@@ -165,7 +165,7 @@ async def test_a_migrated_request_continues_from_its_generated_tokens(
     assert first - started == pytest.approx(perf.prefill_s([204]))
     assert finished - started == pytest.approx(perf.idle_service_s(204, 6))
     assert sink.token_counts["moved"] == 6
-    assert sink.results["moved"] == LLMResult(output_tokens=10, text="")
+    assert sink.results["moved"] == LLMResult(output_tokens=10, text=emulated_text(0, 10))
 
 
 async def test_preempting_a_running_request_reports_its_kv_and_transfer_time(

@@ -13,7 +13,7 @@ from switchyard.contracts.messages import CompletionStatus, Heartbeat, LLMResult
 from switchyard.contracts.topics import HEARTBEATS
 from switchyard.perf import performance_model
 
-from services.worker.backends.emulated_llm import EmulatedLlmBackend
+from services.worker.backends.emulated_llm import EmulatedLlmBackend, emulated_text
 from services.worker.service import WorkerService
 from tests.service.worker_support import (
     MODEL,
@@ -88,11 +88,12 @@ async def test_draining_finishes_running_work_and_says_so(stack: Stack) -> None:
         stack.ctx.stopping.set()
         await stack.worker.drain()
         done = await _completion(answers)
-        final = await _heartbeat_where(heartbeats, lambda h: h.draining)
+        # Heartbeats sent while it still ran say draining too; the last says nothing runs.
+        final = await _heartbeat_where(heartbeats, lambda h: h.draining and h.running == 0)
     assert done.request_id == "last"
     assert done.status is CompletionStatus.OK
-    assert done.result == LLMResult(output_tokens=200, text="")
-    assert final.running == 0
+    assert done.result == LLMResult(output_tokens=200, text=emulated_text(0, 200))
+    assert final.queue_length == 0
     assert (await _read(stack.state, "last")).status == "ok"
 
 

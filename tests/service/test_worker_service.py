@@ -22,6 +22,7 @@ from switchyard.serving import TINY_LM_MODEL, ServingCatalogue
 from switchyard.state import MemoryStateStore, keys
 
 from services.worker import create
+from services.worker.backends.emulated_llm import emulated_text
 from services.worker.reporting import CHUNK_TOKENS
 from services.worker.service import WorkerService
 from tests.service.worker_support import (
@@ -47,7 +48,7 @@ async def test_completions_carry_an_ordered_emulated_timeline(stack: Stack) -> N
         done = await _completion(answers)
     assert done.request_id == "r1"
     assert done.status is CompletionStatus.OK
-    assert done.result == LLMResult(output_tokens=6, text="")
+    assert done.result == LLMResult(output_tokens=6, text=emulated_text(0, 6))
     assert done.emulated is True
     assert done.worker_id == "w1"
     assert done.worker_type == "a100-80gb"

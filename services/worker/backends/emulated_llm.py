@@ -21,7 +21,10 @@ profile (``GPU/model``, :mod:`switchyard.perf`) exactly as the simulator's insta
   at most :data:`STEP_QUANTUM_WALL_S`.
 
 An emulated request generates exactly ``max_output_tokens`` (there is no end of sequence
-in an emulation, as with a benchmark's ``ignore_eos``), with empty text. A request that
+in an emulation, as with a benchmark's ``ignore_eos``). Its text is filler, one word a
+token (:func:`emulated_text`: " lorem ipsum dolor sit amet" repeated), so that a
+streamed answer shows its length and pace to a client or a benchmark tool that counts
+what it reads; it is not a model's output, and the answer says ``emulated``. A request that
 migrated in with ``generated_tokens = g`` is prefilled over prompt + g tokens (the
 modelled recomputation) and goes on from token g + 1.
 
@@ -50,6 +53,18 @@ from services.worker.backends.base import (
 )
 from services.worker.batching import admit_continuous, kv_reservation_tokens
 from services.worker.queue import BatchKey, EmulatedTimes, LocalQueue, WorkItem
+
+_FILLER_WORDS = (" lorem", " ipsum", " dolor", " sit", " amet")
+
+
+def emulated_text(first_token: int, tokens: int) -> str:
+    """The filler text of tokens ``first_token`` .. ``first_token + tokens - 1`` of an
+    emulated answer: one word a token, the same on every worker (a migrated request's
+    text continues where it left off)."""
+    return "".join(
+        _FILLER_WORDS[index % len(_FILLER_WORDS)]
+        for index in range(first_token, first_token + tokens)
+    )
 
 
 class EmulatedLlmBackend:
@@ -235,6 +250,7 @@ class EmulatedLlmBackend:
         for item in batch:
             if self._running.get(item.request_id) is not item:
                 continue
+            first_new = item.generated_tokens
             item.generated_tokens += steps
             times = item.emulated or EmulatedTimes(started_s=now_s)
             if times.first_token_s is None:
@@ -246,9 +262,10 @@ class EmulatedLlmBackend:
                 )
                 self._release(item)
             item.emulated = times
-            await sink.tokens(item, steps, "")
+            await sink.tokens(item, steps, emulated_text(first_new, steps))
             if done:
-                await sink.finished(item, LLMResult(output_tokens=item.output_tokens, text=""))
+                text = emulated_text(0, item.output_tokens)
+                await sink.finished(item, LLMResult(output_tokens=item.output_tokens, text=text))
 
     async def _spend(self, modelled_s: float) -> None:
         """Sleep the wall time of ``modelled_s``, paced: the target moves by exactly the
