@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench        bus benchmark on the local Kafka broker"
 	@echo "make bench-sim    simulator speed and policy decision speed"
 	@echo "make bench-eval   the GAPS evaluation grid (both Azure traces, 4-32 workers, 3 seeds)"
+	@echo "make bench-capacity  every LLM policy's capacity at 90/99 % SLO attainment (Azure, Mooncake; 8-32 workers)"
 	@echo "make bench-estimator  SneakPeek estimation time per 24-request batch (flat, IVF, HNSW)"
 	@echo "make bench-selection  window scheduler overhead (24 requests, 5 applications)"
 	@echo "make bench-selection-eval  the classification tables: variants, window scheduling, accuracy"
@@ -100,6 +101,9 @@ bench-sim: deps
 
 bench-eval: deps
 	$(BIN)/python -m bench.gaps_eval --json bench/results/gaps_eval.json
+
+bench-capacity: deps
+	$(BIN)/python -m bench.capacity_eval --json bench/results/capacity_eval.json
 
 bench-estimator: deps
 	$(BIN)/python -m bench.estimator_bench --json bench/results/estimator.json

@@ -1,0 +1,162 @@
+"""Capacity of every LLM policy: the highest offered rate at which 90 % and 99 % of the
+requests meet every objective (TTFT, TPOT and end to end; :mod:`switchyard.slo`), and
+the most goodput, on the Azure conversation and code traces and the Mooncake trace, at
+8, 16 and 32 A100/llama-2-7b workers, and on a mixed A100 + L40S cluster of 16.
+
+Each search (:func:`research.llm.capacity_run.run_capacity`) doubles the load from the
+trace's own rate until the 90 % target fails, then bisects to 2 %; one seed per probe.
+Each trace is cut to its first ``--requests`` rows (default 4,000), so that the
+capacity, not the length of the replay, sets the figures. The Mooncake trace's prompts
+average 15,000 tokens, whose prefill alone takes about a second and a half on an idle
+A100 with this profile, beyond the default 1 s TTFT objective; its TTFT objective here
+is 5 s (:data:`TTFT_OBJECTIVE_S`).
+
+The table names, per trace and cluster, the best baseline (every policy but
+``switchyard*``, ``gaps*`` and the clairvoyant oracle) and each other policy's capacity
+relative to it.
+
+Run ``make bench-capacity`` or ``python -m bench.capacity_eval [--quick] [--json OUT]``;
+the Markdown tables go to stdout. ``--quick``: 1,000 requests, 8 workers, the Azure
+conversation trace only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from switchyard.contracts.fields import WorkloadType
+from switchyard.policies.registry import llm_policy_names
+from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
+from switchyard.traces import head, resolve_trace
+
+from research.llm.capacity_run import run_capacity
+from research.llm.experiment import ExperimentConfig
+
+A100 = "a100-80gb/llama-2-7b"
+L40S = "l40s-48gb/llama-2-7b"
+TRACES = ("azure-conv", "azure-code", "mooncake")
+TTFT_OBJECTIVE_S = {"mooncake": 5.0}
+"""Traces whose prompts need a TTFT objective other than the default (module docstring)."""
+TARGETS = (0.90, 0.99)
+
+
+@dataclass(frozen=True)
+class Search:
+    trace: str
+    workers: int
+    policy: str
+    profiles: tuple[str, ...]
+    requests: int
+
+
+def is_baseline(policy: str) -> bool:
+    """A policy people would pick instead: not Switchyard's own, not GAPS, not the oracle."""
+    return not policy.startswith(("switchyard", "gaps")) and policy != "oracle"
+
+
+def _token_slos(trace: str) -> dict[WorkloadType, TokenSlo]:
+    ttft_s = TTFT_OBJECTIVE_S.get(trace)
+    return {
+        workload: TokenSlo(ttft_s=slo.ttft_s if ttft_s is None else ttft_s, tpot_s=slo.tpot_s)
+        for workload, slo in DEFAULT_TOKEN_SLOS.items()
+    }
+
+
+def _run(search: Search) -> dict[str, Any]:
+    trace = head(resolve_trace(search.trace), search.requests)
+    config = ExperimentConfig(
+        trace=trace.name,
+        policies=(search.policy,),
+        workers=(search.workers,),
+        profiles=search.profiles,
+        token_slos=_token_slos(search.trace),
+    )
+    (result,) = run_capacity(config, trace, targets=TARGETS)
+    return {**result, "cluster": "+".join(p.split("/")[0] for p in search.profiles)}
+
+
+def _searches(quick: bool, requests: int, policies: Sequence[str]) -> list[Search]:
+    if quick:
+        return [Search("azure-conv", 8, p, (A100,), min(requests, 1000)) for p in policies]
+    searches = [
+        Search(trace, workers, policy, (A100,), requests)
+        for trace in TRACES
+        for workers in (8, 16, 32)
+        for policy in policies
+    ]
+    searches += [Search("azure-conv", 16, p, (A100, L40S), requests) for p in policies]
+    return searches
+
+
+def _held_rps(result: dict[str, Any], target_index: int) -> float:
+    held = result["targets"][target_index]["held"]
+    return 0.0 if held is None else float(held["offered_rps"])
+
+
+def markdown(results: Sequence[dict[str, Any]]) -> str:
+    """One table per trace and cluster: capacity at each target, most goodput, and the
+    ratio to the best baseline at 90 %."""
+    out: list[str] = []
+    scenarios = dict.fromkeys((r["trace"], r["workers"], r["cluster"]) for r in results)
+    for trace, workers, cluster in scenarios:
+        rows = [
+            r
+            for r in results
+            if (r["trace"], r["workers"], r["cluster"]) == (trace, workers, cluster)
+        ]
+        baselines = [r for r in rows if is_baseline(r["policy"])]
+        best = max(baselines, key=lambda r: _held_rps(r, 0), default=None)
+        best_rps = _held_rps(best, 0) if best is not None else 0.0
+        out.append(f"**{trace}, {workers} workers ({cluster})**")
+        out.append("")
+        out.append(
+            "| policy | req/s at 90 % | req/s at 99 % | most goodput, req/s | "
+            "vs best baseline at 90 % |"
+        )
+        out.append("|---|---:|---:|---:|---:|")
+        for r in sorted(rows, key=lambda r: -_held_rps(r, 0)):
+            ratio = _held_rps(r, 0) / best_rps if best_rps > 0 else float("nan")
+            name = r["policy"] + (" (best baseline)" if r is best else "")
+            out.append(
+                f"| {name} | {_held_rps(r, 0):.3g} | {_held_rps(r, 1):.3g} | "
+                f"{r['max_goodput']['goodput_rps']:.3g} | {ratio:.2f} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.capacity_eval")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--policies", default=",".join(llm_policy_names()))
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    searches = _searches(args.quick, args.requests, policies)
+    with mp.get_context("spawn").Pool(args.processes) as pool:
+        results = pool.map(_run, searches, chunksize=1)
+    print(markdown(results))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        document = {
+            "machine": f"{platform.machine()}, {mp.cpu_count()} CPUs",
+            "requests": args.requests,
+            "targets": TARGETS,
+            "ttft_objective_s": TTFT_OBJECTIVE_S,
+            "capacity": results,
+        }
+        args.json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
