@@ -91,6 +91,8 @@ class PlannedRequest:
         max_tokens: the trace row's output length (LLM; None for classification).
         features: the feature vector (classification; empty for LLM).
         true_label: the dataset label of the features (classification; else None).
+        prefix_blocks: the trace row's prompt block ids (LLM, when the trace has them,
+            as the Mooncake format does; sent so that prefix caches see shared prefixes).
     """
 
     index: int
@@ -102,6 +104,7 @@ class PlannedRequest:
     max_tokens: int | None = None
     features: tuple[float, ...] = ()
     true_label: int | None = None
+    prefix_blocks: tuple[int, ...] = ()
 
     @property
     def path(self) -> str:
@@ -118,17 +121,20 @@ class PlannedRequest:
         """The JSON body of the request in the run ``run_id``."""
         request_id = self.request_id(run_id)
         if self.kind == "llm":
+            options: dict[str, Any] = {
+                "prompt_tokens": self.prompt_tokens,
+                # The trace's workload class: the predictor's feature, as in the simulator.
+                "workload": self.workload,
+                "request_id": request_id,
+            }
+            if self.prefix_blocks:
+                options["prefix_blocks"] = list(self.prefix_blocks)
             return {
                 "model": self.app,
                 "prompt": "",
                 "max_tokens": self.max_tokens,
                 "stream": False,
-                # The trace's workload class: the predictor's feature, as in the simulator.
-                "switchyard": {
-                    "prompt_tokens": self.prompt_tokens,
-                    "workload": self.workload,
-                    "request_id": request_id,
-                },
+                "switchyard": options,
             }
         return {"features": list(self.features), "request_id": request_id}
 
@@ -298,6 +304,7 @@ def build_plan(
                     app=apps_by_workload[row.workload],
                     workload=row.workload.value,
                     prompt_tokens=row.prompt_tokens,
+                    prefix_blocks=row.prefix_blocks,
                     max_tokens=row.output_tokens,
                 )
             )

@@ -29,6 +29,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
 from switchyard.contracts.messages import (
     ClassificationPayload,
     InferenceRequest,
@@ -78,7 +79,7 @@ from services.ingress.responses import (
 from services.ingress.streaming import stream_answer
 from services.ingress.telemetry import HttpTelemetryMiddleware, call_record
 from services.ingress.tenants import KeyRing, public_request_id
-from services.ingress.tokens import approximate_tokens, chat_prompt
+from services.ingress.tokens import approximate_tokens, chat_prompt, prompt_blocks
 
 if TYPE_CHECKING:
     from switchyard.telemetry import Telemetry
@@ -356,6 +357,7 @@ class _Api:
                 param=param,
                 code="context_length_exceeded",
             )
+        blocks = _prefix_blocks(options, prompt, prompt_tokens)
         output_tokens = max_tokens if max_tokens is not None else MAX_TOKENS_DEFAULT
         if output_tokens > app.max_output_tokens:
             raise bad_request(
@@ -381,6 +383,7 @@ class _Api:
             workload=WorkloadType(options.workload) if options.workload else app.workload,
             prompt=prompt,
             stream=stream,
+            prefix_blocks=blocks,
         )
 
         tenant = tenant_of(request.scope)
@@ -510,3 +513,17 @@ class _Api:
                 public_request_id(accepted.request_id), emulated=completion.emulated
             ),
         )
+
+
+def _prefix_blocks(options: SwitchyardOptions, prompt: str | None, prompt_tokens: int) -> list[int]:
+    """The prompt's KV-block ids: the client's (trace replay), else hashed from its text."""
+    if options.prefix_blocks is None:
+        return prompt_blocks(prompt or "")
+    most = -(-prompt_tokens // PREFIX_BLOCK_TOKENS)
+    if len(options.prefix_blocks) > most:
+        raise bad_request(
+            f"'switchyard.prefix_blocks' names {len(options.prefix_blocks)} blocks; a prompt "
+            f"of {prompt_tokens} tokens has at most {most} of {PREFIX_BLOCK_TOKENS} tokens",
+            param="switchyard.prefix_blocks",
+        )
+    return list(options.prefix_blocks)

@@ -111,6 +111,14 @@ class SwitchyardOptions(_Strict):
         "predictor; default: the application's.",
     )
     request_id: RequestId | None = None
+    prefix_blocks: (
+        Annotated[list[Annotated[int, Field(ge=0, lt=2**63)]], Field(max_length=20_000)] | None
+    ) = Field(
+        default=None,
+        description="Content ids of the prompt's KV blocks of 512 tokens, when the client "
+        "sends no text (trace replay: the Mooncake format's hash_ids); default: hashed "
+        "from the prompt text.",
+    )
 
 
 class StreamOptions(_Strict):

@@ -20,6 +20,7 @@ from tests.service.ingress_support import (
     Stack,
     _stream,
     answer_text,
+    assert_error,
     completion_body,
     ingress_fixture,  # noqa: F401 (the ``ingress`` fixture)
     sse_events,
@@ -135,6 +136,44 @@ async def test_prompt_may_be_left_out_when_prompt_tokens_is_given(
     assert isinstance(request.payload, LLMPayload)
     assert request.payload.prompt is None
     assert request.payload.prompt_tokens == 12
+
+
+async def test_prompts_that_share_leading_text_share_leading_block_ids(
+    stack: Stack, ingress: Replica
+) -> None:
+    # 4 bytes a token, 512 tokens a block: 2,048 bytes of text a block.
+    shared = "You are a careful assistant. " * 100  # 2,900 bytes
+    payloads = []
+    for question in ("What is Kafka?" * 100, "What is Redis?" * 100):
+        body = completion_body(model="coder", prompt=shared + question)
+        response = await ingress.client.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        [request] = stack.worker.requests_with_id(response.json()["id"])
+        assert isinstance(request.payload, LLMPayload)
+        payloads.append(request.payload)
+    first, second = (p.prefix_blocks for p in payloads)
+    assert len(first) == len(second) == 2  # 4,300 bytes: two full blocks, one partial
+    assert first[0] == second[0]  # the first 2,048 bytes are the same
+    assert first[1] != second[1]  # the second block holds part of the question
+
+
+async def test_a_replay_names_its_prompt_blocks_and_too_many_are_refused(
+    stack: Stack, ingress: Replica
+) -> None:
+    body = {"model": "coder", "max_tokens": 4, "switchyard": {"prompt_tokens": 600}}
+    ok = await ingress.client.post(
+        "/v1/completions",
+        json={**body, "switchyard": {"prompt_tokens": 600, "prefix_blocks": [7, 9]}},
+    )
+    assert ok.status_code == 200, ok.text
+    [request] = stack.worker.requests_with_id(ok.json()["id"])
+    assert isinstance(request.payload, LLMPayload)
+    assert request.payload.prefix_blocks == [7, 9]
+    too_many = await ingress.client.post(
+        "/v1/completions",
+        json={**body, "switchyard": {"prompt_tokens": 600, "prefix_blocks": [1, 2, 3]}},
+    )
+    assert_error(too_many, 400, param="switchyard.prefix_blocks", names="at most 2")
 
 
 async def test_headers_give_deadline_and_priority_and_the_body_wins(

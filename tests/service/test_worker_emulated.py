@@ -38,13 +38,12 @@ def _assignment(
     model: str = "llama-2-7b",
     order: float = 0.0,
     generated: int = 0,
+    blocks: list[int] | None = None,
 ) -> Assignment:
-    request = InferenceRequest(
-        request_id=request_id,
-        app=model,
-        payload=LLMPayload(model=model, prompt_tokens=prompt, max_output_tokens=output),
-        arrival_s=1.0,
+    payload = LLMPayload(
+        model=model, prompt_tokens=prompt, max_output_tokens=output, prefix_blocks=blocks or []
     )
+    request = InferenceRequest(request_id=request_id, app=model, payload=payload, arrival_s=1.0)
     return Assignment(
         request=request,
         worker_id="w1",
@@ -89,6 +88,34 @@ def _times(item: WorkItem) -> tuple[float, float, float]:
 @pytest.fixture
 def perf() -> PerformanceModel:
     return performance_model(PROFILE)
+
+
+async def test_a_prompt_whose_prefix_the_worker_holds_skips_its_prefill(
+    perf: PerformanceModel,
+) -> None:
+    backend = EmulatedLlmBackend(perf, time_scale=SCALE)
+    queue, sink = LocalQueue(), Sink()
+    first = _enqueue(
+        backend, queue, _assignment("a", prompt=3000, output=2, blocks=[1, 2, 3, 4, 5, 6])
+    )
+    await _run_all(backend, queue, sink)
+    # Shares the first four blocks (2,048 tokens), then goes its own way.
+    again = _enqueue(
+        backend, queue, _assignment("b", prompt=3000, output=2, blocks=[1, 2, 3, 4, 8, 9])
+    )
+    _enqueue(  # a different first block: nothing after it can match
+        backend, queue, _assignment("c", prompt=3000, output=2, blocks=[7, 2, 3, 4, 5, 6])
+    )
+    await _run_all(backend, queue, sink)
+
+    def prefill_s(item: WorkItem) -> float:
+        started, first_token, _ = _times(item)
+        return first_token - started
+
+    assert prefill_s(first) == pytest.approx(perf.prefill_s([3000]))
+    # b and c were prefilled together: 3000 - 2048 tokens of b, all 3000 of c.
+    assert prefill_s(again) == pytest.approx(perf.prefill_s([3000 - 2048, 3000]))
+    assert backend.prefix_cache.hit_blocks == 4
 
 
 async def test_a_lone_request_takes_the_modelled_idle_service_time(perf: PerformanceModel) -> None:

@@ -58,6 +58,16 @@ def test_llm_bodies_carry_the_rows_lengths_and_the_workloads_model(
     assert {request.path for request in plan} == {"/v1/completions"}
 
 
+def test_a_mooncake_replay_names_each_prompts_blocks() -> None:
+    trace = resolve_trace("mooncake-sample")
+    plan = build_plan(trace, "llm", limit=5)
+
+    for request, row in zip(plan, trace.requests, strict=False):
+        options = request.body("run")["switchyard"]
+        assert options["prefix_blocks"] == list(row.prefix_blocks)
+        assert options["prompt_tokens"] == row.prompt_tokens
+
+
 def test_the_mixed_sample_maps_each_workload_and_keeps_arrival_order() -> None:
     plan = build_plan(
         resolve_trace("azure-mix-sample"), "llm", limit=200, app_map=parse_app_map("code=tiny-lm")

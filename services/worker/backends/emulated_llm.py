@@ -9,7 +9,9 @@ profile (``GPU/model``, :mod:`switchyard.perf`) exactly as the simulator's insta
   prefill token budget (:func:`~services.worker.batching.admit_continuous`);
 - an iteration that admitted requests is a *prefill* of their contexts and yields each
   one's next token (the first, for a fresh request); the running batch does not decode
-  meanwhile;
+  meanwhile. The leading blocks of a prompt that this worker's prefix cache holds
+  (``LLMPayload.prefix_blocks``, :mod:`switchyard.perf.prefix_cache`) are not
+  prefilled again;
 - otherwise the iteration is one *decode step* of the running batch, one token for each;
 - each iteration sleeps ``modelled_s / time_scale`` (one sleep per iteration, paced
   against a running target so that sleep overshoot does not accumulate);
@@ -41,8 +43,10 @@ import os
 import time
 from collections.abc import Sequence
 
+from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
 from switchyard.contracts.messages import Assignment, LLMPayload, LLMResult, ResourceVector
 from switchyard.perf import PerformanceModel
+from switchyard.perf.prefix_cache import PrefixCache, cached_tokens
 
 from services.worker.backends.base import (
     BackendLoad,
@@ -87,6 +91,7 @@ class EmulatedLlmBackend:
         self.modelled_now_s = 0.0
         self.iterations = 0
         self._running: dict[str, WorkItem] = {}
+        self.prefix_cache = PrefixCache(perf.kv_capacity_tokens // PREFIX_BLOCK_TOKENS)
         self._reserved_tokens = 0
         self._pace_s: float | None = None  # loop time the current iteration should end at
         self._interrupt: asyncio.Event | None = None  # the wake event of a group in progress
@@ -189,8 +194,17 @@ class EmulatedLlmBackend:
             self._reserved_tokens += kv_reservation_tokens(item)
             item.emulated = EmulatedTimes(started_s=self.modelled_now_s)
         await sink.started(admitted)
-        await self._spend(self.perf.prefill_s([item.context_tokens for item in admitted]))
+        await self._spend(self.perf.prefill_s([self._uncached_tokens(i) for i in admitted]))
         await self._yield_tokens(admitted, sink)
+
+    def _uncached_tokens(self, item: WorkItem) -> int:
+        """The tokens of ``item``'s prefill that its cached prefix does not spare."""
+        payload = item.request.payload
+        blocks = payload.prefix_blocks if isinstance(payload, LLMPayload) else []
+        if not blocks:
+            return item.context_tokens
+        matched = self.prefix_cache.use(blocks)
+        return item.context_tokens - cached_tokens(matched, item.context_tokens)
 
     async def _decode(self, sink: ExecutionSink, wake: asyncio.Event | None) -> None:
         """A group of decode steps of the running batch, slept as one: up to the first

@@ -48,6 +48,11 @@ class Part(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
 
+PREFIX_BLOCK_TOKENS: Final = 512
+"""Tokens per KV block of a prompt's content ids (``LLMPayload.prefix_blocks``, a trace's
+``prefix_blocks``): the Mooncake trace format's block."""
+
+
 class WorkloadType(StrEnum):
     """The workload class of an LLM request, as in the Azure traces."""
 

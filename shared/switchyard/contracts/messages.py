@@ -60,6 +60,13 @@ class LLMPayload(Part):
     workload: WorkloadType = WorkloadType.OTHER
     prompt: str | None = Field(default=None, description="Prompt text, when the client sent text.")
     stream: bool = False
+    prefix_blocks: Annotated[
+        list[Annotated[int, Field(ge=0, lt=2**63)]], Field(max_length=20_000)
+    ] = Field(
+        default_factory=list,
+        description="Content ids of the prompt's KV blocks of 512 tokens (a leading run "
+        "shared with another prompt is a shared prefix; switchyard.perf.prefix_cache).",
+    )
 
 
 class ClassificationPayload(Part):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
+from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS as PREFIX_BLOCK_TOKENS
 from switchyard.contracts.messages import WorkloadType
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "data"
@@ -42,10 +43,6 @@ AZURE_COLUMNS = (TIMESTAMP, CONTEXT_TOKENS, GENERATED_TOKENS)
 _TIMESTAMP_RE = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\Z", re.ASCII
 )
-
-
-PREFIX_BLOCK_TOKENS = 512
-"""Tokens per block of :attr:`TraceRequest.prefix_blocks` (the Mooncake trace format's)."""
 
 
 class TraceFormatError(ValueError):
