@@ -47,3 +47,29 @@ def test_decisions_count_until_the_next_heartbeat_and_a_new_heartbeat_is_seen() 
         "w2": True,
     }
     assert placer.place(request("r9"), now_s=1.0).placement.worker_id == "w2"
+
+
+def test_a_prefix_aware_policy_sends_a_shared_prefix_where_it_sent_it_before() -> None:
+    placer = LlmPlacer(make_llm_policy("kv-router"))
+
+    def all_idle(sent_at_s: float) -> None:
+        for worker_id in ("w1", "w2", "w3"):
+            beat = heartbeat(worker_id, sent_at_s=sent_at_s)
+            placer.observe(beat.model_copy(update={"kv_capacity_tokens": 100_000}), alive=True)
+
+    all_idle(0.0)
+
+    def place(request_id: str, blocks: list[int]) -> str:
+        payload = LLMPayload(
+            model=MODEL, prompt_tokens=4096, max_output_tokens=16, prefix_blocks=blocks
+        )
+        sent = InferenceRequest(request_id=request_id, app="chat", payload=payload, arrival_s=1.0)
+        placed = placer.place(sent, now_s=1.0)
+        return placed.placement.worker_id
+
+    first = place("a", [1, 2, 3, 4, 5, 6, 7, 8])
+    # Until the workers report again, "a" is load on its worker: a request sharing its
+    # prefix costs 2 blocks to prefill + 16 held there, 8 + 8 on an idle worker.
+    assert place("b", [1, 2, 3, 4, 5, 6, 40, 41]) != first
+    all_idle(2.0)  # "a" and "b" done: the cache stays, the load is gone
+    assert place("c", [1, 2, 3, 4, 5, 6, 50, 51]) == first  # 2 + 8 against 8 + 8

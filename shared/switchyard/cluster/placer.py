@@ -11,6 +11,14 @@ go to the worker that looked idlest.
 
 Worker types are ``GPU/model`` names (the performance profile of an emulated worker,
 ``cpu/tiny-lm`` for the torch language model), the keys of the predictions.
+
+For a prefix-aware policy (``LlmPolicy.prefix_aware``) the placer also keeps, per
+worker, an index of the prompt blocks it sent there (a
+:class:`~switchyard.perf.prefix_cache.PrefixCache` the size of the worker's KV cache),
+and tells the policy how many of a request's prompt tokens each worker should hold:
+llm-d's approximate prefix scorer, which also guesses from where it routed rather than
+from the workers' caches. A restarted worker's lost cache, and what other replicas
+routed, are not known to it.
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ from dataclasses import dataclass, replace
 
 from switchyard.cluster.records import ClusterView
 from switchyard.cluster.views import worker_view
+from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
 from switchyard.contracts.messages import Assignment, Heartbeat, InferenceRequest, LLMPayload
+from switchyard.perf.prefix_cache import PrefixCache, cached_tokens
 from switchyard.policies.base import DecisionContext, NoWorkerError, Placement
 from switchyard.policies.registry import LlmPolicy
 from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
@@ -141,6 +151,7 @@ class LlmPlacer:
         # (worker, model) -> the heartbeat and liveness a view was built from, and the
         # view: a heartbeat is read ten times a second and decided on per request.
         self._views: dict[tuple[str, str], tuple[Heartbeat, bool, WorkerView]] = {}
+        self._prefixes: dict[str, PrefixCache] = {}
 
     def observe(self, heartbeat: Heartbeat, *, alive: bool) -> None:
         """Take a worker's latest heartbeat (as the monitor stored it: a restarted worker's
@@ -177,6 +188,7 @@ class LlmPlacer:
             self._heartbeats.pop(worker_id, None)
             self._alive.pop(worker_id, None)
             self._pending.pop(worker_id, None)
+            self._prefixes.pop(worker_id, None)
         for key in [k for k in self._views if k[0] not in keep]:
             del self._views[key]
 
@@ -220,10 +232,15 @@ class LlmPlacer:
         cluster = self.cluster(view.model, now_s, exclude)
         if not cluster.eligible():
             raise NoWorkerError(f"no live worker serves model {view.model!r}")
+        blocks = _prefix_blocks(request) if self.policy.prefix_aware else []
+        if blocks:
+            view = replace(view, cached_tokens=self._cached_tokens(blocks, view.prompt_tokens))
         ctx = DecisionContext(self._rng, self._sequence)
         self._sequence += 1
         placement = self.policy.assignment.assign(view, cluster, ctx)
         self._account(placement.worker_id, view)
+        if blocks:
+            self._sent_prefix(placement.worker_id, blocks)
         worker_type = self.worker_type(placement.worker_id, view.model)
         return Placed(
             placement,
@@ -240,3 +257,24 @@ class LlmPlacer:
             pending = self._pending[worker_id] = _Pending(since_sent_at_s=heartbeat.sent_at_s)
         worker_type = llm_worker_type(heartbeat, view.model)
         pending.add(view.calibrated_s.get(worker_type, 0.0), view.prompt_tokens)
+
+    def _cached_tokens(self, blocks: list[int], prompt_tokens: int) -> dict[str, int]:
+        """Per worker, the prompt tokens it should hold, by what was sent there."""
+        found = {}
+        for worker_id, index in self._prefixes.items():
+            matched = index.matched_blocks(blocks)
+            if matched:
+                found[worker_id] = cached_tokens(matched, prompt_tokens)
+        return found
+
+    def _sent_prefix(self, worker_id: str, blocks: list[int]) -> None:
+        index = self._prefixes.get(worker_id)
+        if index is None:
+            capacity_tokens = self._heartbeats[worker_id].kv_capacity_tokens
+            index = self._prefixes[worker_id] = PrefixCache(capacity_tokens // PREFIX_BLOCK_TOKENS)
+        index.use(blocks)
+
+
+def _prefix_blocks(request: InferenceRequest) -> list[int]:
+    payload = request.payload
+    return payload.prefix_blocks if isinstance(payload, LLMPayload) else []

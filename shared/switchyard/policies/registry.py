@@ -30,6 +30,7 @@ from switchyard.policies.gaps import (
     GapsRebalancer,
 )
 from switchyard.policies.llumnix import LlumnixAssignment, LlumnixRebalancer
+from switchyard.policies.prefix_aware import EndpointPicker, KvRouter
 from switchyard.policies.splitwise import SplitwiseRouter
 
 
@@ -68,6 +69,8 @@ class LlmPolicy:
     """Set for stage-aware policies: the share of workers in the prefill pool."""
     reference: bool = False
     """A reference (the oracle), reported but not a contender."""
+    prefix_aware: bool = False
+    """It reads ``RequestView.cached_tokens``: the shell must fill them (others skip it)."""
 
 
 class UnknownPolicyError(ValueError):
@@ -163,6 +166,18 @@ _REGISTRY: dict[str, Callable[[PolicyOptions], LlmPolicy]] = {
         summary="lowest KV usage, periodic live migration from most to least loaded",
         assignment=LlumnixAssignment(),
         rebalancer=LlumnixRebalancer(),
+    ),
+    "llm-d": lambda o: LlmPolicy(
+        name="llm-d",
+        summary="llm-d's endpoint picker: queue, KV utilisation and prefix hits",
+        assignment=EndpointPicker(),
+        prefix_aware=True,
+    ),
+    "kv-router": lambda o: LlmPolicy(
+        name="kv-router",
+        summary="Dynamo's KV router: prefill blocks not cached plus active blocks",
+        assignment=KvRouter(),
+        prefix_aware=True,
     ),
     "splitwise": _splitwise,
     "flashgen": _simple("flashgen", "local: fastest decode step once joined", FlashGenRouter),

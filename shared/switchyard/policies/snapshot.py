@@ -54,6 +54,9 @@ class RequestView:
     deadline_s: float | None = None
     """Adaptive deadline, absolute: arrival plus ``(1 + eps) * s~``."""
     true_service_s: Mapping[str, float] | None = None
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
+    """Worker id -> prompt tokens of this request that worker's prefix cache holds
+    (absent: none, or not known)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
