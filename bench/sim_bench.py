@@ -10,8 +10,10 @@
    workers, each policy called on a fresh snapshot of 32 workers with random loads (the
    snapshot is built before the clock starts: its cost belongs to the shell).
 
-Run ``make bench-sim`` or ``python -m bench.sim_bench [--repeats N] [--json OUT]``.
-Figures are medians over the repeats and go to stdout as Markdown tables.
+Run ``make bench-sim`` or ``python -m bench.sim_bench [--repeats N] [--json OUT]``
+(``--policies jsq,gaps`` for some of the simulator's policies, ``--decisions 0`` to leave
+out the policy speed). Figures are medians over the repeats and go to stdout as Markdown
+tables.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from switchyard.traces import resolve_trace, scale_load
 
 from research.llm import SimulationConfig, Simulator
 
-SIM_POLICIES = ("round-robin", "jsq", "llumnix", "gaps", "oracle")
+SIM_POLICIES = ("round-robin", "jsq", "llumnix", "splitwise", "gaps", "oracle")
 DECISION_POLICIES = (
     "round-robin",
     "random",
@@ -49,13 +51,16 @@ PROFILE = "a100-80gb/llama-2-7b"
 
 
 def simulator_speed(
-    trace: str, load_scales: tuple[float, ...], repeats: int
+    trace: str,
+    load_scales: tuple[float, ...],
+    repeats: int,
+    policies: tuple[str, ...] = SIM_POLICIES,
 ) -> list[dict[str, Any]]:
     base = resolve_trace(trace)
     figures: list[dict[str, Any]] = []
     for scale in load_scales:
         rows = scale_load(base, scale).requests
-        for name in SIM_POLICIES:
+        for name in policies:
             policy = make_llm_policy(name)
             rates: list[float] = []
             utilization = 0.0
@@ -157,7 +162,14 @@ def main() -> None:
     parser.add_argument("--trace", default="azure-conv")
     parser.add_argument("--load-scales", default="1,8", help="comma-separated (default 1,8)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--decisions", type=int, default=20_000)
+    parser.add_argument(
+        "--policies",
+        default=",".join(SIM_POLICIES),
+        help=f"comma-separated simulator policies (default {','.join(SIM_POLICIES)})",
+    )
+    parser.add_argument(
+        "--decisions", type=int, default=20_000, help="per policy; 0 skips the decision speed"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
     scales = tuple(float(s) for s in args.load_scales.split(","))
@@ -166,8 +178,9 @@ def main() -> None:
         f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}"
     )
     print(f"Simulator speed ({machine}); medians of {args.repeats} runs", flush=True)
-    sim = simulator_speed(args.trace, scales, args.repeats)
-    decisions = decision_speed(32, args.decisions, args.repeats)
+    policies = tuple(p for p in args.policies.split(",") if p)
+    sim = simulator_speed(args.trace, scales, args.repeats, policies)
+    decisions = decision_speed(32, args.decisions, args.repeats) if args.decisions > 0 else []
 
     print("\n| trace | requests | load scale | policy | simulated requests/s | utilisation |")
     print("|---|---:|---:|---|---:|---:|")
@@ -176,8 +189,9 @@ def main() -> None:
             f"| {f['trace']} | {f['requests']:,} | {f['load_scale']:g} | {f['policy']} "
             f"| {f['simulated_rps_median']:,.0f} | {f['mean_utilization']:.2f} |"
         )
-    print("\n| policy | workers | decisions/s | P99 decision time |")
-    print("|---|---:|---:|---:|")
+    if decisions:
+        print("\n| policy | workers | decisions/s | P99 decision time |")
+        print("|---|---:|---:|---:|")
     for f in decisions:
         print(
             f"| {f['policy']} | {f['workers']} | {f['decisions_per_s_median']:,.0f} "

@@ -23,9 +23,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from enum import Enum
+from itertools import islice
 
 from switchyard.perf import PerformanceModel
-from switchyard.policies.snapshot import WorkerRole, WorkerView
+from switchyard.policies.snapshot import QueuedRequestView, RequestPhase, WorkerRole, WorkerView
+from switchyard.policies.view_builders import new_queued_request_view
 
 from research.llm.request import SimRequest
 
@@ -46,12 +48,14 @@ class SimInstance:
         "anchor_s",
         "busy_area",
         "busy_until_s",
+        "changed",
         "index",
         "kv_base",
         "last_account_s",
         "n_running",
         "perf",
         "phase",
+        "prefill_tokens",
         "prefill_work_s",
         "prefilling",
         "reserved_tokens",
@@ -72,7 +76,13 @@ class SimInstance:
     )
 
     def __init__(
-        self, index: int, worker_id: str, perf: PerformanceModel, role: WorkerRole
+        self,
+        index: int,
+        worker_id: str,
+        perf: PerformanceModel,
+        role: WorkerRole,
+        *,
+        changed: list[SimInstance] | None = None,
     ) -> None:
         self.index = index
         self.worker_id = worker_id
@@ -81,6 +91,8 @@ class SimInstance:
         self.role = role
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: list[SimRequest] = []
+        self.prefill_tokens = 0
+        """Prompt tokens of the prefilling requests (their KV cache as it fills)."""
         # (finish step, join token, request); an entry whose token is no longer the
         # request's (it left by migration) is stale and skipped when it surfaces.
         self._heap: list[tuple[int, int, SimRequest]] = []
@@ -112,6 +124,9 @@ class SimInstance:
         self.util_now = 0.0
         self.view: WorkerView | None = None
         """This worker as policies last saw it; rebuilt after any change."""
+        self.changed: list[SimInstance] = [] if changed is None else changed
+        """Where the instance puts itself when it drops its view, shared by a cluster's
+        instances: the simulator rebuilds only the views listed there."""
         self.util_area = 0.0
         self.busy_area = 0.0
         self.last_account_s = 0.0
@@ -123,8 +138,7 @@ class SimInstance:
         return self.n_running + len(self.prefilling)
 
     def kv_tokens(self) -> int:
-        prefill = sum(r.prompt_tokens for r in self.prefilling)
-        return self.kv_base + self.n_running * self.steps_done + prefill
+        return self.kv_base + self.n_running * self.steps_done + self.prefill_tokens
 
     def queued_work_s(self) -> float:
         """Predicted seconds of work held: waiting, prefilling, and what the running
@@ -193,7 +207,9 @@ class SimInstance:
             self.last_account_s = now_s
 
     def _refresh_utilization(self) -> None:
-        self.view = None  # something changed: the next snapshot rebuilds the view
+        if self.view is not None:  # something changed: the next snapshot rebuilds the view
+            self.view = None
+            self.changed.append(self)
         if self.waiting:
             self.util_now = 1.0
             return
@@ -256,7 +272,9 @@ class SimInstance:
         if steps:
             self.anchor_s += self.perf.decode_steps_s(n, kv, steps)
             self.steps_done += steps
-            self.view = None
+            if self.view is not None:
+                self.view = None
+                self.changed.append(self)
 
     # -- iterations ----------------------------------------------------------------------
 
@@ -274,6 +292,7 @@ class SimInstance:
                 return finished, handoffs
             done_s = self.busy_until_s
             batch, self.prefilling = self.prefilling, []
+            self.prefill_tokens = 0
             for request in batch:
                 request.first_token_s = done_s
                 request.generated_at_join = 1
@@ -294,11 +313,17 @@ class SimInstance:
         elif self.phase is Phase.DECODE:
             self.sync(now_s)
             heap = self._heap
-            while heap and (heap[0][0] <= self.steps_done or self._stale(heap[0])):
-                entry = heapq.heappop(heap)
-                if self._stale(entry):
+            steps_done = self.steps_done
+            while heap:
+                finish_step, token, request = heap[0]
+                # _stale written out: this loop runs on every decode wake-up.
+                if request.instance is self and token == request.join_token:
+                    if finish_step > steps_done:
+                        break
+                    heapq.heappop(heap)
+                else:
+                    heapq.heappop(heap)
                     continue
-                request = entry[2]
                 self._leave(request)
                 request.finished_s = self.anchor_s
                 request.instance = None
@@ -308,6 +333,56 @@ class SimInstance:
         self._admit(now_s)
         self._refresh_utilization()
         return finished, handoffs
+
+    def list_queued(
+        self, into: list[QueuedRequestView], waiting_tail: int | None, running: bool
+    ) -> None:
+        """Append this worker's queued requests as a rebalancer sees them: the last
+        ``waiting_tail`` waiting (all when None), then the running batch if asked."""
+        waiting = _tail(self.waiting, waiting_tail)
+        worker_id = self.worker_id
+        phase = RequestPhase.WAITING
+        # Work ahead of the first listed: the batch, then every waiting request before
+        # it (the queue's whole predicted work less the listed ones', those summed in
+        # queue order as sum() would).
+        ahead_s = self.prefill_work_s + self.running_work_s() + self.waiting_work_s
+        listed_s = 0.0
+        for request in waiting:
+            listed_s += request.work_s
+        ahead_s -= listed_s
+        for request in waiting:
+            work_s = request.work_s
+            generated = request.generated_at_join
+            # QueuedRequestView's fields in order (view_builders: the same, built faster).
+            into.append(
+                new_queued_request_view(
+                    request.view,
+                    worker_id,
+                    phase,
+                    request.queued_at_s,
+                    ahead_s if ahead_s > 0.0 else 0.0,  # work_ahead_s
+                    work_s,  # remaining_s
+                    # kv_tokens: its KV cache when it brings one (migrated, handed off).
+                    request.prompt_tokens + generated if generated > 0 else 0,
+                    0,  # generated_tokens: none listed while waiting
+                )
+            )
+            ahead_s += work_s
+        if running and self.phase is Phase.DECODE:
+            for request in self.running_requests():
+                generated = request.generated_at_join + self.steps_done - request.join_step
+                into.append(
+                    new_queued_request_view(
+                        request.view,
+                        worker_id,
+                        RequestPhase.RUNNING,
+                        request.queued_at_s,
+                        0.0,  # work_ahead_s
+                        self.remaining_work_s(request),
+                        request.prompt_tokens + generated,  # kv_tokens
+                        generated,
+                    )
+                )
 
     def running_requests(self) -> list[SimRequest]:
         """The requests of the running batch (not those prefilling)."""
@@ -361,6 +436,7 @@ class SimInstance:
                 request.prefill_s = now_s
                 self.prefill_work_s += request.work_s
                 self.prefilling.append(request)
+                self.prefill_tokens += request.prompt_tokens
                 prompts.append(request.prompt_tokens)
         if prompts:
             self.sync(now_s)
@@ -383,12 +459,15 @@ class SimInstance:
             steps = self.perf.steps_within(n, kv, now_s - self.anchor_s + 1e-12)
             return self.anchor_s + self.perf.decode_steps_s(n, kv, steps + 1)
         heap = self._heap
-        while heap and self._stale(heap[0]):
-            heapq.heappop(heap)
-        if not heap:
-            return None
-        steps_left = max(0, heap[0][0] - self.steps_done)
-        return self.anchor_s + self.perf.decode_steps_s(n, kv, steps_left)
+        while heap:
+            finish_step, token, request = heap[0]
+            if request.instance is self and token == request.join_token:
+                steps_left = finish_step - self.steps_done
+                return self.anchor_s + self.perf.decode_steps_s(
+                    n, kv, steps_left if steps_left > 0 else 0
+                )
+            heapq.heappop(heap)  # stale (see _stale)
+        return None
 
     def _can_admit_head(self) -> bool:
         request = self.waiting[0]
@@ -397,3 +476,13 @@ class SimInstance:
             and self.reserved_tokens + request.prompt_tokens + request.output_tokens
             <= self.perf.kv_capacity_tokens
         )
+
+
+def _tail(waiting: deque[SimRequest], count: int | None) -> list[SimRequest]:
+    """The last ``count`` waiting requests in queue order (all when ``count`` is None),
+    read from the back so a long queue costs only what is listed."""
+    if count is None or count >= len(waiting):
+        return list(waiting)
+    tail = list(islice(reversed(waiting), count))
+    tail.reverse()
+    return tail

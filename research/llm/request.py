@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from switchyard.contracts.messages import WorkloadType
 from switchyard.policies.snapshot import RequestView
+from switchyard.prediction import ServiceTimeFeatures
 
 
 class SimRequest:
@@ -12,6 +13,7 @@ class SimRequest:
     __slots__ = (
         "arrival_s",
         "end_token",
+        "features",
         "finished_s",
         "first_token_s",
         "generated_at_join",
@@ -76,6 +78,9 @@ class SimRequest:
         """Its predicted work as counted in its current worker's queue."""
         self.predicted_s: dict[str, float] = {}
         """Raw predictions ``s^`` per worker type, kept to score the predictor."""
+        self.features: dict[str, ServiceTimeFeatures] | None = None
+        """What the predictor was asked per worker type (None: not predicted), kept so
+        its update on completion reuses them."""
         self.migrations = 0
         self.run_base_s = 0.0
         self.run_per_step_s = 0.0

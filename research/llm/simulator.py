@@ -12,6 +12,7 @@ frozen :class:`ClusterSnapshot` and a :class:`DecisionContext` and returns a dec
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
@@ -28,19 +29,22 @@ from switchyard.policies.snapshot import (
     ClusterSnapshot,
     QueuedRequestView,
     RebalanceSnapshot,
-    RequestPhase,
     RequestView,
     WorkerRole,
     WorkerView,
 )
 from switchyard.policies.splitwise import split_roles
+from switchyard.policies.view_builders import (
+    new_cluster_snapshot,
+    new_request_view,
+    new_worker_view,
+)
 from switchyard.prediction import (
     CalibrationConfig,
     CalibrationState,
     NoisyPredictor,
     ServiceTimeFeatures,
     ServiceTimePredictor,
-    adaptive_deadline_s,
     calibrated_s,
     make_predictor,
 )
@@ -113,20 +117,6 @@ _Event = tuple[float, int, int, SimInstance | None, SimRequest | None, int]
 """(time, tie-breaker, kind, instance, request, wake version)."""
 
 
-def _tail(waiting: deque[SimRequest], count: int | None) -> list[SimRequest]:
-    """The last ``count`` waiting requests in queue order (all when ``count`` is None),
-    read from the back so a long queue costs only what is listed."""
-    if count is None or count >= len(waiting):
-        return list(waiting)
-    tail: list[SimRequest] = []
-    for request in reversed(waiting):
-        if len(tail) == count:
-            break
-        tail.append(request)
-    tail.reverse()
-    return tail
-
-
 class Simulator:
     """Runs one policy over one trace on one simulated cluster."""
 
@@ -156,10 +146,16 @@ class Simulator:
             if policy.prefill_fraction is not None
             else (WorkerRole.MIXED,) * config.workers
         )
+        # Instances list themselves here when their view goes stale; all start stale.
+        self._changed: list[SimInstance] = []
         self.instances = [
-            SimInstance(i, f"w{i:02d}", models[i % len(models)], roles[i])
+            SimInstance(i, f"w{i:02d}", models[i % len(models)], roles[i], changed=self._changed)
             for i in range(config.workers)
         ]
+        self._changed.extend(self.instances)
+        self._views: list[WorkerView | None] = [None] * config.workers
+        self._workers: tuple[WorkerView, ...] = ()
+        """The views of the last snapshot, reused until an instance changes."""
         self.by_id = {inst.worker_id: inst for inst in self.instances}
         self.types: dict[str, PerformanceModel] = {m.name: m for m in models}
         self._rng = random.Random(config.seed)
@@ -216,22 +212,31 @@ class Simulator:
             )
         self.predictor = predictor
 
-    def _view(self, index: int, row: LlmTraceRequest) -> tuple[RequestView, dict[str, float]]:
+    def _view(
+        self, index: int, row: LlmTraceRequest
+    ) -> tuple[RequestView, dict[str, float], dict[str, ServiceTimeFeatures] | None]:
+        """The request as policies see it, its raw predictions, and the predictor's
+        features per worker type (kept for its update on completion)."""
         use = self.policy.prediction
         raw: dict[str, float] = {}
         cal: dict[str, float] = {}
         true_s: dict[str, float] | None = None
         deadline_s: float | None = None
-        if use is PredictionUse.CALIBRATED and self.predictor is not None:
+        features: dict[str, ServiceTimeFeatures] | None = None
+        predictor = self.predictor
+        if use is PredictionUse.CALIBRATED and predictor is not None:
             config = self.config.calibration
+            calibration = self._calibration
+            features = {}
             for name in self.types:
-                predicted = self.predictor.predict_s(self._features(row, name))
+                features[name] = row_features = ServiceTimeFeatures(
+                    row.prompt_tokens, row.workload, self.model_name, name
+                )
+                predicted = predictor.predict_s(row_features)
                 raw[name] = predicted
-                cal[name] = calibrated_s(predicted, self._calibration[name], config)
-            first = self.reference.name
-            deadline_s = row.arrival_s + adaptive_deadline_s(
-                raw[first], self._calibration[first], config
-            )
+                cal[name] = calibrated_s(predicted, calibration[name], config)
+            # adaptive_deadline_s of the reference type, from the s~ just computed.
+            deadline_s = row.arrival_s + (1.0 + config.eps) * cal[self.reference.name]
         elif use is PredictionUse.CONSTANT:
             raw = dict(self._constant_s)
             cal = raw
@@ -245,55 +250,64 @@ class Simulator:
             }
             raw = cal = true_s
             deadline_s = row.arrival_s + true_s[self.reference.name]
-        view = RequestView(
-            request_id=f"r{index}",
-            arrival_s=row.arrival_s,
-            prompt_tokens=row.prompt_tokens,
-            workload=row.workload,
-            model=self.model_name,
-            predicted_s=raw,
-            calibrated_s=cal,
-            deadline_s=deadline_s,
-            true_service_s=true_s,
+        # RequestView's fields in order (see view_builders: the same object, built faster).
+        view = new_request_view(
+            f"r{index}",
+            row.arrival_s,
+            row.prompt_tokens,
+            row.workload,
+            self.model_name,
+            None,  # output_tokens_hint: the trace's output length is not told
+            raw,  # predicted_s
+            cal,  # calibrated_s
+            deadline_s,
+            true_s,  # true_service_s
+            {},  # cached_tokens
         )
-        return view, raw
+        return view, raw, features
 
     # -- snapshots ---------------------------------------------------------------------
 
-    def _worker_view(self, inst: SimInstance, now_s: float) -> WorkerView:
+    def _worker_view(self, inst: SimInstance) -> WorkerView:
         """The worker as of its last change, like a worker that reports on every change:
         a view is rebuilt only after its instance changed, so the predicted work left of
         its running requests is as of that moment."""
-        view = inst.view
-        if view is not None:
-            return view
         perf = inst.perf
-        kv = inst.kv_tokens()
-        view = WorkerView(
-            worker_id=inst.worker_id,
-            worker_type=inst.worker_type,
-            role=inst.role,
-            waiting=len(inst.waiting),
-            running=inst.running,
-            max_slots=perf.max_batch_slots,
-            kv_used_tokens=kv,
-            kv_capacity_tokens=perf.kv_capacity_tokens,
-            queued_work_s=inst.queued_work_s(),
-            queued_tokens=inst.waiting_prompt_tokens + kv,
-            utilization=inst.util_now,
-            decode_step_s=inst.decode_step_s(),
-            decode_step_per_seq_s=perf.decode_per_seq_s,
-            decode_step_per_kv_token_s=perf.decode_per_kv_token_s,
-            kv_bytes_per_token=perf.kv_bytes_per_token,
-            interconnect_bytes_per_s=perf.interconnect_bytes_per_s,
+        n_running = inst.n_running
+        kv_running = inst.kv_base + n_running * inst.steps_done
+        kv = kv_running + inst.prefill_tokens
+        # WorkerView's fields in order (see view_builders: the same object, built faster).
+        return new_worker_view(
+            inst.worker_id,
+            inst.worker_type,
+            inst.role,
+            True,  # alive
+            len(inst.waiting),
+            n_running + len(inst.prefilling),
+            perf.max_batch_slots,
+            kv,
+            perf.kv_capacity_tokens,
+            inst.queued_work_s(),
+            inst.waiting_prompt_tokens + kv,
+            inst.util_now,
+            perf.decode_step_s(n_running, kv_running) if n_running else 0.0,
+            perf.decode_per_seq_s,
+            perf.decode_per_kv_token_s,
+            perf.kv_bytes_per_token,
+            perf.interconnect_bytes_per_s,
         )
-        inst.view = view
-        return view
 
     def _cluster(self, now_s: float) -> ClusterSnapshot:
-        return ClusterSnapshot(
-            now_s=now_s, workers=tuple(self._worker_view(i, now_s) for i in self.instances)
-        )
+        changed = self._changed
+        if changed:
+            # Only the instances that changed since the last snapshot get a new view.
+            views = self._views
+            for inst in changed:
+                if inst.view is None:
+                    inst.view = views[inst.index] = self._worker_view(inst)
+            changed.clear()
+            self._workers = tuple(views)  # type: ignore[arg-type]
+        return new_cluster_snapshot(now_s, self._workers)
 
     def _context(self) -> DecisionContext:
         ctx = DecisionContext(self._policy_rng, self._sequence)
@@ -320,7 +334,19 @@ class Simulator:
         inst.wake_s = wake_s
         inst.wake_version += 1
         if wake_s is not None:
-            self._push(max(wake_s, now_s), _WAKE, inst, version=inst.wake_version)
+            # _push written out: this runs after every change of an instance.
+            self._tie += 1
+            heapq.heappush(
+                self._heap,
+                (
+                    now_s if now_s > wake_s else wake_s,
+                    self._tie,
+                    _WAKE,
+                    inst,
+                    None,
+                    inst.wake_version,
+                ),
+            )
 
     def _place(self, request: SimRequest, inst: SimInstance, now_s: float) -> None:
         inst.enqueue(request, now_s)
@@ -331,7 +357,16 @@ class Simulator:
             request.view, self._cluster(now_s), self._context()
         )
         self.decisions += 1
-        self._place(request, self.by_id[placement.worker_id], now_s)
+        inst = self.by_id[placement.worker_id]
+        inst.enqueue(request, now_s)
+        if inst.phase is Phase.IDLE:
+            # An idle worker admits it at once. _reschedule would push a wake-up at now_s
+            # that is always the very next event (every earlier one has run, and the next
+            # arrival waits for it), so running its work here gives the same outcome
+            # without the round trip through the heap. Not so for a migrated request
+            # (_place): other arrivals at the same instant may join its prefill batch.
+            inst.wake(now_s)
+        self._reschedule(inst, now_s)
 
     def _on_wake(self, inst: SimInstance, now_s: float) -> None:
         inst.wake_s = None
@@ -382,12 +417,15 @@ class Simulator:
             self._calibration[inst_type] = self._calibration[inst_type].observe(
                 predicted, observed_s, self.config.calibration
             )
-        features = ServiceTimeFeatures(
-            prompt_tokens=request.prompt_tokens,
-            workload=request.workload,
-            model=self.model_name,
-            gpu=inst_type,
-        )
+        known = request.features
+        features = known.get(inst_type) if known is not None else None
+        if features is None:
+            features = ServiceTimeFeatures(
+                prompt_tokens=request.prompt_tokens,
+                workload=request.workload,
+                model=self.model_name,
+                gpu=inst_type,
+            )
         self.predictor.update(features, observed_s)
 
     def _rebalance(self, now_s: float) -> None:
@@ -402,41 +440,7 @@ class Simulator:
         scope = rebalancer.queue_scope
         queued: list[QueuedRequestView] = []
         for inst in self.instances:
-            waiting = _tail(inst.waiting, scope.waiting_tail)
-            # Work ahead of the first listed: the batch, then every waiting request
-            # before it (the queue's whole predicted work less the listed ones').
-            ahead_s = inst.prefill_work_s + inst.running_work_s() + inst.waiting_work_s
-            ahead_s -= sum(request.work_s for request in waiting)
-            for request in waiting:
-                queued.append(
-                    QueuedRequestView(
-                        request=request.view,
-                        worker_id=inst.worker_id,
-                        phase=RequestPhase.WAITING,
-                        queued_at_s=request.queued_at_s,
-                        work_ahead_s=max(0.0, ahead_s),
-                        remaining_s=request.work_s,
-                        kv_tokens=request.prompt_tokens + request.generated_at_join
-                        if request.has_kv
-                        else 0,
-                    )
-                )
-                ahead_s += request.work_s
-            if scope.running and inst.phase is Phase.DECODE:
-                for request in inst.running_requests():
-                    generated = request.generated_at_join + inst.steps_done - request.join_step
-                    queued.append(
-                        QueuedRequestView(
-                            request=request.view,
-                            worker_id=inst.worker_id,
-                            phase=RequestPhase.RUNNING,
-                            queued_at_s=request.queued_at_s,
-                            work_ahead_s=0.0,
-                            remaining_s=inst.remaining_work_s(request),
-                            kv_tokens=request.prompt_tokens + generated,
-                            generated_tokens=generated,
-                        )
-                    )
+            inst.list_queued(queued, scope.waiting_tail, scope.running)
         rate = self._violations / len(self._recent) if self._recent else 0.0
         snapshot = RebalanceSnapshot(
             cluster=cluster, queued=tuple(queued), recent_slo_violation_rate=rate
@@ -464,6 +468,19 @@ class Simulator:
 
     def run(self, trace: Sequence[LlmTraceRequest]) -> RunMetrics:
         """Simulate every request of ``trace`` (sorted by arrival) to completion."""
+        # A run makes a few short-lived objects per event, freed by reference counting,
+        # and keeps every request alive to the end: the cyclic collector's passes over
+        # that growing heap find next to nothing to free (a few dozen objects a run) and
+        # cost about 5 % of the run, so it is paused while the run lasts.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(trace)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run(self, trace: Sequence[LlmTraceRequest]) -> RunMetrics:
         if not trace:
             raise SimulationError("the trace has no requests")
         self._train(trace)
@@ -482,8 +499,11 @@ class Simulator:
         for index, row in enumerate(trace):
             now_s = row.arrival_s
             while heap and heap[0][0] <= now_s:
-                pending = self._dispatch(heapq.heappop(heap), pending, period_s)
-            view, raw = self._view(index, row)
+                event = heapq.heappop(heap)
+                if event[2] == _WAKE and event[5] != event[3].wake_version:  # type: ignore[union-attr]
+                    continue  # a wake-up superseded by a later reschedule
+                pending = self._dispatch(event, pending, period_s)
+            view, raw, features = self._view(index, row)
             slo_s = self.config.slo_scale * reference.idle_service_s(
                 row.prompt_tokens, row.output_tokens
             )
@@ -497,6 +517,7 @@ class Simulator:
                 slo_s=slo_s,
             )
             request.predicted_s = raw
+            request.features = features
             self._requests.append(request)
             if row.prompt_tokens + row.output_tokens > capacity:
                 rejected += 1  # can never fit a worker's KV cache: reported, not simulated

@@ -131,9 +131,10 @@ class PerformanceModel:
         ``kv_tokens`` counts every cached token the step reads, over the whole batch
         (including each sequence's newest token). An empty batch takes no time.
         """
-        _check_count(batch_size, "batch_size")
-        _check_count(kv_tokens, "kv_tokens")
-        if batch_size == 0:
+        if batch_size <= 0 or kv_tokens < 0:
+            # One comparison on the simulator's path; the checks name what is wrong.
+            _check_count(batch_size, "batch_size")
+            _check_count(kv_tokens, "kv_tokens")
             return 0.0
         return (
             self.decode_base_s
@@ -148,17 +149,16 @@ class PerformanceModel:
         per sequence, so step ``i`` (from 0) costs ``decode_step_s(batch_size,
         kv_tokens + i * batch_size)``; this is their sum in closed form.
         """
-        _check_count(batch_size, "batch_size")
-        _check_count(kv_tokens, "kv_tokens")
-        _check_count(steps, "steps")
-        if batch_size == 0 or steps == 0:
+        if batch_size <= 0 or steps <= 0 or kv_tokens < 0:
+            _check_count(batch_size, "batch_size")
+            _check_count(kv_tokens, "kv_tokens")
+            _check_count(steps, "steps")
             return 0.0
-        first_s = (
-            self.decode_base_s
-            + self.decode_per_seq_s * batch_size
-            + self.decode_per_kv_token_s * kv_tokens
-        )
-        return _steps_total_s(first_s, self.decode_per_kv_token_s * batch_size, steps)
+        per_kv_s = self.decode_per_kv_token_s
+        first_s = self.decode_base_s + self.decode_per_seq_s * batch_size + per_kv_s * kv_tokens
+        # sum_{i<k} (first + i * growth) = k * first + growth * k (k - 1) / 2, growth being
+        # per_kv_s * batch_size; the integer product stays exact however many steps.
+        return steps * first_s + per_kv_s * batch_size * (steps * (steps - 1) // 2)
 
     def steps_within(self, batch_size: int, kv_tokens: int, budget_s: float) -> int:
         """The most consecutive decode steps that finish within ``budget_s`` seconds.
@@ -169,17 +169,15 @@ class PerformanceModel:
         """
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        _check_count(kv_tokens, "kv_tokens")
+        if kv_tokens < 0:
+            _check_count(kv_tokens, "kv_tokens")
         if not math.isfinite(budget_s):
             raise ValueError(f"budget_s must be a finite number of seconds, got {budget_s!r}")
-        first_s = (
-            self.decode_base_s
-            + self.decode_per_seq_s * batch_size
-            + self.decode_per_kv_token_s * kv_tokens
-        )
+        per_kv_s = self.decode_per_kv_token_s
+        first_s = self.decode_base_s + self.decode_per_seq_s * batch_size + per_kv_s * kv_tokens
         if budget_s < first_s:
             return 0
-        growth_s = self.decode_per_kv_token_s * batch_size
+        growth_s = per_kv_s * batch_size
         # total(k) = (growth/2) k^2 + (first - growth/2) k; the positive root of
         # total(k) = budget, written as 2B / (h + sqrt(h^2 + 2gB)) so that it neither
         # cancels nor divides by zero when growth is 0.
@@ -187,9 +185,9 @@ class PerformanceModel:
         steps = int(2.0 * budget_s / (half + math.sqrt(half * half + 2.0 * growth_s * budget_s)))
         # The root is exact up to rounding; settle the last step with the same
         # arithmetic decode_steps_s uses, so the two always agree.
-        while _steps_total_s(first_s, growth_s, steps + 1) <= budget_s:
+        while (steps + 1) * first_s + growth_s * ((steps + 1) * steps // 2) <= budget_s:
             steps += 1
-        while steps > 0 and _steps_total_s(first_s, growth_s, steps) > budget_s:
+        while steps > 0 and steps * first_s + growth_s * (steps * (steps - 1) // 2) > budget_s:
             steps -= 1
         return steps
 
@@ -222,9 +220,3 @@ class PerformanceModel:
         caller's to add.
         """
         return self.kv_bytes(tokens) / self.interconnect_bytes_per_s
-
-
-def _steps_total_s(first_s: float, growth_s: float, steps: int) -> float:
-    # sum_{i<k} (first + i * growth) = k * first + growth * k (k - 1) / 2; the integer
-    # product stays exact however many steps there are.
-    return steps * first_s + growth_s * (steps * (steps - 1) // 2)

@@ -26,11 +26,10 @@ is 57 % of the 3.5 s it would take where it is (>= 20 %), so it moves.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
+from operator import itemgetter
 
-from switchyard.policies.assignment import service_estimate_s, work_key
-from switchyard.policies.base import DecisionContext, MigrationPlan, Placement, pick_min
+from switchyard.policies.base import DecisionContext, MigrationPlan, NoWorkerError, Placement
 from switchyard.policies.snapshot import (
     ClusterSnapshot,
     QueuedRequestView,
@@ -67,12 +66,36 @@ class GapsAssignment:
         self, request: RequestView, cluster: ClusterSnapshot, ctx: DecisionContext
     ) -> Placement:
         workers = cluster.eligible()
+        if not workers:
+            raise NoWorkerError("no live worker can take the request")
+        # Both keys written out (this runs once per request): ties go to the earliest
+        # worker in the snapshot, as pick_min's do.
+        best = workers[0]
         if not self.config.use_global_work or cluster.utilization < (
             self.config.utilization_threshold
         ):
-            best = pick_min(workers, lambda w: w.outstanding + w.queued_work_s * 1e-9)
+            # Outstanding requests, ties broken by the predicted work.
+            best_key = best.waiting + best.running + best.queued_work_s * 1e-9
+            for worker in workers:
+                key = worker.waiting + worker.running + worker.queued_work_s * 1e-9
+                if key < best_key:
+                    best, best_key = worker, key
             return Placement(best.worker_id, "shortest queue (cluster below u_th)")
-        best = pick_min(workers, lambda w: work_key(w) + service_estimate_s(request, w))
+        # assignment.work_key plus assignment.service_estimate_s.
+        estimates = request.calibrated_s
+        best_key = (
+            best.queued_work_s
+            + 1e-6 * (best.waiting + best.running)
+            + estimates.get(best.worker_type, 0.0)
+        )
+        for worker in workers:
+            key = (
+                worker.queued_work_s
+                + 1e-6 * (worker.waiting + worker.running)
+                + estimates.get(worker.worker_type, 0.0)
+            )
+            if key < best_key:
+                best, best_key = worker, key
         return Placement(best.worker_id, "least predicted work plus s~")
 
 
@@ -136,53 +159,63 @@ class GapsRebalancer:
         return recent_slo_violation_rate >= self.config.spike_violation_rate
 
     def plan(self, snapshot: RebalanceSnapshot, ctx: DecisionContext) -> tuple[MigrationPlan, ...]:
+        config = self.config
         cluster = snapshot.cluster
         targets = cluster.eligible()
-        if len(targets) < 2 or self.config.max_migrations == 0:
+        if len(targets) < 2 or config.max_migrations == 0:
             return ()
         by_id = {w.worker_id: w for w in cluster.workers}
         work = {w.worker_id: w.queued_work_s for w in targets}
         mean_work_s = sum(work.values()) / len(work)
         now_s = cluster.now_s
+        # Per source worker, once a round rather than once per request: _wait_s's
+        # divisor, and whether the worker is overloaded.
+        batch = {worker_id: max(1, by_id[worker_id].running) for worker_id in work}
+        limit_s = config.overload_factor * mean_work_s
+        overloaded = {worker_id: work_s > limit_s > 0 for worker_id, work_s in work.items()}
 
-        candidates: list[tuple[int, float, QueuedRequestView, str]] = []
+        # The candidates of each tier (urgent, overloaded, long) as (-finish_s, request).
+        tiers: tuple[list[tuple[float, QueuedRequestView]], ...] = ([], [], [])
+        urgent, loaded, long_running = tiers
+        long_request_s = config.long_request_s
+        waiting = RequestPhase.WAITING
         for queued in snapshot.queued:
-            if queued.phase is not RequestPhase.WAITING or queued.worker_id not in work:
+            divisor = batch.get(queued.worker_id)
+            if divisor is None or queued.phase is not waiting:
                 continue
-            source = by_id[queued.worker_id]
-            finish_s = now_s + _wait_s(queued.work_ahead_s, source) + queued.remaining_s
+            finish_s = now_s + queued.work_ahead_s / divisor + queued.remaining_s
             deadline_s = queued.request.deadline_s
             if deadline_s is not None and finish_s > deadline_s:
-                candidates.append((0, -finish_s, queued, "urgent: predicted past its deadline"))
-            elif work[queued.worker_id] > self.config.overload_factor * mean_work_s > 0:
-                candidates.append((1, -finish_s, queued, "on an overloaded worker"))
-            elif finish_s - now_s > self.config.long_request_s:
-                candidates.append((2, -finish_s, queued, "long predicted completion"))
-        candidates = heapq.nsmallest(
-            self.config.max_candidates, candidates, key=lambda c: (c[0], c[1])
-        )
+                urgent.append((-finish_s, queued))
+            elif overloaded[queued.worker_id]:
+                loaded.append((-finish_s, queued))
+            elif finish_s - now_s > long_request_s:
+                long_running.append((-finish_s, queued))
+        # The most pressing first: by tier, then the latest predicted finish, ties in
+        # snapshot order (a stable sort per tier is the order heapq.nsmallest gave over
+        # (tier, -finish_s)); later tiers are not even sorted once the first fill the list.
+        candidates: list[tuple[QueuedRequestView, str]] = []
+        for tier, why in zip(tiers, _WHY, strict=True):
+            if len(candidates) >= config.max_candidates:
+                break
+            tier.sort(key=_FIRST)
+            candidates.extend((queued, why) for _, queued in tier)
+        del candidates[config.max_candidates :]
 
         plans: list[MigrationPlan] = []
-        for _, _, queued, why in candidates:
-            if len(plans) >= self.config.max_migrations:
+        ranked = _RankedTargets(targets, work)
+        for queued, why in candidates:
+            if len(plans) >= config.max_migrations:
                 break
             source = by_id[queued.worker_id]
-            stay_s = _wait_s(queued.work_ahead_s, source) + queued.remaining_s
-            others = tuple(w for w in targets if w.worker_id != source.worker_id)
-            target = pick_min(
-                others,
-                lambda w, r=queued.request: (
-                    _wait_s(work[w.worker_id], w)  # type: ignore[misc]
-                    + service_estimate_s(r, w)
-                ),
-            )
-            there_s = service_estimate_s(queued.request, target)
-            move_s = _wait_s(work[target.worker_id], target) + there_s
-            cost_s = self.config.fixed_overhead_s + (
+            stay_s = queued.work_ahead_s / batch[source.worker_id] + queued.remaining_s
+            target, move_s = ranked.best(queued.request, source.worker_id)
+            there_s = queued.request.calibrated_s.get(target.worker_type, 0.0)
+            cost_s = config.fixed_overhead_s + (
                 queued.kv_tokens * source.kv_bytes_per_token / source.interconnect_bytes_per_s
             )
             gain_s = stay_s - move_s
-            if gain_s <= cost_s or gain_s < self.config.min_gain_fraction * stay_s:
+            if gain_s <= cost_s or gain_s < config.min_gain_fraction * stay_s:
                 continue
             plans.append(
                 MigrationPlan(
@@ -199,4 +232,78 @@ class GapsRebalancer:
             # every request onto the same idle worker.
             work[source.worker_id] -= queued.remaining_s
             work[target.worker_id] += there_s
+            ranked.rank()
         return tuple(plans)
+
+
+_FIRST = itemgetter(0)
+_FIRST_TWO = itemgetter(0, 1)
+_WHY = (
+    "urgent: predicted past its deadline",
+    "on an overloaded worker",
+    "long predicted completion",
+)
+
+
+class _RankedTargets:
+    """The targets of a round ranked per worker type by their wait, so the best target
+    for a request is found without scoring every worker.
+
+    A target scores ``_wait_s(work, worker) + s~(its type)``. Within one type ``s~`` is
+    the same for all, and rounded addition never reverses an order, so the type's
+    best is at the head of its ranking: the first entry, or a later one whose score
+    rounds to the same value and that comes earlier in the snapshot. That is exactly
+    the worker ``pick_min`` over all the targets would return, ties included.
+    """
+
+    __slots__ = ("_by_type", "_targets", "_work")
+
+    def __init__(self, targets: tuple[WorkerView, ...], work: dict[str, float]) -> None:
+        self._targets = targets
+        self._work = work
+        self._by_type: dict[str, list[tuple[float, int, WorkerView]]] = {}
+        self.rank()
+
+    def rank(self) -> None:
+        """Rank again after the work changed."""
+        by_type: dict[str, list[tuple[float, int, WorkerView]]] = {}
+        work = self._work
+        for position, worker in enumerate(self._targets):
+            wait_s = _wait_s(work[worker.worker_id], worker)
+            by_type.setdefault(worker.worker_type, []).append((wait_s, position, worker))
+        for entries in by_type.values():
+            entries.sort(key=_FIRST_TWO)
+        self._by_type = by_type
+
+    def best(self, request: RequestView, source_id: str) -> tuple[WorkerView, float]:
+        """The target other than ``source_id`` with the least wait plus ``s~``, and that
+        score (first in the snapshot among equal scores)."""
+        estimates = request.calibrated_s
+        best: WorkerView | None = None
+        best_s = 0.0
+        best_position = 0
+        for worker_type, entries in self._by_type.items():
+            estimate_s = estimates.get(worker_type, 0.0)
+            head: WorkerView | None = None
+            head_s = 0.0
+            head_position = 0
+            for wait_s, position, worker in entries:
+                if worker.worker_id == source_id:
+                    continue
+                score_s = wait_s + estimate_s
+                if head is None:
+                    head, head_s, head_position = worker, score_s, position
+                elif score_s == head_s:
+                    if position < head_position:
+                        head, head_position = worker, position
+                else:
+                    break
+            if head is not None and (
+                best is None
+                or head_s < best_s
+                or (head_s == best_s and head_position < best_position)
+            ):
+                best, best_s, best_position = head, head_s, head_position
+        if best is None:
+            raise NoWorkerError("no live worker can take the request")
+        return best, best_s

@@ -122,7 +122,12 @@ class ClusterSnapshot:
 
     def eligible(self) -> tuple[WorkerView, ...]:
         """Live workers that take new requests (mixed, or the prefill pool)."""
-        return tuple(w for w in self.workers if w.alive and w.role is not WorkerRole.DECODE)
+        workers = self.workers
+        decode = WorkerRole.DECODE
+        for w in workers:
+            if not w.alive or w.role is decode:
+                return tuple([w for w in workers if w.alive and w.role is not decode])
+        return workers  # every one is eligible (the usual case): no copy needed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

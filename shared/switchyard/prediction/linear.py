@@ -142,8 +142,12 @@ class LinearPredictorState:
 class _KeyModel:
     """The exponentially weighted normal equations of one key and their solution."""
 
-    __slots__ = ("coef", "gram", "moment", "pending", "weight")
+    __slots__ = ("_coef", "_solved", "gram", "moment", "pending", "weight")
     # ``pending`` holds the (terms, observed seconds) of updates not yet folded in.
+    # The equations are solved when their weights are next read, not at every fold: a
+    # model nobody predicts with between two folds (the global model of a mixed cluster
+    # while every key has enough data of its own) then costs no solve at all, and the
+    # weights read are the same as if every fold had solved.
 
     def __init__(
         self,
@@ -156,14 +160,14 @@ class _KeyModel:
         self.moment = moment
         self.weight = weight
         """Effective (discounted) number of samples behind the model."""
-        self.coef: tuple[float, ...] = ()
+        self._coef: tuple[float, ...] = ()
+        self._solved = False
         self.pending: list[tuple[list[float], float]] = []
-        if coef is None:
-            self.solve()
-        else:
+        if coef is not None:
             # A restored model keeps the exported solution rather than solving again: a
             # solve on another machine's BLAS may differ in the last bit.
-            self.coef = coef
+            self._coef = coef
+            self._solved = True
 
     @classmethod
     def restored(cls, state: LinearModelState) -> _KeyModel:
@@ -174,6 +178,24 @@ class _KeyModel:
             state.coef,
         )
 
+    def same_equations(self, other: _KeyModel) -> bool:
+        """Whether both hold exactly the same equations (bit for bit), nothing pending."""
+        return (
+            not self.pending
+            and not other.pending
+            and self.weight == other.weight
+            and bool(np.array_equal(self.gram, other.gram))
+            and bool(np.array_equal(self.moment, other.moment))
+        )
+
+    def copy(self) -> _KeyModel:
+        """An independent model with the same equations, weights and pending updates."""
+        twin = _KeyModel(self.gram.copy(), self.moment.copy(), self.weight)
+        twin._coef = self._coef
+        twin._solved = self._solved
+        twin.pending = list(self.pending)
+        return twin
+
     def exported(self) -> LinearModelState:
         """The model as plain floats; its pending updates must have been folded in."""
         return LinearModelState(
@@ -183,9 +205,18 @@ class _KeyModel:
             moment=tuple(self.moment.tolist()),
         )
 
-    def solve(self) -> None:
-        # Kept as a tuple of Python floats: predict_s then runs without numpy.
-        self.coef = tuple(np.linalg.solve(self.gram, self.moment).tolist())
+    @property
+    def coef(self) -> tuple[float, ...]:
+        """The weights: the solution of the equations as folded so far."""
+        if not self._solved:
+            # Kept as a tuple of Python floats: predict_s then runs without numpy.
+            self._coef = tuple(np.linalg.solve(self.gram, self.moment).tolist())
+            self._solved = True
+        return self._coef
+
+    def invalidate(self) -> None:
+        """The equations changed: solve again when the weights are next read."""
+        self._solved = False
 
 
 class LinearServiceTimePredictor:
@@ -214,6 +245,7 @@ class LinearServiceTimePredictor:
         self.solve_every = solve_every
         self._keys: dict[tuple[str, str], _KeyModel] = {}
         self._global: _KeyModel | None = None
+        self._decays: dict[int, _Decay] = {}
 
     @property
     def keys(self) -> tuple[tuple[str, str], ...]:
@@ -237,7 +269,7 @@ class LinearServiceTimePredictor:
                     "the linear predictor has not been trained: call fit() or update() first"
                 )
         # The dot product written out: this runs per request per worker type.
-        w = chosen.coef
+        w = chosen._coef if chosen._solved else chosen.coef
         prompt_ktok = features.prompt_tokens * 1e-3
         seconds = (
             w[0]
@@ -264,6 +296,17 @@ class LinearServiceTimePredictor:
         for key, rows in rows_by_key.items():
             self._keys[key] = self._batch(design[rows], labels[rows])
         self._global = self._batch(design, labels)
+        if len(self._keys) == 1:
+            # One key saw every sample, so the global model is the same equations: it
+            # shares the key's model (one fold per update, not two) until another key
+            # learns something (update() then gives it a copy of its own).
+            (only,) = self._keys.values()
+            if self._global.same_equations(only):
+                self._global = only
+
+    @property
+    def _shares_global(self) -> bool:
+        return self._global is not None and any(m is self._global for m in self._keys.values())
 
     def update(self, features: ServiceTimeFeatures, observed_s: float) -> None:
         """One RLS step with forgetting on the key's model and on the global model."""
@@ -272,11 +315,15 @@ class LinearServiceTimePredictor:
         key = (features.model, features.gpu)
         model = self._keys.get(key)
         if model is None:
+            if self._shares_global:
+                assert self._global is not None
+                self._global = self._global.copy()  # the global model learns on alone
             model = self._keys[key] = self._empty()
         if self._global is None:
             self._global = self._empty()
-        for target in (model, self._global):
-            self._step(target, x, observed_s)
+        self._step(model, x, observed_s)
+        if self._global is not model:
+            self._step(self._global, x, observed_s)
 
     def export_state(self) -> LinearPredictorState:
         """Everything learnt, as plain floats (a checkpoint, or weights to predict with
@@ -324,21 +371,37 @@ class LinearServiceTimePredictor:
 
     def _fold(self, model: _KeyModel) -> None:
         """Fold the pending updates into the equations, each discounted by the
-        forgetting factor once per later update, and re-solve: the same result as
-        that many single RLS steps, for one round of numpy calls."""
-        lam = self.forgetting
-        count = len(model.pending)
-        rows = np.array([x for x, _ in model.pending], dtype=np.float64)
-        observed = np.array([y for _, y in model.pending], dtype=np.float64)
-        decay = lam ** np.arange(count - 1, -1, -1, dtype=np.float64)
-        kept = lam**count
+        forgetting factor once per later update, and have them solved again when next
+        read: the same result as that many single RLS steps, for one round of numpy
+        calls."""
+        pending = model.pending
+        count = len(pending)
+        decay = self._decays.get(count)
+        if decay is None:
+            decay = self._decays[count] = _Decay(self.forgetting, count)
+        rows = np.array([x for x, _ in pending], dtype=np.float64)
+        observed = np.array([y for _, y in pending], dtype=np.float64)
+        kept = decay.kept
         gram = model.gram
         gram *= kept
-        gram += rows.T @ (rows * decay[:, None])
+        gram += rows.T @ (rows * decay.column)
         # Re-add the regulariser the discount just took away, so it is never forgotten.
         gram.flat[:: _TERMS + 1] += (1.0 - kept) * self.ridge
         model.moment *= kept
-        model.moment += rows.T @ (decay * observed)
-        model.weight = kept * model.weight + float(decay.sum())
+        model.moment += rows.T @ (decay.weights * observed)
+        model.weight = kept * model.weight + decay.total
         model.pending = []
-        model.solve()
+        model.invalidate()
+
+
+class _Decay:
+    """The discounts of one fold of ``count`` updates, computed once per count (a fold
+    almost always holds ``solve_every`` updates)."""
+
+    __slots__ = ("column", "kept", "total", "weights")
+
+    def __init__(self, forgetting: float, count: int) -> None:
+        self.weights = forgetting ** np.arange(count - 1, -1, -1, dtype=np.float64)
+        self.column = self.weights[:, None]
+        self.kept = forgetting**count
+        self.total = float(self.weights.sum())

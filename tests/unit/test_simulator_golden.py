@@ -1,0 +1,161 @@
+"""Golden outcomes of the LLM simulator: one fixed seed, every request's fate pinned.
+
+Each case runs one policy over a bundled trace sample at a load that builds queues (and,
+for the rebalancing policies, migrations) and hashes what happened to every request:
+the worker and worker type it was served on, when it was queued, admitted, prefilled,
+got its first token and finished, how often it migrated, its raw and calibrated
+predictions, its adaptive deadline and the predicted work it counted in its last queue,
+in completion order; plus the run's migrations, their total cost and the policy
+decisions taken. Floats are rounded to 1e-9 s. A speed-up of the simulator, the
+policies or the predictor must leave every digest as it is; any change to a simulated
+outcome fails here.
+
+A change that is meant to alter outcomes (a new physics, a policy fix) regenerates the
+digests deliberately: run ``.venv/bin/python -m tests.unit.test_simulator_golden``,
+check the printed figures are what the change intends, and paste the new digests into
+``GOLDEN`` below, saying why in the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+from switchyard.policies import make_llm_policy
+from switchyard.traces import TraceRequest, resolve_trace, scale_load
+
+from research.llm import SimulationConfig, Simulator
+from research.llm.request import SimRequest
+
+A100 = "a100-80gb/llama-2-7b"
+H100 = "h100-80gb/llama-2-7b"
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    policy: str
+    trace: str
+    load_scale: float
+    workers: int
+    profiles: tuple[str, ...] = (A100,)
+    predictor_error: float = 0.0
+    predictor: str = "linear"
+    requests: int | None = None
+    """Only the first this-many requests of the trace (None: the whole sample)."""
+    train_requests: int = 2000
+
+
+CONV = "azure-conv-sample"
+CODE = "azure-code-sample"
+
+CASES: dict[str, Case] = {
+    # GAPS above u_th (least work plus s~), with rebalancing rounds on long queues.
+    "gaps-conv-x6": Case("gaps", CONV, 6.0, 4),
+    "gaps-code-x6": Case("gaps", CODE, 6.0, 4),
+    # Below u_th: the join-shortest-queue branch.
+    "gaps-conv-x2-8w": Case("gaps", CONV, 2.0, 8),
+    # A mixed cluster (two worker types) with 20 % injected predictor error.
+    "gaps-mixed-noisy": Case("gaps", CONV, 6.0, 4, (A100, H100), predictor_error=0.2),
+    "gaps-nopred-code": Case("gaps-nopred", CODE, 6.0, 4),
+    "gaps-norebal-conv": Case("gaps-norebal", CONV, 6.0, 4),
+    "gaps-noglobal-code": Case("gaps-noglobal", CODE, 6.0, 4),
+    "gaps-mlp-code": Case("gaps", CODE, 6.0, 4, predictor="mlp", requests=150, train_requests=60),
+    "oracle-code-x6": Case("oracle", CODE, 6.0, 4),
+    "oracle-mixed": Case("oracle", CONV, 6.0, 4, (A100, H100)),
+    "llumnix-conv-x6": Case("llumnix", CONV, 6.0, 4),
+    "llumnix-mixed": Case("llumnix", CODE, 6.0, 4, (A100, H100)),
+    "splitwise-mixed": Case("splitwise", CODE, 6.0, 8, (A100, H100)),
+    # The prefix-aware baselines (the simulator leaves cached_tokens empty).
+    "llm-d-conv-x6": Case("llm-d", CONV, 6.0, 4),
+    "kv-router-code-x6": Case("kv-router", CODE, 6.0, 4),
+    "jsq-conv-x6": Case("jsq", CONV, 6.0, 4),
+    "round-robin-conv-x6": Case("round-robin", CONV, 6.0, 4),
+    "random-conv-x6": Case("random", CONV, 6.0, 4),
+    "power-of-two-conv-x6": Case("power-of-two", CONV, 6.0, 4),
+    "least-work-code-x6": Case("least-work", CODE, 6.0, 4),
+    "flashgen-conv-x6": Case("flashgen", CONV, 6.0, 4),
+}
+
+# sha256 of each case's outcome (see the module docstring to regenerate deliberately).
+GOLDEN: dict[str, str] = {
+    "gaps-conv-x6": "bf18f69594c77453ad94e1b1129949b4168120753060818250fbee6411c7922d",
+    "gaps-code-x6": "fd8e193a645ec2f70717a52a251d8c07bc6c8ac719198bef700eae17e4684e77",
+    "gaps-conv-x2-8w": "5e11965238c3090d50bd23486db446bdf69d1e0bed000f12118191cbe8d96258",
+    "gaps-mixed-noisy": "9882721547ea26c4c776264cec943068034b9fc31f41a473be68537ae0e2307a",
+    "gaps-nopred-code": "a62d2ce8d70c9e96144f2e1973a191849331870fd6c9a1b186ba07b3538c90be",
+    "gaps-norebal-conv": "475c79c76e42e44f037d025c2a4a4311a7e1a30a591a0abf86f44d8d721dadc4",
+    "gaps-noglobal-code": "9f0d633962c6132e3810cf3cb3c0b8a898e3287addfae97d376c4e0a5ce3ba72",
+    "gaps-mlp-code": "2fbaee0c77bc4d595c7a76b62a4e3fb4e388ebba01f1e65a50bb41f055250323",
+    "oracle-code-x6": "e82e7230579b4bb182199d8f71bb910e3cf106267ea0d9b248763168a3180f79",
+    "oracle-mixed": "feaf15fc8c60fc280f2584b1db57d20a0813dfc02a48d19f6897cf5b31e1ea32",
+    "llumnix-conv-x6": "0c7bd010ec6d8bfefa6ac9d1f182466b2e653970981e0c8c85822640ad99aff0",
+    "llumnix-mixed": "9491b9b365aba16456014e8252faaae275cfd3cd5abf7fa8f88322b05730998c",
+    "splitwise-mixed": "59b37e2237d96010dcddcf9ea9de22b99438a5bae11126105692cf5f4e1d54f4",
+    "llm-d-conv-x6": "1a54230f2bd2ac737685a50db692accb3a27bb3b39c8f55622cd7f4404d79979",
+    "kv-router-code-x6": "4a0d81ba4716d4a9a4e33d5f271cecfddb544737df7c72435f38d1c97aabd0c9",
+    "jsq-conv-x6": "91586b783c10cf99cdae906f9abca09c97b9573decae64ab649ecb76529d64b4",
+    "round-robin-conv-x6": "dba5484f55106cbcb197073eba0a0dee20e50aef6b053f8f0bf4855250c826ff",
+    "random-conv-x6": "428ff36edf160e02ee02e9e615542e41e0642ce78b1c557b3781afb21501a12c",
+    "power-of-two-conv-x6": "302b695ac2a2f917ff76a6aba74f5c43574a881a3026d8447d23b46372d3887f",
+    "least-work-code-x6": "c6d142678df3b88e76b200f28a98f9cfce28624fd004dffcb9f43c17d3b0ecc1",
+    "flashgen-conv-x6": "814cc23b8668d291cdc956fe9bf76c543bf2d631fa94628b0df2f44b0823c40b",
+}
+
+
+def _f(seconds: float | None) -> str:
+    return "none" if seconds is None else f"{round(seconds, 9):.9f}"
+
+
+def _request_line(r: SimRequest) -> str:
+    predicted = ",".join(f"{k}={_f(v)}" for k, v in sorted(r.predicted_s.items()))
+    calibrated = ",".join(f"{k}={_f(v)}" for k, v in sorted(r.view.calibrated_s.items()))
+    return (
+        f"{r.index}|{r.served_on}|{r.served_by}|{_f(r.queued_at_s)}|{_f(r.started_s)}"
+        f"|{_f(r.prefill_s)}|{_f(r.first_token_s)}|{_f(r.finished_s)}|{r.migrations}"
+        f"|{predicted}|{calibrated}|{_f(r.view.deadline_s)}|{_f(r.work_s)}"
+    )
+
+
+def _rows(case: Case) -> Sequence[TraceRequest]:
+    rows = scale_load(resolve_trace(case.trace), case.load_scale).requests
+    return rows if case.requests is None else rows[: case.requests]
+
+
+def outcome(case: Case) -> tuple[str, str]:
+    """The case's digest and a one-line summary of the run (for a human to check)."""
+    simulator = Simulator(
+        make_llm_policy(case.policy),
+        SimulationConfig(
+            workers=case.workers,
+            profiles=case.profiles,
+            predictor=case.predictor,
+            predictor_error=case.predictor_error,
+            train_requests=case.train_requests,
+            seed=3,
+        ),
+    )
+    rows = _rows(case)
+    simulator.run(rows)
+    done = simulator.completed
+    lines = [_request_line(r) for r in done]
+    lines.append(
+        f"requests={len(rows)} completed={len(done)} migrations={simulator.migrations} "
+        f"migration_cost={_f(simulator.migration_cost_s)} decisions={simulator.decisions}"
+    )
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    return digest, lines[-1]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_simulated_outcomes_are_unchanged(name: str) -> None:
+    digest, summary = outcome(CASES[name])
+    assert digest == GOLDEN[name], f"{name}: outcomes changed ({summary}); got {digest}"
+
+
+if __name__ == "__main__":
+    for case_name, case in CASES.items():
+        case_digest, case_summary = outcome(case)
+        print(f"# {case_name}: {case_summary}")
+        print(f'    "{case_name}": "{case_digest}",')
