@@ -162,6 +162,7 @@ class Simulator:
         self._policy_rng = random.Random(config.seed * 7919 + 1)
         self._sequence = 0
         self._heap: list[_Event] = []
+        self._tick_due = False  # a rebalancing tick is on the heap
         self._tie = 0
         self._calibration = {name: CalibrationState() for name in self.types}
         self._recent: deque[bool] = deque(maxlen=config.violation_window)
@@ -492,6 +493,7 @@ class Simulator:
         rebalancer = self.policy.rebalancer
         period_s = rebalancer.period_s if rebalancer is not None else 0.0
         start_s = trace[0].arrival_s
+        self._tick_due = period_s > 0
         if period_s > 0:
             self._push(start_s + period_s, _REBALANCE)
         heap = self._heap
@@ -523,6 +525,12 @@ class Simulator:
                 rejected += 1  # can never fit a worker's KV cache: reported, not simulated
                 continue
             pending += 1
+            if period_s > 0 and not self._tick_due:
+                # The ticks stopped while nothing was outstanding: they resume on the
+                # same grid (start + k periods) with the first request after.
+                self._tick_due = True
+                periods = math.floor((now_s - start_s) / period_s) + 1
+                self._push(start_s + periods * period_s, _REBALANCE)
             self._on_arrival(request, now_s)
         while heap:
             pending = self._dispatch(heapq.heappop(heap), pending, period_s)
@@ -562,8 +570,10 @@ class Simulator:
             assert request is not None
             self._place(request, inst, now_s)
             return pending
-        # A rebalancing tick; the next one only while work is outstanding.
+        # A rebalancing tick; the next one only while work is outstanding (the next
+        # arrival starts them again).
         self._rebalance(now_s)
+        self._tick_due = pending > 0
         if pending > 0:
             self._push(now_s + period_s, _REBALANCE)
         return pending

@@ -294,3 +294,32 @@ def test_a_rebalancer_sees_the_tail_of_each_queue_it_asked_for() -> None:
     assert second.work_ahead_s == pytest.approx(first.work_ahead_s + first.remaining_s)
     (worker_view,) = snapshot.cluster.workers
     assert second.work_ahead_s + second.remaining_s == pytest.approx(worker_view.queued_work_s)
+
+
+@dataclass
+class _TickRecorder:
+    """A rebalancer that plans nothing and notes when it was asked."""
+
+    asked_s: list[float] = field(default_factory=list)
+    name: str = "recorder"
+    period_s: float = 1.0
+    queue_scope: QueueScope = field(default_factory=QueueScope)
+
+    def spike(self, recent_slo_violation_rate: float) -> bool:
+        return False
+
+    def plan(self, snapshot: RebalanceSnapshot, ctx: DecisionContext) -> tuple[MigrationPlan, ...]:
+        self.asked_s.append(snapshot.cluster.now_s)
+        return ()
+
+
+def test_rebalancing_rounds_resume_after_the_cluster_was_idle() -> None:
+    recorder = _TickRecorder()
+    policy = replace(make_llm_policy("jsq"), rebalancer=recorder)
+    # A short request, then nothing for a minute, then a long one.
+    rows = [Row(0.0, 100, 5), Row(60.0, 100, 2000)]
+    Simulator(policy, SimulationConfig(workers=2)).run(rows)
+    after_gap = [t for t in recorder.asked_s if t > 60.0]
+    assert after_gap, recorder.asked_s
+    assert after_gap[0] == pytest.approx(61.0)  # on the one-second grid from the start
+    assert not any(10.0 < t < 60.0 for t in recorder.asked_s)  # none while idle
