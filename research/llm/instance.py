@@ -15,7 +15,10 @@ progress when a newly queued request can be admitted. That is what makes the sim
 run tens of thousands of requests per second.
 
 KV-cache memory is reserved for the prompt plus the whole output at admission (no
-preemption); a request's memory grows token by token inside that reservation.
+preemption); a request's memory grows token by token inside that reservation. A prompt
+whose leading KV blocks the instance's prefix cache holds (a trace with block ids, such
+as the Mooncake format's) prefills only the rest (:mod:`switchyard.perf.prefix_cache`,
+the same rule as the emulated worker's).
 """
 
 from __future__ import annotations
@@ -25,11 +28,20 @@ from collections import deque
 from enum import Enum
 from itertools import islice
 
+from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
 from switchyard.perf import PerformanceModel
+from switchyard.perf.prefix_cache import PrefixCache, cached_tokens
 from switchyard.policies.snapshot import QueuedRequestView, RequestPhase, WorkerRole, WorkerView
 from switchyard.policies.view_builders import new_queued_request_view
 
 from research.llm.request import SimRequest
+
+_STEP_SLACK_S = 1e-9
+"""A decode step that ends within this of now has ended. A wake-up is scheduled at a
+step's end as ``anchor + duration``, and reading it back as ``now - anchor`` can come
+out short by a unit in the last place of ``now``: 4e-12 s at 16,000 s of virtual time
+(a long trace at a low load), where a smaller slack made the instance wake at the same
+instant forever. A nanosecond is far below any step and far above that rounding."""
 
 
 class Phase(Enum):
@@ -58,6 +70,7 @@ class SimInstance:
         "prefill_tokens",
         "prefill_work_s",
         "prefilling",
+        "prefix_cache",
         "reserved_tokens",
         "role",
         "run_base_s",
@@ -93,6 +106,9 @@ class SimInstance:
         self.prefilling: list[SimRequest] = []
         self.prefill_tokens = 0
         """Prompt tokens of the prefilling requests (their KV cache as it fills)."""
+        self.prefix_cache = PrefixCache(perf.kv_capacity_tokens // PREFIX_BLOCK_TOKENS)
+        """Blocks of the prompts it prefilled: a prompt's leading blocks held here are not
+        prefilled again (as the emulated worker does)."""
         # (finish step, join token, request); an entry whose token is no longer the
         # request's (it left by migration) is stale and skipped when it surfaces.
         self._heap: list[tuple[int, int, SimRequest]] = []
@@ -268,7 +284,7 @@ class SimInstance:
             return
         n = self.n_running
         kv = self.kv_base + n * self.steps_done
-        steps = self.perf.steps_within(n, kv, now_s - self.anchor_s + 1e-12)
+        steps = self.perf.steps_within(n, kv, now_s - self.anchor_s + _STEP_SLACK_S)
         if steps:
             self.anchor_s += self.perf.decode_steps_s(n, kv, steps)
             self.steps_done += steps
@@ -418,7 +434,12 @@ class SimInstance:
                 or self.reserved_tokens + need > perf.kv_capacity_tokens
             ):
                 break
-            if not request.has_kv and prompts and sum(prompts) + request.prompt_tokens > budget:
+            blocks = request.prefix_blocks
+            new_tokens = request.prompt_tokens
+            if blocks and not request.has_kv:
+                matched = self.prefix_cache.matched_blocks(blocks)
+                new_tokens -= cached_tokens(matched, request.prompt_tokens)
+            if not request.has_kv and prompts and sum(prompts) + new_tokens > budget:
                 break
             self.waiting.popleft()
             self.waiting_work_s -= request.work_s
@@ -437,7 +458,9 @@ class SimInstance:
                 self.prefill_work_s += request.work_s
                 self.prefilling.append(request)
                 self.prefill_tokens += request.prompt_tokens
-                prompts.append(request.prompt_tokens)
+                if blocks:
+                    self.prefix_cache.use(blocks)
+                prompts.append(new_tokens)
         if prompts:
             self.sync(now_s)
             self.phase = Phase.PREFILL
@@ -456,7 +479,7 @@ class SimInstance:
         kv = self.kv_base + n * self.steps_done
         if self.waiting and self._can_admit_head():
             # The head can join once the step in progress ends.
-            steps = self.perf.steps_within(n, kv, now_s - self.anchor_s + 1e-12)
+            steps = self.perf.steps_within(n, kv, now_s - self.anchor_s + _STEP_SLACK_S)
             return self.anchor_s + self.perf.decode_steps_s(n, kv, steps + 1)
         heap = self._heap
         while heap:

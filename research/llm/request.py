@@ -25,6 +25,7 @@ class SimRequest:
         "output_tokens",
         "predicted_s",
         "prefill_s",
+        "prefix_blocks",
         "prompt_tokens",
         "queued_at_s",
         "run_base_s",
@@ -57,6 +58,8 @@ class SimRequest:
         self.view = view
         self.slo_s = slo_s
         """The latency within which the request meets its SLO."""
+        self.prefix_blocks: tuple[int, ...] = ()
+        """Its prompt's KV-block ids (:mod:`switchyard.perf.prefix_cache`; empty: none known)."""
         # The instance running it, compared by identity only (so this module needs
         # nothing of the instance's and the two do not import each other).
         self.instance: object | None = None

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from switchyard.contracts.messages import WorkloadType
 from switchyard.perf import PerformanceModel, performance_model
+from switchyard.perf.prefix_cache import cached_tokens
 from switchyard.policies.base import DecisionContext, DecodeRouter, MigrationPlan
 from switchyard.policies.registry import LlmPolicy, PredictionUse
 from switchyard.policies.snapshot import (
@@ -66,6 +67,8 @@ class LlmTraceRequest(Protocol):
     def output_tokens(self) -> int: ...
     @property
     def workload(self) -> WorkloadType: ...
+    @property
+    def prefix_blocks(self) -> tuple[int, ...]: ...
 
 
 class SimulationError(ValueError):
@@ -263,9 +266,19 @@ class Simulator:
             cal,  # calibrated_s
             deadline_s,
             true_s,  # true_service_s
-            {},  # cached_tokens
+            self._cached_tokens(row) if self.policy.prefix_aware and row.prefix_blocks else {},
         )
         return view, raw, features
+
+    def _cached_tokens(self, row: LlmTraceRequest) -> dict[str, int]:
+        """Per instance, the prompt tokens of ``row`` its prefix cache holds (as vLLM's KV
+        events tell llm-d's precise scorer and Dynamo's indexer)."""
+        found: dict[str, int] = {}
+        for inst in self.instances:
+            matched = inst.prefix_cache.matched_blocks(row.prefix_blocks)
+            if matched:
+                found[inst.worker_id] = cached_tokens(matched, row.prompt_tokens)
+        return found
 
     # -- snapshots ---------------------------------------------------------------------
 
@@ -520,6 +533,7 @@ class Simulator:
             )
             request.predicted_s = raw
             request.features = features
+            request.prefix_blocks = row.prefix_blocks
             self._requests.append(request)
             if row.prompt_tokens + row.output_tokens > capacity:
                 rejected += 1  # can never fit a worker's KV cache: reported, not simulated

@@ -38,6 +38,7 @@ class Row:
     prompt_tokens: int
     output_tokens: int
     workload: WorkloadType = WorkloadType.CONVERSATION
+    prefix_blocks: tuple[int, ...] = ()
 
 
 def simulate(
@@ -323,3 +324,13 @@ def test_rebalancing_rounds_resume_after_the_cluster_was_idle() -> None:
     assert after_gap, recorder.asked_s
     assert after_gap[0] == pytest.approx(61.0)  # on the one-second grid from the start
     assert not any(10.0 < t < 60.0 for t in recorder.asked_s)  # none while idle
+
+
+@pytest.mark.timeout(30)
+def test_a_long_trace_at_a_low_load_finishes() -> None:
+    # 1,000 requests spread over 17,000 s: at such instants the end of a decode step,
+    # read back from its wake-up time, came out short by a rounding error and the
+    # instance woke at the same instant forever.
+    rows = scale_load(resolve_trace("mooncake-sample"), 1 / 64).requests
+    _, metrics = simulate("jsq", rows, workers=8)
+    assert metrics.completed + metrics.rejected == metrics.requests == 1000
