@@ -268,6 +268,8 @@ class SimInstance:
         request.generated_at_join = generated
         request.join_token = -1
         self.anchor_s = now_s
+        if not self.n_running and self.phase is Phase.DECODE:
+            self.phase = Phase.IDLE  # it moved the last running request away
         request.instance = None
         self._refresh_utilization()
         return request.prompt_tokens + generated

@@ -327,10 +327,19 @@ def test_rebalancing_rounds_resume_after_the_cluster_was_idle() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_long_trace_at_a_low_load_finishes() -> None:
-    # 1,000 requests spread over 17,000 s: at such instants the end of a decode step,
-    # read back from its wake-up time, came out short by a rounding error and the
-    # instance woke at the same instant forever.
-    rows = scale_load(resolve_trace("mooncake-sample"), 1 / 64).requests
-    _, metrics = simulate("jsq", rows, workers=8)
+@pytest.mark.parametrize(
+    ("policy", "load_scale"),
+    [
+        # 1,000 requests over 17,000 s: at such instants the end of a decode step, read
+        # back from its wake-up time, came out short by a rounding error and the
+        # instance woke at the same instant forever.
+        ("jsq", 1 / 64),
+        # Migrating an instance's last running request away left it decoding an empty
+        # batch, which the next arrival there could not be timed against.
+        ("llumnix", 1.0),
+    ],
+)
+def test_long_prompts_at_any_load_all_finish(policy: str, load_scale: float) -> None:
+    rows = scale_load(resolve_trace("mooncake-sample"), load_scale).requests
+    _, metrics = simulate(policy, rows, workers=8)
     assert metrics.completed + metrics.rejected == metrics.requests == 1000
