@@ -82,22 +82,34 @@ def _run(search: Search) -> dict[str, Any]:
     return {**result, "cluster": "+".join(p.split("/")[0] for p in search.profiles)}
 
 
-def _searches(quick: bool, requests: int, policies: Sequence[str]) -> list[Search]:
+def _searches(
+    quick: bool, requests: int, policies: Sequence[str], sizes: Sequence[int]
+) -> list[Search]:
     if quick:
         return [Search("azure-conv", 8, p, (A100,), min(requests, 1000)) for p in policies]
     searches = [
         Search(trace, workers, policy, (A100,), requests)
         for trace in TRACES
-        for workers in (8, 16, 32)
+        for workers in sizes
         for policy in policies
     ]
-    searches += [Search("azure-conv", 16, p, (A100, L40S), requests) for p in policies]
+    if 16 in sizes:
+        searches += [Search("azure-conv", 16, p, (A100, L40S), requests) for p in policies]
     return searches
 
 
 def _held_rps(result: dict[str, Any], target_index: int) -> float:
     held = result["targets"][target_index]["held"]
     return 0.0 if held is None else float(held["offered_rps"])
+
+
+def _held_cell(result: dict[str, Any], target_index: int) -> str:
+    """The capacity at a target as text: "none" when even the lowest load missed it,
+    a "+" when the highest load probed still held it."""
+    target = result["targets"][target_index]
+    if target["held"] is None:
+        return "none"
+    return f"{target['held']['offered_rps']:.3g}" + ("+" if target["failed"] is None else "")
 
 
 def markdown(results: Sequence[dict[str, Any]]) -> str:
@@ -125,7 +137,7 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
             ratio = _held_rps(r, 0) / best_rps if best_rps > 0 else float("nan")
             name = r["policy"] + (" (best baseline)" if r is best else "")
             out.append(
-                f"| {name} | {_held_rps(r, 0):.3g} | {_held_rps(r, 1):.3g} | "
+                f"| {name} | {_held_cell(r, 0)} | {_held_cell(r, 1)} | "
                 f"{r['max_goodput']['goodput_rps']:.3g} | {ratio:.2f} |"
             )
         out.append("")
@@ -137,11 +149,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--policies", default=",".join(llm_policy_names()))
+    parser.add_argument("--workers", default="8,16,32", help="cluster sizes (default 8,16,32)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    searches = _searches(args.quick, args.requests, policies)
+    sizes = [int(size) for size in args.workers.split(",") if size.strip()]
+    searches = _searches(args.quick, args.requests, policies, sizes)
     with mp.get_context("spawn").Pool(args.processes) as pool:
         results = pool.map(_run, searches, chunksize=1)
     print(markdown(results))

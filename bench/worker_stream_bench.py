@@ -3,7 +3,7 @@
 One emulated LLM worker (``a100-80gb/llama-2-7b``, time scale 1, so one modelled second
 is one wall second) is given a burst of ``--requests`` assignments at once, each with a
 200-token prompt and ``--output`` tokens to generate, all of them streamed (an output
-chunk every 4 tokens) or none. The wall time from the burst to the last completion is
+chunk for every engine step that gave a request tokens) or none. The wall time from the burst to the last completion is
 compared with the time the performance model gave the same work (the backend's
 modelled clock): a ratio above 1 is time the worker spent on its messages rather than
 on the model, which a real GPU worker would lose the same way.

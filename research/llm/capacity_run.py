@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from switchyard.policies.registry import make_llm_policy
+from switchyard.policies.registry import LlmPolicy, make_llm_policy
 from switchyard.traces import Trace, scale_load
 
 from research.llm.capacity import CapacityPoint, search_capacity
@@ -42,7 +42,7 @@ def run_capacity(
         for policy in policies:
 
             def evaluate(
-                scale: float, policy: Any = policy, workers: int = workers
+                scale: float, policy: LlmPolicy = policy, workers: int = workers
             ) -> CapacityPoint:
                 rows = scale_load(trace, scale).requests
                 runs = [

@@ -13,13 +13,19 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from switchyard.contracts.fields import WorkloadType
 from switchyard.policies.registry import llm_policy_names
 from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
 from research.args import comma_list
+
+if TYPE_CHECKING:  # the heavy modules load only when a command runs
+    from switchyard.traces import Trace
+
+    from research.llm.capacity import CapacityPoint
+    from research.llm.experiment import ExperimentConfig
 
 EXIT_BAD_INPUT = 2
 
@@ -197,7 +203,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_capacity(args: argparse.Namespace, config: Any, trace: Any) -> int:
+def _run_capacity(args: argparse.Namespace, config: ExperimentConfig, trace: Trace) -> int:
     from switchyard.progress import Progress
 
     from research.llm.capacity_run import format_capacity_table, run_capacity
@@ -205,7 +211,7 @@ def _run_capacity(args: argparse.Namespace, config: Any, trace: Any) -> int:
     searches = len(config.policies) * len(config.workers)
     with Progress(searches, "capacity", enabled=False if args.quiet else None) as progress:
 
-        def on_probe(policy: str, point: Any) -> None:
+        def on_probe(policy: str, point: CapacityPoint) -> None:
             progress.set_postfix(
                 f"{policy} load x{point.load_scale:.3g}: {point.slo_attainment:.1%} met"
             )
