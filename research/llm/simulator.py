@@ -309,6 +309,8 @@ class Simulator:
             perf.decode_per_kv_token_s,
             perf.kv_bytes_per_token,
             perf.interconnect_bytes_per_s,
+            perf.prefill_per_token_s,
+            perf.prefill_per_token_sq_s,
         )
 
     def _cluster(self, now_s: float) -> ClusterSnapshot:

@@ -53,3 +53,21 @@ def test_without_prefix_knowledge_they_balance_load(name: str) -> None:
         worker("w2", waiting=1, queued_tokens=2000, kv_used_tokens=1500),
     )
     assert policy.assign(request(), snapshot, ctx()).worker_id == "w2"
+
+
+def test_switchyard_follows_a_prefix_as_far_as_the_prefill_it_spares() -> None:
+    policy = make_llm_policy("switchyard").assignment
+    # 1 s of predicted service; the cached prefix spares w1 0.6 s of prefill.
+    costs = {"prefill_per_token_s": 0.6 / 1500, "prefill_per_token_sq_s": 0.0}
+    hit = request(service_s=1.0, prompt_tokens=2000, cached_tokens={"w1": 1500})
+    shorter_by_half = cluster(worker("w1", queued_work_s=0.5, **costs), worker("w2", **costs))
+    assert policy.assign(hit, shorter_by_half, ctx()).worker_id == "w1"  # 0.9 against 1.0
+    shorter_by_one = cluster(worker("w1", queued_work_s=1.0, **costs), worker("w2", **costs))
+    assert policy.assign(hit, shorter_by_one, ctx()).worker_id == "w2"  # 1.4 against 1.0
+
+
+def test_switchyard_without_a_prediction_counts_tokens() -> None:
+    policy = make_llm_policy("switchyard").assignment
+    bare = request(prompt_tokens=2000, cached_tokens={"w1": 1500}, calibrated_s={})
+    snapshot = cluster(worker("w1", queued_tokens=1000), worker("w2"))
+    assert policy.assign(bare, snapshot, ctx()).worker_id == "w1"  # 1,500 against 2,000

@@ -33,6 +33,8 @@ class ProfileConstants:
     decode_step_per_kv_token_s: float
     kv_bytes_per_token: int
     interconnect_bytes_per_s: float
+    prefill_per_token_s: float = 0.0
+    prefill_per_token_sq_s: float = 0.0
 
 
 _UNKNOWN_PROFILE = ProfileConstants(
@@ -64,6 +66,8 @@ def profile_constants(profile: str) -> ProfileConstants:
         decode_step_per_kv_token_s=perf.decode_per_kv_token_s,
         kv_bytes_per_token=perf.kv_bytes_per_token,
         interconnect_bytes_per_s=perf.interconnect_bytes_per_s,
+        prefill_per_token_s=perf.prefill_per_token_s,
+        prefill_per_token_sq_s=perf.prefill_per_token_sq_s,
     )
 
 
@@ -104,6 +108,8 @@ def worker_view(heartbeat: Heartbeat, *, alive: bool = True) -> WorkerView:
         decode_step_per_kv_token_s=constants.decode_step_per_kv_token_s / scale,
         kv_bytes_per_token=constants.kv_bytes_per_token,
         interconnect_bytes_per_s=constants.interconnect_bytes_per_s * scale,
+        prefill_per_token_s=constants.prefill_per_token_s / scale,
+        prefill_per_token_sq_s=constants.prefill_per_token_sq_s / scale,
     )
 
 

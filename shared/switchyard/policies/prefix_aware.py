@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
-from switchyard.policies.base import DecisionContext, NoWorkerError, Placement
-from switchyard.policies.snapshot import ClusterSnapshot, RequestView
+from switchyard.policies.base import DecisionContext, Placement, pick_min
+from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
 
 __all__ = ["EndpointPicker", "KvRouter"]
 
@@ -47,22 +47,20 @@ class EndpointPicker:
         self, request: RequestView, cluster: ClusterSnapshot, ctx: DecisionContext
     ) -> Placement:
         workers = cluster.eligible()
-        if not workers:
-            raise NoWorkerError("no live worker can take the request")
-        shortest = min(w.waiting for w in workers)
-        longest = max(w.waiting for w in workers)
+        waiting = [w.waiting for w in workers] or [0]
+        shortest, longest = min(waiting), max(waiting)
         spread = longest - shortest
-        best_id, best_score = workers[0].worker_id, -1.0
-        for worker in workers:
+        prompt = max(1, request.prompt_tokens)
+
+        def minus_score(worker: WorkerView) -> float:
             queue = 1.0 if spread == 0 else (longest - worker.waiting) / spread
             kv = 1.0 - min(1.0, worker.kv_used_tokens / max(1, worker.kv_capacity_tokens))
-            prefix = request.cached_tokens.get(worker.worker_id, 0) / max(1, request.prompt_tokens)
-            score = (
+            prefix = request.cached_tokens.get(worker.worker_id, 0) / prompt
+            return -(
                 self.queue_weight * queue + self.kv_cache_weight * kv + self.prefix_weight * prefix
             )
-            if score > best_score:
-                best_id, best_score = worker.worker_id, score
-        return Placement(best_id, f"highest weighted score {best_score:.2f}")
+
+        return Placement(pick_min(workers, minus_score).worker_id, "highest weighted score")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +73,12 @@ class KvRouter:
     def assign(
         self, request: RequestView, cluster: ClusterSnapshot, ctx: DecisionContext
     ) -> Placement:
-        workers = cluster.eligible()
-        if not workers:
-            raise NoWorkerError("no live worker can take the request")
         prompt_blocks = request.prompt_tokens / PREFIX_BLOCK_TOKENS
-        best_id, best_cost = workers[0].worker_id, float("inf")
-        for worker in workers:
+
+        def cost(worker: WorkerView) -> float:
             cached = request.cached_tokens.get(worker.worker_id, 0)
             prefill_blocks = (request.prompt_tokens - cached) / PREFIX_BLOCK_TOKENS
             decode_blocks = worker.queued_tokens / PREFIX_BLOCK_TOKENS + prompt_blocks
-            cost = self.overlap_weight * prefill_blocks + decode_blocks
-            if cost < best_cost:
-                best_id, best_cost = worker.worker_id, cost
-        return Placement(best_id, f"lowest KV cost {best_cost:.1f} blocks")
+            return self.overlap_weight * prefill_blocks + decode_blocks
+
+        return Placement(pick_min(cluster.eligible(), cost).worker_id, "lowest KV cost")

@@ -22,6 +22,7 @@ from switchyard.policies.assignment import (
     RoundRobin,
 )
 from switchyard.policies.base import AssignmentPolicy, RebalancePolicy
+from switchyard.policies.cache_aware import CacheAwareWork
 from switchyard.policies.flashgen import FlashGenRouter
 from switchyard.policies.gaps import (
     GapsAssignment,
@@ -84,6 +85,18 @@ def _gaps(o: PolicyOptions) -> LlmPolicy:
         assignment=GapsAssignment(o.gaps),
         rebalancer=GapsRebalancer(o.gaps_rebalance),
         prediction=PredictionUse.CALIBRATED,
+    )
+
+
+def _switchyard(o: PolicyOptions) -> LlmPolicy:
+    return LlmPolicy(
+        name="switchyard",
+        summary="least predicted work + s~ less the prefill a cached prefix spares; "
+        "GAPS's selective rebalancing",
+        assignment=CacheAwareWork(),
+        rebalancer=GapsRebalancer(o.gaps_rebalance),
+        prediction=PredictionUse.CALIBRATED,
+        prefix_aware=True,
     )
 
 
@@ -186,6 +199,7 @@ _REGISTRY: dict[str, Callable[[PolicyOptions], LlmPolicy]] = {
     "gaps-norebal": _gaps_norebal,
     "gaps-noglobal": _gaps_noglobal,
     "oracle": _oracle,
+    "switchyard": _switchyard,
 }
 
 

@@ -90,6 +90,19 @@ class WorkerView:
     """What one more KV token adds to a decode step (profile constant)."""
     kv_bytes_per_token: int
     interconnect_bytes_per_s: float
+    prefill_per_token_s: float = 0.0
+    """What one more prompt token adds to a prefill (profile constant; 0: not known)."""
+    prefill_per_token_sq_s: float = 0.0
+    """What the square of a prompt's length adds to its prefill (attention; profile
+    constant): a prompt of ``p`` tokens whose first ``c`` are cached is spared
+    ``per_token * c + per_token_sq * (p**2 - (p - c)**2)``."""
+
+    def prefill_saved_s(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """Prefill seconds a cached prefix of ``cached_tokens`` spares this worker."""
+        rest = prompt_tokens - cached_tokens
+        return self.prefill_per_token_s * cached_tokens + self.prefill_per_token_sq_s * (
+            prompt_tokens * prompt_tokens - rest * rest
+        )
 
     @property
     def outstanding(self) -> int:

@@ -67,6 +67,8 @@ _new = object.__new__
     _w_decode_step_per_kv_token_s,
     _w_kv_bytes_per_token,
     _w_interconnect_bytes_per_s,
+    _w_prefill_per_token_s,
+    _w_prefill_per_token_sq_s,
 ) = _slot_setters(
     WorkerView,
     (
@@ -87,6 +89,8 @@ _new = object.__new__
         "decode_step_per_kv_token_s",
         "kv_bytes_per_token",
         "interconnect_bytes_per_s",
+        "prefill_per_token_s",
+        "prefill_per_token_sq_s",
     ),
 )
 
@@ -109,6 +113,8 @@ def new_worker_view(
     decode_step_per_kv_token_s: float,
     kv_bytes_per_token: int,
     interconnect_bytes_per_s: float,
+    prefill_per_token_s: float,
+    prefill_per_token_sq_s: float,
 ) -> WorkerView:
     """Exactly ``WorkerView(worker_id=worker_id, ...)`` with every field given."""
     view: WorkerView = _new(WorkerView)
@@ -129,6 +135,8 @@ def new_worker_view(
     _w_decode_step_per_kv_token_s(view, decode_step_per_kv_token_s)
     _w_kv_bytes_per_token(view, kv_bytes_per_token)
     _w_interconnect_bytes_per_s(view, interconnect_bytes_per_s)
+    _w_prefill_per_token_s(view, prefill_per_token_s)
+    _w_prefill_per_token_sq_s(view, prefill_per_token_sq_s)
     return view
 
 
