@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from switchyard.contracts.fields import WorkloadType
 from switchyard.policies.registry import llm_policy_names
-from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
+from switchyard.slo import token_slos
 from switchyard.traces import head, resolve_trace
 
-from research.llm.capacity_run import run_capacity
+from research.llm.capacity_run import capacity_cell, held_rps, run_capacity
 from research.llm.experiment import ExperimentConfig
 
 A100 = "a100-80gb/llama-2-7b"
@@ -61,14 +60,6 @@ def is_baseline(policy: str) -> bool:
     return not policy.startswith(("switchyard", "gaps")) and policy != "oracle"
 
 
-def _token_slos(trace: str) -> dict[WorkloadType, TokenSlo]:
-    ttft_s = TTFT_OBJECTIVE_S.get(trace)
-    return {
-        workload: TokenSlo(ttft_s=slo.ttft_s if ttft_s is None else ttft_s, tpot_s=slo.tpot_s)
-        for workload, slo in DEFAULT_TOKEN_SLOS.items()
-    }
-
-
 def _run(search: Search) -> dict[str, Any]:
     trace = head(resolve_trace(search.trace), search.requests)
     config = ExperimentConfig(
@@ -76,7 +67,7 @@ def _run(search: Search) -> dict[str, Any]:
         policies=(search.policy,),
         workers=(search.workers,),
         profiles=search.profiles,
-        token_slos=_token_slos(search.trace),
+        token_slos=token_slos(ttft_s=TTFT_OBJECTIVE_S.get(search.trace)),
     )
     (result,) = run_capacity(config, trace, targets=TARGETS)
     return {**result, "cluster": "+".join(p.split("/")[0] for p in search.profiles)}
@@ -98,20 +89,6 @@ def _searches(
     return searches
 
 
-def _held_rps(result: dict[str, Any], target_index: int) -> float:
-    held = result["targets"][target_index]["held"]
-    return 0.0 if held is None else float(held["offered_rps"])
-
-
-def _held_cell(result: dict[str, Any], target_index: int) -> str:
-    """The capacity at a target as text: "none" when even the lowest load missed it,
-    a "+" when the highest load probed still held it."""
-    target = result["targets"][target_index]
-    if target["held"] is None:
-        return "none"
-    return f"{target['held']['offered_rps']:.3g}" + ("+" if target["failed"] is None else "")
-
-
 def markdown(results: Sequence[dict[str, Any]]) -> str:
     """One table per trace and cluster: capacity at each target, most goodput, and the
     ratio to the best baseline at 90 %."""
@@ -124,8 +101,8 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
             if (r["trace"], r["workers"], r["cluster"]) == (trace, workers, cluster)
         ]
         baselines = [r for r in rows if is_baseline(r["policy"])]
-        best = max(baselines, key=lambda r: _held_rps(r, 0), default=None)
-        best_rps = _held_rps(best, 0) if best is not None else 0.0
+        best = max(baselines, key=lambda r: held_rps(r, 0), default=None)
+        best_rps = held_rps(best, 0) if best is not None else 0.0
         out.append(f"**{trace}, {workers} workers ({cluster})**")
         out.append("")
         out.append(
@@ -133,11 +110,11 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
             "vs best baseline at 90 % |"
         )
         out.append("|---|---:|---:|---:|---:|")
-        for r in sorted(rows, key=lambda r: -_held_rps(r, 0)):
-            ratio = _held_rps(r, 0) / best_rps if best_rps > 0 else float("nan")
+        for r in sorted(rows, key=lambda r: -held_rps(r, 0)):
+            ratio = held_rps(r, 0) / best_rps if best_rps > 0 else float("nan")
             name = r["policy"] + (" (best baseline)" if r is best else "")
             out.append(
-                f"| {name} | {_held_cell(r, 0)} | {_held_cell(r, 1)} | "
+                f"| {name} | {capacity_cell(r['targets'][0])} | {capacity_cell(r['targets'][1])} | "
                 f"{r['max_goodput']['goodput_rps']:.3g} | {ratio:.2f} |"
             )
         out.append("")

@@ -21,7 +21,7 @@ from switchyard.traces import Trace, scale_load
 from research.llm.capacity import CapacityPoint, search_capacity
 from research.llm.experiment import ExperimentConfig, simulate_one
 
-__all__ = ["format_capacity_table", "run_capacity"]
+__all__ = ["capacity_cell", "format_capacity_table", "held_rps", "run_capacity"]
 
 
 def run_capacity(
@@ -99,12 +99,15 @@ def _mean(runs: Sequence[Mapping[str, Any]], key: str) -> float:
     return math.fsum(values) / len(values)
 
 
-def _held_rps(result: Mapping[str, Any], index: int) -> float:
+def held_rps(result: Mapping[str, Any], index: int) -> float:
+    """The offered rate a search held its ``index``-th target up to (0: none)."""
     held = result["targets"][index]["held"]
     return 0.0 if held is None else float(held["offered_rps"])
 
 
-def _capacity_cell(target: Mapping[str, Any]) -> str:
+def capacity_cell(target: Mapping[str, Any]) -> str:
+    """A target's capacity as text: "none" when even the lowest load missed it, a "+"
+    when the highest load probed still held it."""
     held, failed = target["held"], target["failed"]
     if held is None:
         return "none"
@@ -131,7 +134,7 @@ def format_capacity_table(results: Sequence[Mapping[str, Any]]) -> str:
         row = [label, str(result["workers"])]
         for target in result["targets"]:
             held = target["held"]
-            row += [_capacity_cell(target), "-" if held is None else f"{held['load_scale']:.3g}"]
+            row += [capacity_cell(target), "-" if held is None else f"{held['load_scale']:.3g}"]
         best = result["max_goodput"]
         row += [
             f"{best['goodput_rps']:.3g}",
@@ -157,18 +160,18 @@ def format_capacity_table(results: Sequence[Mapping[str, Any]]) -> str:
     for workers in dict.fromkeys(r["workers"] for r in results):
         contenders = sorted(
             (r for r in results if r["workers"] == workers and not r["reference"]),
-            key=lambda r: _held_rps(r, 0),
+            key=lambda r: held_rps(r, 0),
             reverse=True,
         )
         if not contenders:
             continue
-        best_rps = _held_rps(contenders[0], 0)
+        best_rps = held_rps(contenders[0], 0)
         text = (
             f"highest capacity at {targets[0]:.0%} ({workers} workers): "
             f"{contenders[0]['policy']} {best_rps:.3g} req/s"
         )
         if len(contenders) > 1:
-            runner_rps = _held_rps(contenders[1], 0)
+            runner_rps = held_rps(contenders[1], 0)
             ratio = f"{best_rps / runner_rps:.2f}x" if runner_rps > 0 else "more than"
             text += f", {ratio} the runner-up's ({contenders[1]['policy']}, {runner_rps:.3g})"
         out.append(text)

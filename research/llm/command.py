@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from switchyard.contracts.fields import WorkloadType
 from switchyard.policies.registry import llm_policy_names
-from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
+from switchyard.slo import token_slos
 
 from research.args import comma_list
 
@@ -122,16 +121,6 @@ def _check_numbers(args: argparse.Namespace) -> None:
             )
 
 
-def _token_slos(args: argparse.Namespace) -> dict[WorkloadType, TokenSlo]:
-    return {
-        workload: TokenSlo(
-            ttft_s=slo.ttft_s if args.ttft_slo_s is None else args.ttft_slo_s,
-            tpot_s=slo.tpot_s if args.tpot_slo_s is None else args.tpot_slo_s,
-        )
-        for workload, slo in DEFAULT_TOKEN_SLOS.items()
-    }
-
-
 def run(args: argparse.Namespace) -> int:
     """The command's body; returns the exit status."""
     try:
@@ -169,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
         load_scales=args.load_scale,
         predictor_errors=args.predictor_error,
         slo_scale=args.slo_scale,
-        token_slos=_token_slos(args),
+        token_slos=token_slos(ttft_s=args.ttft_slo_s, tpot_s=args.tpot_slo_s),
         predictor=args.predictor,
         seeds=args.seeds,
     )

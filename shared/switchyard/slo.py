@@ -34,6 +34,7 @@ __all__ = [
     "TokenSlo",
     "judge",
     "time_per_output_token_s",
+    "token_slos",
 ]
 
 
@@ -61,6 +62,20 @@ DEFAULT_TOKEN_SLOS: Mapping[WorkloadType, TokenSlo] = MappingProxyType(
     }
 )
 """The objectives of a workload class whose application sets none (module docstring)."""
+
+
+def token_slos(
+    *, ttft_s: float | None = None, tpot_s: float | None = None
+) -> dict[WorkloadType, TokenSlo]:
+    """:data:`DEFAULT_TOKEN_SLOS`, with ``ttft_s`` and ``tpot_s`` (when given) in place of
+    every class's own."""
+    return {
+        workload: TokenSlo(
+            ttft_s=slo.ttft_s if ttft_s is None else ttft_s,
+            tpot_s=slo.tpot_s if tpot_s is None else tpot_s,
+        )
+        for workload, slo in DEFAULT_TOKEN_SLOS.items()
+    }
 
 
 def time_per_output_token_s(

@@ -54,7 +54,6 @@ def load_mooncake_trace(
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit!r}")
     requests: list[TraceRequest] = []
-    previous_ms = 0.0
     with reading_errors_named(path), path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -62,13 +61,11 @@ def load_mooncake_trace(
             if limit is not None and len(requests) >= limit:
                 break
             request = _request(path, line_number, line, workload)
-            arrival_ms = request.arrival_s * 1000.0
-            if requests and arrival_ms < previous_ms:
+            if requests and request.arrival_s < requests[-1].arrival_s:
                 raise TraceFormatError(
                     f"{path}, line {line_number}, timestamp: goes backwards, "
-                    f"{arrival_ms:g} ms after {previous_ms:g} ms"
+                    f"{request.arrival_s * 1000:g} ms after {requests[-1].arrival_s * 1000:g} ms"
                 )
-            previous_ms = arrival_ms
             requests.append(request)
     if not requests:
         raise TraceFormatError(f"{path}: the trace has no requests")
