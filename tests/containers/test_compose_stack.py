@@ -349,6 +349,9 @@ def test_worker_llm_scales_up_the_new_worker_takes_work_and_scaled_down_one_drai
         during = dict(call.result(timeout=200) for call in trickle.result())
     unanswered = {rid: status for rid, status in during.items() if status != 200}
     # For each, what the ingress knows of it (its record), and the services' logs.
+    if unanswered:
+        # pytest cuts a long assertion message short: the records go out whole first.
+        print(json.dumps(request_states(list(unanswered)), indent=2, default=str))
     assert unanswered == {}, (unanswered, request_states(list(unanswered)), why())
     replicas = project_containers(stack, "worker-llm")
     assert len(replicas) == 3
