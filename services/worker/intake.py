@@ -143,11 +143,22 @@ class Intake:
         held = holdings.held.get(request_id)
         if held is not None:
             if holdings.queue.remove(request_id) is None:
+                # Given back to this worker while it runs here (it was declared dead
+                # meanwhile, or a move came back): the ledger now fences on the new
+                # epoch, so the run in progress becomes that epoch's run. Left on the old
+                # one, its answer would be refused as superseded and nobody would run the
+                # new one: the caller would never be answered.
                 log.warning(
-                    "assignment of %s epoch %d arrived while epoch %d runs here; it runs on",
+                    "assignment of %s epoch %d arrived while epoch %d runs here; the run "
+                    "goes on as epoch %d",
                     request_id,
                     assignment.epoch,
                     held.epoch,
+                    assignment.epoch,
+                    extra={"request_id": request_id, "epoch": assignment.epoch},
+                )
+                held.assignment = held.assignment.model_copy(
+                    update={"epoch": assignment.epoch, "assigned_at_s": assignment.assigned_at_s}
                 )
                 return 0
             del holdings.held[request_id]  # superseded by the newer epoch before it started

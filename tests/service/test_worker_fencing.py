@@ -188,3 +188,40 @@ async def test_an_answer_of_a_request_given_to_another_worker_meanwhile_is_disca
     assert await stack.state.hget(keys.CLUSTER_STATS, "superseded") == "1"
     assert await stack.state.hget(keys.worker("cut-off"), "completed") is None
     assert _counted(metrics, "switchyard.worker.superseded", "cut-off") == 1
+
+
+async def test_a_request_given_back_to_the_worker_that_runs_it_is_answered_once(
+    stack: Stack,
+) -> None:
+    # The worker was declared dead while it ran the request (a slow heartbeat), and the
+    # scheduler gave the request back to the same worker at epoch 1. The run in progress
+    # is the run of epoch 1: it goes on, and its answer is recorded and sent.
+    metrics = InMemoryMetricReader()
+    ctx = _context(stack.bus, stack.state, metrics=metrics, worker_id="revived")
+    worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=10.0))
+    await _start(worker)
+    ledger = RequestLedger(stack.state)
+    try:
+        async with stack.answers("t-revived") as answers:
+            ran = _llm("given-back", output=200, stream=True, worker_id="revived")
+            await _record(stack.state, ran)
+            await _send(worker, ran)
+            await _chunk(answers)  # running now
+            again = ran.model_copy(update={"epoch": 1, "assigned_at_s": time.time()})
+            reassigned = await ledger.assign(
+                Assign(again, replaces_epoch=0, replaces_worker="revived")
+            )
+            assert reassigned.result == "assigned"
+            await _send(worker, again)
+            done = await _completion(answers)
+            later = [d.message for d in await drain_for(answers, 0.3)]
+    finally:
+        ctx.stopping.set()
+        await worker.cancel_routines()
+        ctx.telemetry.shutdown()
+    assert (done.request_id, done.epoch, done.status) == ("given-back", 1, CompletionStatus.OK)
+    assert not [m for m in later if isinstance(m, Completion)]  # answered once
+    record = await _read(stack.state, "given-back")
+    assert (record.status, record.worker_id, record.epoch) == ("ok", "revived", 1)
+    assert record.superseded_runs == 0
+    assert _counted(metrics, "switchyard.worker.superseded", "revived") == 0
