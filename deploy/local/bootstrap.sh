@@ -61,11 +61,12 @@ if [[ ! -e "$VENV" ]]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip </dev/null
 fi
 
-# Reinstall only when pyproject.toml (or the extras asked for) changed since the last install.
-stamp="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+# Reinstall only when pyproject.toml, the pinned numerical stack (constraints.txt) or the
+# extras asked for changed since the last install.
+stamp="$VENV/.installed-$(cat "$ROOT/pyproject.toml" "$HERE/constraints.txt" | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$EXTRAS" ]]; then
   say "installing switchyard[$EXTRAS] (editable) into $VENV"
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[$EXTRAS]" </dev/null
+  "$VENV/bin/python" -m pip install -q -c "$HERE/constraints.txt" -e "$ROOT[$EXTRAS]" </dev/null
   rm -f "$VENV"/.installed-*
   printf '%s' "$EXTRAS" >"$stamp"
 fi
