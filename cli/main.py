@@ -128,6 +128,12 @@ def _cmd_apps(settings: Settings, args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    from cli.status import run
+
+    return run(settings, args)
+
+
 def _cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
     from cli.keys import run
 
@@ -164,6 +170,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     dead.add_argument("--limit", type=int, default=100, help="most letters to print (default 100)")
     dead.add_argument(
         "--idle-s", type=float, default=3.0, help="stop after this long without a new letter"
+    )
+    from cli.status import add_arguments as add_status_arguments
+
+    add_status_arguments(
+        add(
+            "status",
+            _cmd_status,
+            "Show the live stack at a glance (workers, services, rates, SLO attainment, dead "
+            "letters), refreshed like top.",
+        )
     )
     apps = add(
         "apps",

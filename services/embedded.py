@@ -28,6 +28,7 @@ from typing import cast
 from switchyard.bus import MemoryBroker, bus_from_settings
 from switchyard.config import Settings
 from switchyard.runtime import Service, ServiceContext, run_service
+from switchyard.runtime.dead_letter_tally import DeadLetterTally
 from switchyard.runtime.loop import settle_heap
 from switchyard.runtime.service import ServiceFactory
 from switchyard.serving.catalogue import ServingCatalogue
@@ -316,13 +317,17 @@ class _ContextBuilder:
         telemetry = stack._telemetry
         assert telemetry is not None
         tracing = TracingMiddleware(telemetry.tracer_provider, telemetry.meter_provider)
-        bus = bus_from_settings(settings, middlewares=[tracing], memory_broker=stack.broker)
-        observe_bus_records(telemetry.meter_provider, bus)
         state: StateStore = (
             stack._memory_state.sharing(settings.state_prefix)
             if settings.state == "memory"
             else state_from_settings(settings)
         )
+        bus = bus_from_settings(
+            settings,
+            middlewares=[tracing, DeadLetterTally(state)],
+            memory_broker=stack.broker,
+        )
+        observe_bus_records(telemetry.meter_provider, bus)
         return ServiceContext(
             name=name,
             settings=settings,

@@ -153,6 +153,9 @@ class ClusterView:
         recent_violation_rate: share of the latest completions that missed their
             deadline (0..1; 0.0 before any).
         recent_window: how many completions that rate is over (up to RECENT_WINDOW).
+        superseded: answers refused because their request was given to another worker
+            or epoch while they ran (each a run that should not have happened).
+        dead_letters: messages no consumer could handle.
     """
 
     now_s: float
@@ -161,6 +164,8 @@ class ClusterView:
     violated: int = 0
     recent_violation_rate: float = 0.0
     recent_window: int = 0
+    superseded: int = 0
+    dead_letters: int = 0
 
     def get(self, worker_id: str) -> WorkerRecord | None:
         """The record of ``worker_id``, or None."""
@@ -359,6 +364,8 @@ class ClusterReader:
             violated=_int(stats.get("violated")),
             recent_violation_rate=recent_violation_rate(recent),
             recent_window=len(recent),
+            superseded=_int(stats.get("superseded")),
+            dead_letters=_int(stats.get("dead_letters")),
         )
 
     def inbox_partitions(self) -> dict[str, int]:

@@ -9,6 +9,9 @@ this is a few dozen lines on :func:`asyncio.start_server`.
   started; then 200 when every registered check passes, with each check's result, or
   503 naming the failing checks; and 503 ``{"status": "draining"}`` from the moment a
   stop began, so load balancers and Kubernetes stop routing to the process.
+- ``GET /status`` (when the server was given a ``status`` source): the stack at a glance,
+  as :mod:`switchyard.runtime.status` documents it (every service serves the same one:
+  it is read from the shared records), JSON; 503 when the state store does not answer.
 - ``GET /metrics`` (when the server was given a ``metrics`` source): the Prometheus text
   exposition (format 0.0.4, ``text/plain; version=0.0.4; charset=utf-8``) of the
   process's metrics, answered whatever the readiness, draining included. In the embedded
@@ -51,6 +54,9 @@ _REASONS = {
 _PATHS = ("/healthz", "/readyz")
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+StatusSource = Callable[[], Awaitable[dict[str, object]]]
+"""Returns the status document (e.g. ``switchyard.runtime.status.StatusSource.document``)."""
+
 MetricsSource = Callable[[], str]
 """Returns the Prometheus text of the process's metrics (e.g.
 ``PrometheusMetricReader.render``)."""
@@ -85,6 +91,7 @@ class HealthServer:
         check_timeout_s: the timeout of the checks passed in ``checks``.
         metrics: renders the Prometheus text served on ``GET /metrics``; None: no
             ``/metrics`` (404).
+        status: builds the document served on ``GET /status``; None: no ``/status``.
 
     Readiness answers 503 ``starting`` until :meth:`mark_started` and 503 ``draining``
     after :meth:`mark_draining`.
@@ -108,9 +115,11 @@ class HealthServer:
         checks: Mapping[str, ReadinessCheck] | None = None,
         check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
         metrics: MetricsSource | None = None,
+        status: StatusSource | None = None,
     ) -> None:
         self.host = host
         self._metrics = metrics
+        self._status = status
         self.requested_port = port
         self._alive = alive
         self._checks: dict[str, _Check] = {}
@@ -220,14 +229,24 @@ class HealthServer:
             return "GET", 400, {"error": "malformed request line"}
         method, target = parts[0], parts[1].split("?", 1)[0]
         await self._skip_body(reader, lines[1:])
-        serves_metrics = self._metrics is not None
-        if target not in _PATHS and not (serves_metrics and target == "/metrics"):
-            paths = "/healthz, /readyz or /metrics" if serves_metrics else "/healthz or /readyz"
-            return method, 404, {"error": f"no such path {target}; try {paths}"}
+        paths = list(_PATHS)
+        if self._metrics is not None:
+            paths.append("/metrics")
+        if self._status is not None:
+            paths.append("/status")
+        if target not in paths:
+            return method, 404, {"error": f"no such path {target}; try {', '.join(paths)}"}
         if method not in ("GET", "HEAD"):
             return method, 405, {"error": f"{method} not allowed; use GET"}
         if target == "/metrics" and self._metrics is not None:
             return method, 200, _Text(self._metrics(), METRICS_CONTENT_TYPE)
+        if target == "/status" and self._status is not None:
+            try:
+                document = await asyncio.wait_for(self._status(), DEFAULT_CHECK_TIMEOUT_S)
+            except Exception as exc:
+                reason = str(exc)[:_MAX_ERROR_CHARS] or type(exc).__name__
+                return method, 503, {"error": f"the state store did not answer: {reason}"}
+            return method, 200, document
         if target == "/healthz":
             alive = self._alive()
             return method, (200 if alive else 503), {"status": "ok" if alive else "failed"}

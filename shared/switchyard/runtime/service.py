@@ -34,6 +34,8 @@ from switchyard.config import Settings, load_settings
 from switchyard.errors import ConfigError, SwitchyardError, is_retriable
 from switchyard.runtime.health import HealthServer, ReadinessCheck
 from switchyard.runtime.loop import settle_heap
+from switchyard.runtime.presence import Presence
+from switchyard.runtime.status import StatusSource
 
 if TYPE_CHECKING:
     from switchyard.bus import Bus
@@ -222,6 +224,7 @@ async def build_default_context(name: str, settings: Settings) -> ServiceContext
     # Imported here so that importing the runtime stays cheap and tests can run it with
     # fakes without touching telemetry or the transports.
     from switchyard.bus import bus_from_settings
+    from switchyard.runtime.dead_letter_tally import DeadLetterTally
     from switchyard.state import state_from_settings
     from switchyard.telemetry import (
         TracingMiddleware,
@@ -233,13 +236,14 @@ async def build_default_context(name: str, settings: Settings) -> ServiceContext
     configure_logging(name, settings)
     telemetry = configure_telemetry(name, settings)
     tracing = TracingMiddleware(telemetry.tracer_provider, telemetry.meter_provider)
-    bus = bus_from_settings(settings, middlewares=[tracing])
+    state = state_from_settings(settings)
+    bus = bus_from_settings(settings, middlewares=[tracing, DeadLetterTally(state)])
     observe_bus_records(telemetry.meter_provider, bus)
     return ServiceContext(
         name=name,
         settings=settings,
         bus=bus,
-        state=state_from_settings(settings),
+        state=state,
         telemetry=telemetry,
         logger=logging.getLogger(f"switchyard.{name}"),
         stopping=asyncio.Event(),
@@ -415,17 +419,26 @@ async def run_service(
         # start build themselves before the health endpoint opens.
         service = built = await made if inspect.isawaitable(made) else made
         prometheus = getattr(ctx.telemetry, "prometheus", None)
-        health = HealthServer(
+        health = bound = HealthServer(
             settings.health_host,
             settings.health_port,
             alive=lambda: built.alive,
             metrics=prometheus.render if prometheus is not None else None,
+            status=StatusSource(ctx.state, worker_timeout_s=settings.worker_timeout_s).document,
         )
         await health.start()
+        presence = Presence(ctx.state, name, settings.instance_id, lambda: bound.url)
         started = await _start(service, health, ctx, stop_requested, connect_timeout_s)
         if started:
+            await presence.say("ready")
+            presence_task = asyncio.create_task(presence.routine(stop_requested))
             await _first(stop_requested.wait(), service.failed.wait())
+            presence_task.cancel()
+            await asyncio.gather(presence_task, return_exceptions=True)
+            await presence.say("draining")
         code = await _drain(service, health, ctx, forced, signals_received)
+        if started:
+            await presence.withdraw()
     except _StartError as exc:
         log.error("%s", exc, extra={"event": "start-failed"})
         print(f"switchyard {name}: {exc}", file=sys.stderr)

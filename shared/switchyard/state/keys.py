@@ -20,7 +20,9 @@ key                            type        owner (writes) -- readers
 ``monitor:hearing``            hash        monitor (how far it has heard heartbeats)
                                            -- everyone reading the cluster
 ``cluster:stats``              hash        the finish transition (``completed``,
-                                           ``violated``, ``recent``) -- rebalancer
+                                           ``violated``, ``recent``), the dead-letter
+                                           tally (``dead_letters``) -- rebalancer,
+                                           ``switchyard status``
 ``predictor:model``            string      predictor (its fitted model, JSON) --
                                            scheduler, rebalancer, a restarted predictor
 ``estimate:{id}``              string      sneakpeek -- scheduler
@@ -31,6 +33,11 @@ key                            type        owner (writes) -- readers
 ``state:generation``           string      monitor (written once the answers are restored;
                                            gone = the store lost its data) -- the ledger's
                                            accept (refuses named ids while it is gone)
+``services``                   sorted set  :mod:`switchyard.runtime.presence` (each
+                                           running service replica) -- ``switchyard
+                                           status``
+``service:{name}:{instance}``  hash        :mod:`switchyard.runtime.presence` (what a
+                                           replica says of itself) -- ``switchyard status``
 ``tenant:{name}:bucket``       hash        :mod:`services.ingress.quotas` (a tenant's
                                            request-rate token bucket)
 ``tenant:{name}:calls``        hash        :mod:`services.ingress.quotas` (a tenant's
@@ -52,7 +59,13 @@ MONITOR_HEARING = "monitor:hearing"
 CLUSTER_STATS = "cluster:stats"
 """Hash: ``completed``, ``violated`` (cluster-wide totals), ``recent`` (the outcomes of
 the latest completions, oldest first, ``1`` for a missed deadline) and ``superseded``
-(answers refused: runs of requests given to another worker meanwhile)."""
+(answers refused: runs of requests given to another worker meanwhile); ``dead_letters``
+(messages no consumer could handle, counted by
+:mod:`switchyard.runtime.dead_letter_tally`)."""
+
+SERVICES = "services"
+"""Sorted set: ``{name}:{instance}`` of each running service replica -> when it last
+said it runs (wall seconds)."""
 
 PREDICTOR_MODEL = "predictor:model"
 """String: the predictor's latest fitted model (``PredictorModel`` JSON)."""
@@ -65,6 +78,11 @@ name their id meanwhile."""
 
 REBALANCER_LEASE = "lease:rebalancer"
 """String with a time to live: the rebalancer replica that runs rounds."""
+
+
+def service(member: str) -> str:
+    """Hash: what the service replica ``member`` (``{name}:{instance}``) says of itself."""
+    return f"service:{member}"
 
 
 def request(request_id: str) -> str:
