@@ -55,7 +55,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,7 @@ from bench.proc_cpu import CpuSampler, listener_pid
 from loadgen.harness.process_stack import ProcessStack, free_port
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
+from loadgen.replay_records import OK, RequestRecord
 from loadgen.replay_summary import summarize
 
 RESULTS = Path(__file__).parent / "results" / "stack"
@@ -229,6 +230,8 @@ class RateRun:
     """CPU milliseconds per answered request, by process (and ``generator``)."""
     records: dict[str, float]
     """Records per answered request, by ``process topic outcome``."""
+    legs_p50_s: dict[str, float | None] = field(default_factory=dict)
+    """Median of each leg of the overhead (:func:`legs`)."""
 
     @property
     def answered_share(self) -> float:
@@ -292,7 +295,29 @@ def run_rate(
         window_s=window_s,
         cpu_ms=cpu_ms,
         records=records,
+        legs_p50_s=legs(result.records),
     )
+
+
+def legs(records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """Median of the overhead's two legs over the answered requests: ``to_worker``, from
+    the ingress's arrival to the worker taking the request (the decision, the record, one
+    Kafka hop, the worker's start), and ``back``, from the worker's finish to the client
+    reading the answer (the finish's record, one Kafka hop, the ingress, HTTP; it also
+    holds the HTTP way in, which the server's clock cannot see)."""
+    to_worker: list[float] = []
+    back: list[float] = []
+    for record in records:
+        timeline = record.timeline
+        if record.outcome != OK or timeline is None or record.latency_s is None:
+            continue
+        if {"arrival_s", "started_s", "finished_s"} <= timeline.keys():
+            to_worker.append(timeline["started_s"] - timeline["arrival_s"])
+            back.append(record.latency_s - (timeline["finished_s"] - timeline["arrival_s"]))
+    return {
+        "to_worker": statistics.median(to_worker) if to_worker else None,
+        "back": statistics.median(back) if back else None,
+    }
 
 
 PROFILE_FORMAT = "flamegraph"
@@ -378,7 +403,9 @@ def rates_experiment(args: argparse.Namespace) -> dict[str, Any]:
                 runs[rate].append(run)
                 print(
                     f"run {repeat + 1} rate {rate:g}/s: {run.answered}/{run.sent} answered, "
-                    f"overhead P50 {_ms(run.overhead_p50_s)} ms P99 {_ms(run.overhead_p99_s)} ms,"
+                    f"overhead P50 {_ms(run.overhead_p50_s)} ms P99 {_ms(run.overhead_p99_s)} ms"
+                    f" (P50 legs: to the worker {_ms(run.legs_p50_s.get('to_worker'))} ms, "
+                    f"back {_ms(run.legs_p50_s.get('back'))} ms),"
                     f" lag P99 {_ms(run.send_lag_p99_s)} ms, stack CPU "
                     f"{run.stack_cpu_ms():.2f} ms/request, generator "
                     f"{run.cpu_ms['generator']:.2f} ms/request",
