@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh development or CI machine lacks, and nothing when all is there:
-# Debian's redis-server (and Java 17 / Maven when missing), the virtual environment .venv
+# Debian's redis-server and prometheus (and Java 17 / Maven when missing), the virtual environment .venv
 # with Switchyard and its development dependencies, and the Kafka broker jars (cached in
 # ${SWITCHYARD_CACHE_DIR:-~/.cache/switchyard}). Pip's and Maven's download caches stay
 # outside the repository. `pip install` runs again only when pyproject.toml changes.
@@ -30,6 +30,8 @@ export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 # System packages, each only when its command is missing.
 command -v redis-server >/dev/null || apt_install redis-server
 command -v openssl >/dev/null || apt_install openssl  # the TLS Redis of the contract tests
+# Prometheus and promtool: the dashboard's and the alerting rules' test (tests/integration/test_dashboard.py).
+command -v prometheus >/dev/null || apt_install prometheus
 command -v java >/dev/null || apt_install openjdk-17-jre-headless
 command -v mvn >/dev/null || apt_install maven
 command -v java >/dev/null || die "java is still missing after the install; Java 17 is needed for the Kafka broker"

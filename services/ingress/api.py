@@ -74,6 +74,7 @@ from services.ingress.responses import (
     LlmCall,
     answer_headers,
     classification_answer,
+    judged,
     llm_answer,
 )
 from services.ingress.streaming import stream_answer
@@ -439,6 +440,8 @@ class _Api:
             self.desk.release(accepted)
         if completion is None:
             raise self.desk.timeout(call.request_id)
+        if telemetry is not None:
+            telemetry.deadline_met = judged(completion, call.deadline_s)
         if (error := status_error(completion, call.deadline_s)) is not None:
             raise error
         return JSONResponse(
@@ -505,6 +508,8 @@ class _Api:
             self.desk.release(accepted)
         if completion is None:
             raise self.desk.timeout(accepted.request_id)
+        if (telemetry := call_record(request.scope)) is not None:
+            telemetry.deadline_met = judged(completion, deadline_s)
         if (error := status_error(completion, deadline_s)) is not None:
             raise error
         return JSONResponse(

@@ -65,6 +65,12 @@ def deadline_met(completion: Completion, deadline_s: float | None) -> bool:
     return deadline_s is not None and finished_s is not None and finished_s <= deadline_s
 
 
+def judged(completion: Completion, fallback_s: float | None) -> bool | None:
+    """Whether ``completion`` met its deadline; None when it has none."""
+    deadline = deadline_of(completion, fallback_s)
+    return None if deadline is None else deadline_met(completion, deadline)
+
+
 def timeline(completion: Completion) -> dict[str, float | None]:
     t = completion.timeline
     return {

@@ -25,6 +25,7 @@ from services.ingress.calls import Accepted, RequestDesk, status_error
 from services.ingress.responses import (
     LlmCall,
     answer_headers,
+    judged,
     llm_chunk,
     llm_final_chunk,
     llm_usage_chunk,
@@ -146,6 +147,8 @@ async def _events(
         streamed.append(text[len(so_far) :])
         yield _sse(llm_chunk(call, streamed[-1], first=len(streamed) == 1))
     error = status_error(completion, call.deadline_s)
+    if telemetry is not None:
+        telemetry.deadline_met = judged(completion, call.deadline_s)
     if error is not None and telemetry is not None:
         telemetry.error_code = error.code
     if error is not None:

@@ -12,7 +12,10 @@ For the inference endpoints it also records (attributes low-cardinality: an ``ap
 catalogue name or ``unknown``, never a request id):
 
 * ``switchyard.ingress.requests`` (counter): calls by ``app``, ``kind`` (``llm`` |
-  ``classification``), ``outcome`` and ``status_class`` (``2xx`` …);
+  ``classification``), ``outcome``, ``status_class`` (``2xx`` …) and ``deadline``
+  (``met``, ``missed``: answered after its deadline or expired, ``none``: no deadline
+  judged, a refusal included), so SLO attainment and goodput per application are one
+  query each;
 * ``switchyard.ingress.latency`` (histogram, seconds): from the call's arrival until its
   answer was fully sent (a stream's last event included), by ``app`` and ``outcome``;
 * ``switchyard.ingress.in_flight`` (up-down counter): inference calls being answered,
@@ -86,6 +89,17 @@ class CallRecord:
     app: str = UNKNOWN_APP
     error_code: str | None = None
     outcome: str | None = None
+    deadline_met: bool | None = None
+    """Whether the answer met its deadline (None: no answer, or no deadline)."""
+
+
+def deadline_label(outcome: str, record: CallRecord) -> str:
+    """The ``deadline`` attribute of a call: ``met``, ``missed`` or ``none``."""
+    if outcome == "expired":
+        return "missed"
+    if record.deadline_met is None:
+        return "none"
+    return "met" if record.deadline_met else "missed"
 
 
 def call_record(scope: Scope) -> CallRecord | None:
@@ -120,15 +134,16 @@ class _Instruments:
     increment costs a fraction of that."""
 
     def __init__(self, meter: Meter) -> None:
-        self.requests: Counter[tuple[str, str, str, str]] = Counter()
-        """(app, kind, outcome, status class) -> calls answered."""
+        self.requests: Counter[tuple[str, str, str, str, str]] = Counter()
+        """(app, kind, outcome, status class, deadline) -> calls answered."""
         self.in_flight: Counter[str] = Counter()
         """kind -> calls being answered."""
         meter.create_observable_counter(
             "switchyard.ingress.requests",
             callbacks=[self._observe_requests],
             unit="{request}",
-            description="Inference calls answered, by app, kind, outcome and status class.",
+            description="Inference calls answered, by app, kind, outcome, status class and "
+            "whether the deadline was met.",
         )
         meter.create_observable_up_down_counter(
             "switchyard.ingress.in_flight",
@@ -144,9 +159,11 @@ class _Instruments:
         )
 
     def _observe_requests(self, options: CallbackOptions) -> Iterable[Observation]:
-        for (app, kind, outcome, status_class), count in list(self.requests.items()):
+        for (app, kind, outcome, status_class, deadline), count in list(self.requests.items()):
             attributes = {"app": app, "kind": kind, "outcome": outcome}
-            yield Observation(count, attributes | {"status_class": status_class})
+            yield Observation(
+                count, attributes | {"status_class": status_class, "deadline": deadline}
+            )
 
     def _observe_in_flight(self, options: CallbackOptions) -> Iterable[Observation]:
         for kind, count in list(self.in_flight.items()):
@@ -230,7 +247,8 @@ class HttpTelemetryMiddleware:
             return
         instruments = self.instruments
         instruments.in_flight[record.kind] -= 1
-        instruments.requests[record.app, record.kind, outcome, f"{status // 100}xx"] += 1
+        key = (record.app, record.kind, outcome, f"{status // 100}xx")
+        instruments.requests[(*key, deadline_label(outcome, record))] += 1
         instruments.latency_s.record(elapsed_s, {"app": record.app, "outcome": outcome})
 
     def _route(self, scope: Scope) -> str | None:

@@ -243,6 +243,27 @@ async def test_batches_keep_order_and_commit_only_when_the_next_is_asked_for(
     assert [d.message.priority for d in rest] == [4, 5, 6, 7, 8, 9]
 
 
+async def test_a_consumer_s_lag_counts_the_records_it_has_not_fetched(
+    make_bus: BusFactory,
+) -> None:
+    producer, consumer = make_bus(), make_bus(max_batch=3)
+    await producer.start()
+    await consumer.start()
+    key = "one-partition"
+    await asyncio.gather(
+        *[await producer.send(REQUESTS, make_request(f"l{i}", seq=i), key=key) for i in range(10)]
+    )
+    async with consumer.subscribe(REQUESTS, group="lagging") as sub:
+        assert sub.lag_records() is None or sub.lag_records() == 10  # before a first fetch
+        first = await sub.next_batch(3, timeout_s=10.0)
+        assert len(first) == 3
+        assert sub.lag_records() == 7
+        assert consumer.lags() == {(REQUESTS.name, "lagging"): 7}
+        rest = await _take_batches(sub, 7)
+        assert len(rest) == 7
+        assert sub.lag_records() == 0
+
+
 async def test_a_batch_whose_body_raises_is_delivered_again(make_bus: BusFactory) -> None:
     bus = make_bus(commit_interval_s=3600)
     await bus.start()

@@ -144,8 +144,8 @@ async def test_a_saturated_worker_gets_429_and_nothing_is_recorded_or_published(
     assert gated.telemetry.prometheus is not None
     metrics = gated.telemetry.prometheus.render()
     assert (
-        'switchyard_ingress_requests_total{app="chat",kind="llm",outcome="rejected",'
-        'status_class="4xx"} 1' in metrics
+        'switchyard_ingress_requests_total{app="chat",deadline="none",kind="llm",'
+        'outcome="rejected",status_class="4xx"} 1.0' in metrics
     )
 
 

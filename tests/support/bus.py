@@ -42,7 +42,10 @@ async def bus_factory(
     made: list[Bus] = []
 
     def make(
-        *, commit_interval_s: float = 0.05, middlewares: tuple[BusMiddleware, ...] = ()
+        *,
+        commit_interval_s: float = 0.05,
+        middlewares: tuple[BusMiddleware, ...] = (),
+        max_batch: int = 500,
     ) -> Bus:
         transport: Transport
         if kind == "kafka":
@@ -65,6 +68,7 @@ async def bus_factory(
             middlewares=middlewares,
             retry_initial_s=0.01,
             retry_max_s=0.05,
+            max_batch=max_batch,
         )
         made.append(bus)
         return bus

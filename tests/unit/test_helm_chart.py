@@ -12,6 +12,7 @@ deps`); without them these tests fail, saying so.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -40,6 +41,9 @@ from tests.support.helm_chart import (
     render,
     template,
 )
+
+MONITORING_FILES = frozenset({"dashboard", "alert-rules"})
+"""The ConfigMaps that carry files (the dashboard, the alerting rules), not settings."""
 
 KNOWN_VARIABLES = frozenset(ENV_PREFIX + name.upper() for name in Settings.model_fields)
 
@@ -225,6 +229,8 @@ def test_every_variable_is_a_setting_with_a_value_the_services_accept(
     rendered: tuple[Manifest, ...],
 ) -> None:
     for config_map in of_kind(rendered, "ConfigMap"):
+        if component(config_map) in MONITORING_FILES:
+            continue
         unknown = set(config_map["data"]) - KNOWN_VARIABLES
         assert not unknown, (config_map["metadata"]["name"], unknown)
     for secret in of_kind(rendered, "Secret"):
@@ -554,3 +560,24 @@ def test_sasl_without_a_user_or_password_refuses_to_render() -> None:
     )
     assert no_password.returncode != 0
     assert "kafka.sasl.password is empty" in no_password.stderr
+
+
+def test_the_dashboard_and_the_alert_rules_ship_as_config_maps_unless_turned_off() -> None:
+    files = CHART / "files"
+    by_component = {component(m): m for m in of_kind(render(), "ConfigMap")}
+    dashboard = by_component["dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"  # Grafana's sidecar
+    assert json.loads(dashboard["data"]["switchyard.json"]) == json.loads(
+        (files / "dashboard.json").read_text()
+    )
+    rules = by_component["alert-rules"]
+    assert yaml.safe_load(rules["data"]["alerts.yml"]) == yaml.safe_load(
+        (files / "alerts.yml").read_text()
+    )
+    off = render(
+        "--set",
+        "monitoring.dashboard.enabled=false",
+        "--set",
+        "monitoring.alertRules.enabled=false",
+    )
+    assert MONITORING_FILES.isdisjoint(component(m) for m in of_kind(off, "ConfigMap"))

@@ -49,10 +49,10 @@ def test_a_counter_is_rendered_with_help_type_total_and_labels(
     requests.add(2, {"app": "llama-2-7b", "outcome": "ok"})
     requests.add(1, {"app": "llama-2-7b", "outcome": "timeout"})
     assert _render(reader) == [
-        "# HELP switchyard_ingress_requests Inference calls answered.",
-        "# TYPE switchyard_ingress_requests counter",
-        'switchyard_ingress_requests_total{app="llama-2-7b",outcome="ok"} 2',
-        'switchyard_ingress_requests_total{app="llama-2-7b",outcome="timeout"} 1',
+        "# HELP switchyard_ingress_requests_total Inference calls answered.",
+        "# TYPE switchyard_ingress_requests_total counter",
+        'switchyard_ingress_requests_total{app="llama-2-7b",outcome="ok"} 2.0',
+        'switchyard_ingress_requests_total{app="llama-2-7b",outcome="timeout"} 1.0',
     ]
 
 
@@ -71,11 +71,11 @@ def test_a_histogram_has_cumulative_buckets_sum_and_count_and_its_unit_in_the_na
     assert _render(reader) == [
         "# HELP switchyard_ingress_latency_seconds Seconds to answer.",
         "# TYPE switchyard_ingress_latency_seconds histogram",
-        'switchyard_ingress_latency_seconds_bucket{app="a",le="0.1"} 1',
-        'switchyard_ingress_latency_seconds_bucket{app="a",le="0.5"} 3',
-        'switchyard_ingress_latency_seconds_bucket{app="a",le="+Inf"} 4',
+        'switchyard_ingress_latency_seconds_bucket{app="a",le="0.1"} 1.0',
+        'switchyard_ingress_latency_seconds_bucket{app="a",le="0.5"} 3.0',
+        'switchyard_ingress_latency_seconds_bucket{app="a",le="+Inf"} 4.0',
         'switchyard_ingress_latency_seconds_sum{app="a"} 2.55',
-        'switchyard_ingress_latency_seconds_count{app="a"} 4',
+        'switchyard_ingress_latency_seconds_count{app="a"} 4.0',
     ]
 
 
@@ -86,9 +86,9 @@ def test_label_values_and_help_are_escaped_and_label_names_sanitised(
     counter = provider.get_meter("t").create_counter("x.calls", description="a \\ b\nc")
     counter.add(1, {"http.route": 'say "hi"\\now\nplease', "ok": True, "n": 3})
     assert _render(reader) == [
-        "# HELP switchyard_x_calls a \\\\ b\\nc",
-        "# TYPE switchyard_x_calls counter",
-        'switchyard_x_calls_total{http_route="say \\"hi\\"\\\\now\\nplease",ok="true",n="3"} 1',
+        "# HELP switchyard_x_calls_total a \\\\ b\\nc",
+        "# TYPE switchyard_x_calls_total counter",
+        'switchyard_x_calls_total{http_route="say \\"hi\\"\\\\now\\nplease",n="3",ok="true"} 1.0',
     ]
 
 
@@ -110,12 +110,15 @@ def test_up_down_counters_and_observable_instruments_are_gauges_or_counters(
     m.create_observable_gauge("switchyard.predictor.mape", callbacks=[mape], unit="1")
     m.create_observable_counter("switchyard.worker.model_swaps", callbacks=[loaded])
     assert _render(reader) == [
+        "# HELP switchyard_ingress_in_flight ",
         "# TYPE switchyard_ingress_in_flight gauge",
-        "switchyard_ingress_in_flight 2",
+        "switchyard_ingress_in_flight 2.0",
+        "# HELP switchyard_predictor_mape_ratio ",
         "# TYPE switchyard_predictor_mape_ratio gauge",
         'switchyard_predictor_mape_ratio{worker_type="a100-80gb/llama-2-7b"} 0.125',
-        "# TYPE switchyard_worker_model_swaps counter",
-        'switchyard_worker_model_swaps_total{worker_id="torch-0"} 7',
+        "# HELP switchyard_worker_model_swaps_total ",
+        "# TYPE switchyard_worker_model_swaps_total counter",
+        'switchyard_worker_model_swaps_total{worker_id="torch-0"} 7.0',
     ]
 
 
@@ -168,10 +171,10 @@ def test_callbacks_of_one_name_from_several_owners_all_report() -> None:
 
     first, second = Worker("llm-0", 2), Worker("llm-1", 5)
     lines = reader.render().splitlines()
-    assert 'switchyard_worker_queue_length{worker_id="llm-0"} 2' in lines
-    assert 'switchyard_worker_queue_length{worker_id="llm-1"} 5' in lines
+    assert 'switchyard_worker_queue_length{worker_id="llm-0"} 2.0' in lines
+    assert 'switchyard_worker_queue_length{worker_id="llm-1"} 5.0' in lines
     del second
-    assert 'switchyard_worker_queue_length{worker_id="llm-1"} 5' not in reader.render()
+    assert 'switchyard_worker_queue_length{worker_id="llm-1"} 5.0' not in reader.render()
     assert first.waiting == 2
     provider.shutdown()
 
@@ -180,7 +183,7 @@ def test_configure_telemetry_always_attaches_a_prometheus_reader() -> None:
     made = configure_telemetry("t", load_settings({}), install_global=False)
     assert made.prometheus is not None
     made.meter_provider.get_meter("t").create_counter("switchyard.test.things").add(4)
-    assert "switchyard_test_things_total 4" in made.prometheus.render().splitlines()
+    assert "switchyard_test_things_total 4.0" in made.prometheus.render().splitlines()
     made.shutdown()
 
 
@@ -198,7 +201,7 @@ async def test_the_health_server_serves_metrics_as_prometheus_text() -> None:
         head, body = await raw_http(server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert head.startswith("HTTP/1.1 200 ")
         assert f"Content-Type: {CONTENT_TYPE}" in head
-        assert 'switchyard_test_probes_total{path="/x"} 1' in body.decode().splitlines()
+        assert 'switchyard_test_probes_total{path="/x"} 1.0' in body.decode().splitlines()
         head, body = await raw_http(server.port, b"POST /metrics HTTP/1.1\r\n\r\n")
         assert head.startswith("HTTP/1.1 405 ")
         head, body = await raw_http(server.port, b"GET /nothing HTTP/1.1\r\n\r\n")
@@ -258,7 +261,7 @@ async def test_every_service_serves_its_metrics_on_the_health_port() -> None:
         assert started.port is not None
         head, body = await raw_http(started.port, b"GET /metrics HTTP/1.1\r\n\r\n")
         assert head.startswith("HTTP/1.1 200 ")
-        assert "switchyard_idle_starts_total 1" in body.decode().splitlines()
+        assert "switchyard_idle_starts_total 1.0" in body.decode().splitlines()
     finally:
         stop.set()
         assert await asyncio.wait_for(running, WAIT_S) == 0

@@ -94,6 +94,17 @@ class Bus:
         message), ``skipped`` (passed over by a key filter, never decoded) and
         ``dead_lettered``; plain counts, exported as ``switchyard.bus.records``."""
 
+    def lags(self) -> dict[tuple[str, str], int]:
+        """Consumer lag in records by (topic, group), over this bus's open subscriptions
+        whose lag is known."""
+        lags: dict[tuple[str, str], int] = {}
+        for subscription in list(self._subscriptions):
+            lag = subscription.lag_records()
+            if lag is not None:
+                key = (subscription.topic.name, subscription.group)
+                lags[key] = lags.get(key, 0) + lag
+        return lags
+
     def topic_name(self, topic: Topic[Any]) -> str:
         """The topic's name on the broker, with this bus's prefix."""
         return self.topic_prefix + topic.name

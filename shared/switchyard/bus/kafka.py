@@ -126,6 +126,20 @@ class _KafkaConsumer:
             oldest_ms = polled_ms if oldest_ms is None else min(oldest_ms, polled_ms)
         return None if oldest_ms is None else oldest_ms / 1000.0
 
+    def lag_records(self) -> int | None:
+        # Over the partitions whose position is known here: those it handed records
+        # from, and empty ones (high watermark 0). A partition it has handed nothing from
+        # yet is being fetched for the first time; it counts once it has.
+        consumer = self._consumer
+        lag: int | None = None
+        for tp in consumer.assignment():
+            highwater = consumer.highwater(tp)
+            handed_out = self._next.get(tp, 0 if highwater == 0 else None)
+            if highwater is None or handed_out is None:
+                continue
+            lag = (lag or 0) + max(0, highwater - handed_out)
+        return lag
+
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         try:
             await self._consumer.commit(

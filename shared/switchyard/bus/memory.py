@@ -276,6 +276,15 @@ class MemoryBroker:
             if records or loop.time() >= deadline:
                 return records
 
+    def lag(self, member: _Member) -> int:
+        """Records ``member``'s partitions hold beyond its positions."""
+        lag = 0
+        for tp, position in member.positions.items():
+            log = self._partitions.get(tp.topic)
+            if log is not None:
+                lag += max(0, log[tp.partition].end - position)
+        return lag
+
     def behind(self, member: _Member) -> bool:
         """Whether ``member`` has records still to read."""
         for tp, position in member.positions.items():
@@ -336,6 +345,9 @@ class _MemoryConsumer:
         if self._broker.behind(self._member):
             return None
         return time.time()
+
+    def lag_records(self) -> int | None:
+        return self._broker.lag(self._member)
 
     async def close(self) -> None:
         if not self._closed:

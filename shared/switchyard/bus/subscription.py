@@ -185,6 +185,12 @@ class Subscription(Generic[M]):
         """The partitions this member owns now."""
         return self._consumer.assignment() if self._consumer is not None else frozenset()
 
+    def lag_records(self) -> int | None:
+        """Records the broker holds for this subscription beyond what it has fetched
+        (its consumer lag); None before its first fetch."""
+        consumer = self._consumer
+        return None if consumer is None else consumer.lag_records()
+
     # -- iteration -------------------------------------------------------------------
 
     def handled_through_s(self) -> float | None:

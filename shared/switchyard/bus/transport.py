@@ -45,6 +45,12 @@ class TransportConsumer(Protocol):
         now, or not known (before a first fetch)."""
         ...
 
+    def lag_records(self) -> int | None:
+        """Records the partitions it owns hold beyond what it was handed, by the
+        broker's latest answer, over the partitions whose position it knows; None when
+        it knows none (before a first fetch)."""
+        ...
+
     async def close(self) -> None:
         """Leave the group without committing anything further."""
         ...

@@ -384,8 +384,9 @@ class TracingMiddleware:
 def observe_bus_records(meter_provider: MeterProvider, bus: Bus) -> None:
     """Export ``bus.record_counts`` as the counter ``switchyard.bus.records`` (``topic``,
     ``group``, ``outcome``: ``decoded``, ``skipped``, ``dead_lettered``): what each
-    consumer read, decoded or passed over. Several buses of one process (the embedded
-    stack) feed the one instrument."""
+    consumer read, decoded or passed over; and ``bus.lags()`` as the gauge
+    ``switchyard.bus.lag`` (``topic``, ``group``). Several buses of one process (the
+    embedded stack) feed the one instrument."""
     counts = bus.record_counts
 
     def observations() -> Iterable[Observation]:
@@ -402,4 +403,20 @@ def observe_bus_records(meter_provider: MeterProvider, bus: Bus) -> None:
         kind="counter",
         unit="{record}",
         description="Records read by consumers, by outcome (decoded, skipped, dead_lettered).",
+    )
+
+    def lags() -> Iterable[Observation]:
+        return [
+            Observation(lag, {"topic": topic, "group": group})
+            for (topic, group), lag in bus.lags().items()
+        ]
+
+    observe(
+        meter_provider,
+        "switchyard.bus",
+        "switchyard.bus.lag",
+        lags,
+        kind="gauge",
+        unit="{record}",
+        description="Records the broker holds for a consumer beyond what it fetched.",
     )

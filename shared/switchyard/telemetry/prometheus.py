@@ -3,8 +3,9 @@
 :class:`PrometheusMetricReader` is an SDK metric reader (cumulative temporality) that
 :func:`~switchyard.telemetry.configure_telemetry` always attaches to the meter provider,
 next to the OTLP exporter when one is configured; :meth:`PrometheusMetricReader.render`
-collects and renders everything the process measured, for a ``GET /metrics``. No
-Prometheus client library is involved: :func:`render_metrics` writes the text itself.
+collects and renders everything the process measured, for a ``GET /metrics``:
+:func:`render_metrics` maps the OpenTelemetry points to metric families and
+``prometheus_client`` writes the text (escaping, number formatting).
 
 How instruments map (see also docs/architecture.md, "Telemetry"):
 
@@ -13,14 +14,14 @@ How instruments map (see also docs/architecture.md, "Telemetry"):
   ``switchyard_`` prefix is added where missing, and the instrument's unit is appended
   when it has one (``s`` → ``_seconds``, ``By`` → ``_bytes``, ``1`` on a gauge →
   ``_ratio``; annotations such as ``{request}`` add nothing);
-* a counter (monotonic sum, synchronous or observable) → ``counter``, its samples named
-  ``..._total``;
+* a counter (monotonic sum, synchronous or observable) → ``counter``, its samples (and
+  its ``HELP`` and ``TYPE`` lines) named ``..._total``;
 * an up-down counter (non-monotonic sum) and a gauge → ``gauge``;
 * a histogram → ``histogram``: cumulative ``_bucket{le="..."}`` samples ending with
   ``le="+Inf"``, then ``_sum`` and ``_count``;
 * exponential histograms are not rendered (nothing here records one);
-* attributes become labels (keys sanitised like names, values escaped: ``\\``, ``"``
-  and newlines); ``# HELP`` is the instrument's description, ``# TYPE`` its kind.
+* attributes become labels (keys sanitised like names); ``# HELP`` is the instrument's
+  description, ``# TYPE`` its kind.
 
 One family per name: points of the same name from several meters (instrumentation
 scopes) are merged under one ``HELP``/``TYPE``; a name reused with another kind keeps
@@ -29,11 +30,9 @@ the first kind and drops the other's points.
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from opentelemetry.sdk.metrics import (
     Counter,
@@ -56,6 +55,10 @@ from opentelemetry.sdk.metrics.export import (
     Histogram as HistogramData,
 )
 from opentelemetry.util.types import AttributeValue
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The content type of the text exposition format 0.0.4."""
@@ -146,47 +149,15 @@ def label_name(key: str) -> str:
     return _sanitise(key, _INVALID_LABEL)
 
 
-def escape_label_value(value: str) -> str:
-    """A label value with ``\\``, ``"`` and newlines escaped."""
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def escape_help(text: str) -> str:
-    """A ``# HELP`` text with ``\\`` and newlines escaped."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    """A sample value: integers without a fraction, ``+Inf``, ``-Inf``, ``NaN``."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value)
-
-
-@dataclass
-class _Family:
-    name: str
-    kind: str
-    help: str
-    lines: list[str] = field(default_factory=list)
-
-
 def render_metrics(data: MetricsData | None) -> str:
-    """The text exposition of ``data`` (as a metric reader collected it); empty for None.
+    """The text exposition of ``data`` (as a metric reader collected it), written by
+    ``prometheus_client``; empty for None or when nothing was measured.
 
     Families are sorted by name; the points of one family keep their collected order.
     """
     if data is None:
         return ""
-    families: dict[str, _Family] = {}
+    families: dict[str, Metric] = {}
     for resource_metrics in data.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
@@ -202,47 +173,53 @@ def render_metrics(data: MetricsData | None) -> str:
                 name = metric_name(metric.name, metric.unit or "", kind=kind)
                 family = families.get(name)
                 if family is None:
-                    family = families[name] = _Family(name, kind, metric.description or "")
-                elif family.kind != kind:
+                    family = families[name] = Metric(name, metric.description or "", kind)
+                elif family.type != kind:
                     continue
                 for point in points.data_points:
-                    family.lines.extend(_samples(name, kind, point))
-    out: list[str] = []
-    for name in sorted(families):
-        family = families[name]
-        if not family.lines:
-            continue
-        if family.help:
-            out.append(f"# HELP {name} {escape_help(family.help)}")
-        out.append(f"# TYPE {name} {family.kind}")
-        out.extend(family.lines)
-    return "\n".join(out) + "\n" if out else ""
+                    _add_samples(family, point)
+    kept = [families[name] for name in sorted(families) if families[name].samples]
+    if not kept:
+        return ""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(kept))
+    return generate_latest(registry).decode("utf-8")
 
 
-def _samples(name: str, kind: str, point: NumberDataPoint | HistogramDataPoint) -> list[str]:
+class _Families(Collector):
+    """What one render collected, handed to ``prometheus_client``'s writer."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def _add_samples(family: Metric, point: NumberDataPoint | HistogramDataPoint) -> None:
     labels = _labels(point.attributes or {})
+    name = family.name
     if isinstance(point, HistogramDataPoint):
-        lines: list[str] = []
         cumulative = 0
         for bound, count in zip(point.explicit_bounds, point.bucket_counts, strict=False):
             cumulative += count
-            le = _labels(point.attributes or {}, le=format_value(float(bound)))
-            lines.append(f"{name}_bucket{le} {cumulative}")
-        lines.append(f"{name}_bucket{_labels(point.attributes or {}, le='+Inf')} {point.count}")
-        lines.append(f"{name}_sum{labels} {format_value(point.sum)}")
-        lines.append(f"{name}_count{labels} {point.count}")
-        return lines
-    sample = f"{name}_total" if kind == "counter" else name
-    return [f"{sample}{labels} {format_value(point.value)}"]
+            family.add_sample(f"{name}_bucket", labels | {"le": _go_float(bound)}, cumulative)
+        family.add_sample(f"{name}_bucket", labels | {"le": "+Inf"}, point.count)
+        family.add_sample(f"{name}_sum", labels, point.sum)
+        family.add_sample(f"{name}_count", labels, point.count)
+        return
+    sample = f"{name}_total" if family.type == "counter" else name
+    family.add_sample(sample, labels, point.value)
 
 
-def _labels(attributes: Mapping[str, AttributeValue], *, le: str | None = None) -> str:
-    pairs = [(label_name(k), _label_value(v)) for k, v in attributes.items()]
-    if le is not None:
-        pairs.append(("le", le))
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs) + "}"
+def _go_float(value: float) -> str:
+    """A number as Prometheus writes it (``0.5``, ``+Inf``), by ``prometheus_client``."""
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _labels(attributes: Mapping[str, AttributeValue]) -> dict[str, str]:
+    return {label_name(k): _label_value(v) for k, v in attributes.items()}
 
 
 def _label_value(value: AttributeValue) -> str:
@@ -251,7 +228,7 @@ def _label_value(value: AttributeValue) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, int | float):
-        return format_value(value)
+        return _go_float(value) if isinstance(value, float) else str(value)
     if isinstance(value, Iterable):
         return ",".join(_label_value(v) for v in value)
     return str(value)
@@ -284,9 +261,6 @@ def _sanitise(text: str, invalid: re.Pattern[str]) -> str:
 __all__ = [
     "CONTENT_TYPE",
     "PrometheusMetricReader",
-    "escape_help",
-    "escape_label_value",
-    "format_value",
     "label_name",
     "metric_name",
     "render_metrics",

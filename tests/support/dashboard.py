@@ -1,0 +1,23 @@
+"""The dashboard's queries, as Prometheus is asked them by the dashboard tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = ROOT / "deploy" / "helm" / "switchyard" / "files"
+DASHBOARD = FILES / "dashboard.json"
+ALERTS = FILES / "alerts.yml"
+
+
+def panel_queries(rate_interval: str) -> list[tuple[str, str]]:
+    """Every (panel title, PromQL) of the dashboard, Grafana's ``$__rate_interval``
+    written as ``rate_interval``."""
+    dashboard: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return [
+        (panel["title"], target["expr"].replace("$__rate_interval", rate_interval))
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    ]
