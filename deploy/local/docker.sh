@@ -8,7 +8,7 @@
 #   deploy/local/docker.sh compose the compose v2 CLI plugin, built from the Go module proxy
 #                                  when `docker compose version` fails
 #   deploy/local/docker.sh images  python:3.11-slim, apache/kafka, redis, the collector,
-#                                  Jaeger and HAProxy: pulled; a stand-in is built only when a
+#                                  Jaeger, HAProxy and Prometheus: pulled; a stand-in is built only when a
 #                                  pull fails
 #   deploy/local/docker.sh stop    stop the dockerd this script started
 #
@@ -39,6 +39,7 @@ IMAGES=(
   "otel/opentelemetry-collector-contrib:0.115.0 otel-collector"
   "jaegertracing/all-in-one:1.63.0 jaeger"
   "haproxy:2.6 haproxy"
+  "prom/prometheus:v2.42.0 prometheus"
 )
 # The Docker CLI would otherwise want the buildx plugin, which Debian's docker.io lacks;
 # the stand-ins need nothing beyond the classic builder.
@@ -210,6 +211,7 @@ build_redis() { build_docker "$1" "$2" "$STANDINS/redis"; }
 build_otel_collector() { build_docker "$1" "$2" "$STANDINS/otel-collector"; }
 build_jaeger() { build_docker "$1" "$2" "$STANDINS/jaeger"; }
 build_haproxy() { build_docker "$1" "$2" "$STANDINS/haproxy"; }
+build_prometheus() { build_docker "$1" "$2" "$STANDINS/prometheus"; }
 
 images() {
   local entry image standin

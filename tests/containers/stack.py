@@ -34,6 +34,7 @@ AUTH = {"Authorization": f"Bearer {COMPOSE_DEMO_API_KEY}"}
 KAFKA = "127.0.0.1:19092"
 REDIS = "redis://127.0.0.1:16379/0"
 JAEGER = "http://127.0.0.1:16686"
+PROMETHEUS = "http://127.0.0.1:9090"
 COLLECTOR = "http://127.0.0.1:4318"
 STATE_PREFIX = "switchyard:"
 """The services' Redis key prefix (the default; the compose file sets none)."""

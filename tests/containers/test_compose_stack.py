@@ -54,6 +54,7 @@ from tests.containers.stack import (
     INGRESS,
     JAEGER,
     KAFKA,
+    PROMETHEUS,
     Workers,
     build_image,
     compose,
@@ -67,6 +68,7 @@ from tests.containers.stack import (
     service_of,
     torch_index,
 )
+from tests.support.dashboard import panel_queries
 
 # Builds (several minutes cold), start-up and the scenario share the first test's limit.
 pytestmark = pytest.mark.timeout(3600)
@@ -216,7 +218,8 @@ def test_every_service_is_up_and_every_health_endpoint_answers(
 ) -> None:
     running = project_containers(stack)
     services = {service_of(c) for c in running}
-    assert services >= SWITCHYARD_SERVICES | {"kafka", "redis", "otel-collector", "jaeger", "proxy"}
+    infrastructure = {"kafka", "redis", "otel-collector", "jaeger", "proxy", "prometheus"}
+    assert services >= SWITCHYARD_SERVICES | infrastructure
     assert len(project_containers(stack, "worker-llm")) == 2
     for container in running:
         health = container.attrs["State"].get("Health")
@@ -530,6 +533,32 @@ def test_the_loadgen_profile_replays_a_trace_sample(stack: docker.DockerClient) 
     assert "llama-2-7b   300" in done.stdout, done.stdout[-4000:]
     assert "timeouts: 0; transport errors: 0" in done.stdout, done.stdout[-4000:]
     print("\n" + done.stdout[-2500:])
+
+
+def test_prometheus_has_data_for_every_dashboard_panel_and_loads_every_rule(
+    stack: docker.DockerClient,
+) -> None:
+    # After the calls and the loadgen replay above; Prometheus scrapes every 5 s.
+    def empty_panels() -> list[tuple[str, str]]:
+        return [
+            (title, expr)
+            for title, expr in panel_queries("5m")
+            if not httpx.get(
+                f"{PROMETHEUS}/api/v1/query", params={"query": expr}, timeout=10
+            ).json()["data"]["result"]
+        ]
+
+    deadline = time.monotonic() + 60
+    while (empty := empty_panels()) and time.monotonic() < deadline:
+        time.sleep(5)
+    assert empty == [], empty
+    groups = httpx.get(f"{PROMETHEUS}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    assert len(rules) == 6, rules
+    assert all(rule["health"] == "ok" for rule in rules), rules
+    up = httpx.get(f"{PROMETHEUS}/api/v1/query", params={"query": "up"}, timeout=10).json()
+    scraped = {r["metric"]["service"] for r in up["data"]["result"] if r["value"][1] == "1"}
+    assert scraped == SWITCHYARD_SERVICES, scraped
 
 
 def test_the_calls_traces_reach_jaeger(stack: docker.DockerClient) -> None:

@@ -7,8 +7,9 @@ What differs from a container, and why:
 - host names are mapped to this machine: ``kafka:29092`` to the local broker and
   ``redis`` to the local Redis; the OpenTelemetry collector is not running here, so
   ``SWITCHYARD_OTLP_ENDPOINT`` is left out;
-- every process gets the test's topic and key prefix, a free health port (containers
-  each have their own 8081) and the ingress a free HTTP port;
+- every process gets the test's topic and key prefix, a free health port on the loopback
+  address (containers each have their own 8081, open to the compose network) and the
+  ingress a free HTTP port;
 - the registry volume is a temporary folder, filled by the file's own ``registry`` job;
 - the emulated workers run 20 times faster than the file's real time, so the replay
   takes seconds.
@@ -37,7 +38,12 @@ COMPOSE = REPO_ROOT / "docker-compose.yml"
 REGISTRY_MOUNT = "/var/lib/switchyard/registry"
 # Set per process by the test harness instead (see the module docstring).
 HARNESS_VARIABLES = frozenset(
-    {"SWITCHYARD_OTLP_ENDPOINT", "SWITCHYARD_HTTP_PORT", "SWITCHYARD_HEALTH_PORT"}
+    {
+        "SWITCHYARD_OTLP_ENDPOINT",
+        "SWITCHYARD_HTTP_PORT",
+        "SWITCHYARD_HEALTH_PORT",
+        "SWITCHYARD_HEALTH_HOST",
+    }
 )
 
 

@@ -88,3 +88,18 @@ def test_the_registry_job_when_built_already_needs_neither_torch_nor_scikit_lear
     )
     assert done.returncode == 0, done.stderr
     assert "exists already; nothing to do" in done.stdout
+
+
+def test_prometheus_scrapes_every_service_and_loads_the_chart_s_rules() -> None:
+    services = _services()
+    switchyard = {
+        name for name, spec in services.items() if spec.get("command", [None])[0] == "service"
+    }
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    (dns,) = job["dns_sd_configs"]
+    assert set(dns["names"]) == switchyard
+    assert dns["port"] == 8081
+    mounts = services["prometheus"]["volumes"]
+    assert "./deploy/helm/switchyard/files/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
