@@ -18,12 +18,12 @@ from cli.exit_codes import EXIT_UNAVAILABLE
 def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
     shown = settings.model_dump(mode="json")
     if "redis_url" in shown:
-        shown["redis_url"] = _mask_password(settings.redis_url)
+        shown["redis_url"] = mask_password(settings.redis_url)
     print(json.dumps(shown, indent=2, sort_keys=True))
     return 0
 
 
-def _mask_password(url: str) -> str:
+def mask_password(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     credentials, at, host = rest.rpartition("@")
     if not at or ":" not in credentials:
@@ -53,7 +53,7 @@ async def _check(settings: Settings) -> int:
     state = state_from_settings(settings)
     try:
         await state.ping()
-        where = _mask_password(settings.redis_url) if settings.state == "redis" else "in-process"
+        where = mask_password(settings.redis_url) if settings.state == "redis" else "in-process"
         print(f"state ({settings.state}) at {where}: ok")
     except SwitchyardError as exc:
         failures += 1

@@ -68,37 +68,37 @@ async def _watch(settings: Settings, args: argparse.Namespace) -> int:
     failures = (SwitchyardError, httpx.HTTPError, OSError, ValueError)
     # A pipe or a file gets lines wide enough for every column (a terminal its width).
     console = Console(width=None if sys.stdout.isatty() else 160)
+    where = _where(settings, args.url)
     async with _source(settings, args.url) as fetch:
         try:
             document = await fetch()
+            if args.once and not args.json:
+                # Rates need a second document: a screen waits a moment for one.
+                await asyncio.sleep(min(args.interval_s, 1.0))
+                document = await fetch()
         except failures as exc:
-            print(f"switchyard status: {_where(settings, args.url)}: {exc}", file=sys.stderr)
+            print(f"switchyard status: {where}: {exc}", file=sys.stderr)
             return EXIT_UNAVAILABLE
-        if args.once and not args.json:
-            # Rates need a second document: wait one interval for it.
-            await asyncio.sleep(min(args.interval_s, 1.0))
-            document = await fetch()
-        if args.json:
-            print(json.dumps(document), flush=True)
-            if args.once:
-                return 0
         if args.once:
-            console.print(render(document, _where(settings, args.url)))
+            if args.json:
+                print(json.dumps(document), flush=True)
+            else:
+                console.print(render(document, where))
             return 0
         live = None if args.json else Live(console=console, auto_refresh=False, screen=False)
         if live is not None:
             live.start()
         try:
             while True:
-                if live is not None:
-                    live.update(render(document, _where(settings, args.url)), refresh=True)
+                if live is None:
+                    print(json.dumps(document), flush=True)
+                else:
+                    live.update(render(document, where), refresh=True)
                 await asyncio.sleep(args.interval_s)
                 try:
                     document = await fetch()
-                except failures as exc:
-                    document = {**document, "error": str(exc)}
-                if args.json:
-                    print(json.dumps(document), flush=True)
+                except failures as exc:  # shown on the screen; the next refresh tries again
+                    document = {**document, "error": f"{where}: {exc}"}
         finally:
             if live is not None:
                 live.stop()
@@ -107,9 +107,9 @@ async def _watch(settings: Settings, args: argparse.Namespace) -> int:
 def _where(settings: Settings, url: str | None) -> str:
     if url is not None:
         return url
-    from cli.ops import _mask_password
+    from cli.ops import mask_password
 
-    return _mask_password(settings.redis_url)
+    return mask_password(settings.redis_url)
 
 
 @contextlib.asynccontextmanager

@@ -50,7 +50,3 @@ class DeadLetterTally:
             await self.state.hincr_float(keys.CLUSTER_STATS, "dead_letters", 1.0)
         except Exception as exc:
             log.warning("a dead letter was not counted: %s", exc)
-
-    async def flush(self) -> None:
-        """Wait for the counts still being written."""
-        await asyncio.gather(*self._writes, return_exceptions=True)

@@ -54,7 +54,7 @@ _REASONS = {
 _PATHS = ("/healthz", "/readyz")
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-StatusSource = Callable[[], Awaitable[dict[str, object]]]
+StatusReader = Callable[[], Awaitable[dict[str, object]]]
 """Returns the status document (e.g. ``switchyard.runtime.status.StatusSource.document``)."""
 
 MetricsSource = Callable[[], str]
@@ -115,7 +115,7 @@ class HealthServer:
         checks: Mapping[str, ReadinessCheck] | None = None,
         check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
         metrics: MetricsSource | None = None,
-        status: StatusSource | None = None,
+        status: StatusReader | None = None,
     ) -> None:
         self.host = host
         self._metrics = metrics
