@@ -76,6 +76,7 @@ from services.ingress.responses import (
     classification_answer,
     judged,
     llm_answer,
+    token_times,
 )
 from services.ingress.streaming import stream_answer
 from services.ingress.telemetry import HttpTelemetryMiddleware, call_record
@@ -422,6 +423,7 @@ class _Api:
             flavour=flavour,
             deadline_s=record.deadline_s if record else deadline_s,
             include_usage=include_usage,
+            token_slo=app.objectives,
         )
         if stream:
             return await stream_answer(
@@ -442,6 +444,7 @@ class _Api:
             raise self.desk.timeout(call.request_id)
         if telemetry is not None:
             telemetry.deadline_met = judged(completion, call.deadline_s)
+            telemetry.ttft_s, telemetry.tpot_s = token_times(completion)
         if (error := status_error(completion, call.deadline_s)) is not None:
             raise error
         return JSONResponse(

@@ -42,7 +42,9 @@ _TIMELINE = {
 _SWITCHYARD_BLOCK = {
     "type": "object",
     "description": "Where and how the request was served. emulated: the latency is a "
-    "performance model's output, not a measurement (header X-Switchyard-Emulated: true).",
+    "performance model's output, not a measurement (header X-Switchyard-Emulated: true). "
+    "LLM answers: ttft_s and tpot_s (time to the first token, per output token after it) "
+    "and token_slo_met (both within the application's objectives).",
     "properties": {
         "request_id": _STRING,
         "status": {"type": "string", "enum": ["ok", "failed", "expired", "cancelled"]},
@@ -53,6 +55,9 @@ _SWITCHYARD_BLOCK = {
         "deadline_s": _nullable(_NUMBER),
         "deadline_met": _BOOLEAN,
         "timeline": _ref("Timeline"),
+        "ttft_s": _nullable(_NUMBER),
+        "tpot_s": _nullable(_NUMBER),
+        "token_slo_met": _nullable(_BOOLEAN),
     },
 }
 

@@ -152,5 +152,7 @@ def _model_object(app: LlmApplication) -> dict[str, Any]:
             "max_prompt_tokens": app.max_prompt_tokens,
             "max_output_tokens": app.max_output_tokens,
             "workload": str(app.workload),
+            "ttft_slo_s": app.objectives.ttft_s,
+            "tpot_slo_s": app.objectives.tpot_s,
         },
     }

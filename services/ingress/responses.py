@@ -7,6 +7,11 @@ The ``switchyard`` block (non-streaming answers, and the final chunk of a stream
      "deadline_s", "deadline_met",
      "timeline": {"arrival_s", "assigned_s", "started_s", "first_token_s", "finished_s"}}
 
+and, in LLM answers, ``"ttft_s"``, ``"tpot_s"`` and ``"token_slo_met"``: the time to
+the first token and per output token after it (:mod:`switchyard.slo`; null when the
+timeline lacks them, TPOT for an answer of one token) and whether both met the
+application's objectives (null when its time to first token is unknown).
+
 Times are epoch seconds. ``deadline_met`` is true when the request finished at or
 before its deadline (false when it did not finish or had no deadline). ``emulated``
 true means the latency is a performance model's output, not a measurement; the HTTP
@@ -20,6 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from switchyard.contracts.messages import ClassificationResult, Completion, LLMResult
+from switchyard.slo import TokenSlo, judge, time_per_output_token_s
 
 from services.ingress.tenants import public_request_id
 
@@ -46,6 +52,8 @@ class LlmCall:
     deadline_s: float | None
     include_usage: bool = False
     """A stream ends with a usage chunk (``stream_options.include_usage``)."""
+    token_slo: TokenSlo | None = None
+    """The application's TTFT and TPOT objectives, its answers are judged by."""
 
     @property
     def object_name(self) -> str:
@@ -98,6 +106,28 @@ def switchyard_block(completion: Completion, deadline_s: float | None) -> dict[s
     }
 
 
+def token_times(completion: Completion) -> tuple[float | None, float | None]:
+    """An LLM answer's time to first token and time per output token after it."""
+    t = completion.timeline
+    if t.first_token_s is None:
+        return None, None
+    ttft_s = t.first_token_s - t.arrival_s
+    _, output_tokens = output_of(completion)
+    if t.finished_s is None:
+        return ttft_s, None
+    return ttft_s, time_per_output_token_s(t.first_token_s, t.finished_s, output_tokens)
+
+
+def token_block(completion: Completion, slo: TokenSlo | None) -> dict[str, Any]:
+    """The ``ttft_s``, ``tpot_s`` and ``token_slo_met`` of an LLM answer's block."""
+    ttft_s, tpot_s = token_times(completion)
+    met = None
+    if slo is not None and ttft_s is not None:
+        outcome = judge(slo, ttft_s=ttft_s, tpot_s=tpot_s, latency_s=0.0)
+        met = outcome.ttft_met and outcome.tpot_met
+    return {"ttft_s": ttft_s, "tpot_s": tpot_s, "token_slo_met": met}
+
+
 def answer_headers(request_id: str, *, emulated: bool) -> dict[str, str]:
     headers = {REQUEST_ID_HEADER: request_id}
     if emulated:
@@ -137,7 +167,8 @@ def llm_answer(call: LlmCall, completion: Completion) -> dict[str, Any]:
         "model": call.model,
         "choices": [choice],
         "usage": usage(call, tokens),
-        "switchyard": switchyard_block(completion, call.deadline_s),
+        "switchyard": switchyard_block(completion, call.deadline_s)
+        | token_block(completion, call.token_slo),
     }
 
 
@@ -176,7 +207,8 @@ def llm_final_chunk(call: LlmCall, completion: Completion) -> dict[str, Any]:
         "created": call.created,
         "model": call.model,
         "choices": [choice],
-        "switchyard": switchyard_block(completion, call.deadline_s),
+        "switchyard": switchyard_block(completion, call.deadline_s)
+        | token_block(completion, call.token_slo),
     }
 
 

@@ -18,6 +18,8 @@ catalogue name or ``unknown``, never a request id):
   query each;
 * ``switchyard.ingress.latency`` (histogram, seconds): from the call's arrival until its
   answer was fully sent (a stream's last event included), by ``app`` and ``outcome``;
+* ``switchyard.ingress.ttft`` and ``switchyard.ingress.tpot`` (histograms, seconds): an
+  LLM answer's time to first token and per output token after it, by ``app``;
 * ``switchyard.ingress.in_flight`` (up-down counter): inference calls being answered,
   by ``kind``.
 
@@ -91,6 +93,10 @@ class CallRecord:
     outcome: str | None = None
     deadline_met: bool | None = None
     """Whether the answer met its deadline (None: no answer, or no deadline)."""
+    ttft_s: float | None = None
+    """An LLM answer's time to first token (None: no answer, or not known)."""
+    tpot_s: float | None = None
+    """An LLM answer's time per output token after the first (None: not known)."""
 
 
 def deadline_label(outcome: str, record: CallRecord) -> str:
@@ -155,6 +161,18 @@ class _Instruments:
             "switchyard.ingress.latency",
             unit="s",
             description="Seconds from an inference call's arrival until its answer was sent.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        )
+        self.ttft_s = meter.create_histogram(
+            "switchyard.ingress.ttft",
+            unit="s",
+            description="Seconds from an LLM call's arrival to its first token.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        )
+        self.tpot_s = meter.create_histogram(
+            "switchyard.ingress.tpot",
+            unit="s",
+            description="Seconds per output token after the first, of an LLM answer.",
             explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
 
@@ -250,6 +268,10 @@ class HttpTelemetryMiddleware:
         key = (record.app, record.kind, outcome, f"{status // 100}xx")
         instruments.requests[(*key, deadline_label(outcome, record))] += 1
         instruments.latency_s.record(elapsed_s, {"app": record.app, "outcome": outcome})
+        if record.ttft_s is not None:
+            instruments.ttft_s.record(record.ttft_s, {"app": record.app})
+        if record.tpot_s is not None:
+            instruments.tpot_s.record(record.tpot_s, {"app": record.app})
 
     def _route(self, scope: Scope) -> str | None:
         for route in self.routes:

@@ -91,7 +91,13 @@ def make_catalogue() -> ServingCatalogue:
                     "max_output_tokens": CHAT_MAX_OUTPUT,
                     "workload": "conversation",
                 },
-                {"name": "coder", "model": "llama-2-13b", "slo_s": 60, "workload": "code"},
+                {
+                    "name": "coder",
+                    "model": "llama-2-13b",
+                    "slo_s": 60,
+                    "workload": "code",
+                    "ttft_slo_s": 0.25,
+                },
             ],
             "applications": [
                 {

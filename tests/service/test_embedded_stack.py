@@ -64,6 +64,11 @@ async def test_an_llm_completion_is_served_by_the_emulated_worker(
     assert answer.headers["x-switchyard-emulated"] == "true"
     t = info["timeline"]
     assert t["arrival_s"] <= t["assigned_s"] <= t["started_s"] <= t["finished_s"]
+    # Judged by the application's token objectives (llama-2-7b: a conversation, 1 s to
+    # the first token, 0.1 s a token after it, at this unloaded stack's pace).
+    assert info["ttft_s"] == pytest.approx(t["first_token_s"] - t["arrival_s"])
+    assert info["tpot_s"] == pytest.approx((t["finished_s"] - t["first_token_s"]) / 39)
+    assert info["token_slo_met"] is True
     status = await client.get(f"/v1/requests/{info['request_id']}")
     assert status.json()["status"] == "ok"
 

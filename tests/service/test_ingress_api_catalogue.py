@@ -28,6 +28,10 @@ async def test_models_lists_the_llm_applications(ingress: Replica) -> None:
     assert chat["owned_by"] == "switchyard"
     assert chat["switchyard"]["max_prompt_tokens"] == CHAT_MAX_PROMPT
     assert chat["switchyard"]["served_model"] == "llama-2-7b"
+    # Token objectives: the workload class's defaults, or the application's own.
+    assert (chat["switchyard"]["ttft_slo_s"], chat["switchyard"]["tpot_slo_s"]) == (1.0, 0.1)
+    coder = body["data"][1]["switchyard"]
+    assert (coder["ttft_slo_s"], coder["tpot_slo_s"]) == (0.25, 0.1)
 
 
 async def test_one_model_is_retrieved_by_name_and_an_unknown_one_is_a_404(

@@ -32,7 +32,11 @@ LLM applications name the model a client asks for (the OpenAI ``model`` field) a
 served model behind it::
 
     {"llm_applications": [{"name": "chat", "model": "llama-2-7b", "slo_s": 30,
-                           "workload": "conversation"}]}
+                           "workload": "conversation", "ttft_slo_s": 0.8}]}
+
+``ttft_slo_s`` and ``tpot_slo_s`` (optional) are the objectives its answers are judged by
+(``token_slo_met`` in each answer); without them, its workload class's defaults
+(:data:`switchyard.slo.DEFAULT_TOKEN_SLOS`).
 
 ``applications``, ``models``, ``pipelines`` and ``llm_applications`` are each optional,
 but a registry needs at least one application, pipeline or LLM application. Every
@@ -352,6 +356,9 @@ class LlmApplicationEntry(_Frozen):
         max_output_tokens: the most output tokens one request may ask for.
         workload: the workload class the predictor sees (``code``, ``conversation``,
             ``other``).
+        ttft_slo_s, tpot_slo_s: the time-to-first-token and time-per-output-token
+            objectives its answers are judged by; None: the workload class's default
+            (:data:`switchyard.slo.DEFAULT_TOKEN_SLOS`).
     """
 
     name: Name
@@ -360,6 +367,8 @@ class LlmApplicationEntry(_Frozen):
     max_prompt_tokens: int = Field(default=8192, ge=1, le=10_000_000)
     max_output_tokens: int = Field(default=4096, ge=1, le=1_000_000)
     workload: Literal["code", "conversation", "other"] = "other"
+    ttft_slo_s: PositiveSeconds | None = None
+    tpot_slo_s: PositiveSeconds | None = None
 
 
 class Registry(_Frozen):

@@ -18,6 +18,7 @@ from types import MappingProxyType
 
 from switchyard.apps.registry import Application, LlmApplicationEntry, Registry
 from switchyard.contracts.messages import WorkloadType
+from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
 TINY_LM_MODEL = "tiny-lm"
 """The served-model name of the real torch language model (random weights, CPU or CUDA)."""
@@ -42,6 +43,8 @@ class LlmApplication:
         max_prompt_tokens: the longest prompt accepted.
         max_output_tokens: the most output tokens a request may ask for.
         workload: the workload class the predictor sees.
+        token_slo: its own TTFT and TPOT objectives (a registry entry's); None: its
+            workload class's default. :attr:`objectives` is whichever applies.
     """
 
     name: str
@@ -50,16 +53,28 @@ class LlmApplication:
     max_prompt_tokens: int
     max_output_tokens: int
     workload: WorkloadType
+    token_slo: TokenSlo | None = None
+
+    @property
+    def objectives(self) -> TokenSlo:
+        """Its token objectives: its own, or its workload class's default."""
+        return self.token_slo if self.token_slo is not None else DEFAULT_TOKEN_SLOS[self.workload]
 
     @classmethod
     def from_entry(cls, entry: LlmApplicationEntry) -> LlmApplication:
+        workload = WorkloadType(entry.workload)
+        default = DEFAULT_TOKEN_SLOS[workload]
         return cls(
             name=entry.name,
             model=entry.model,
             slo_s=entry.slo_s,
             max_prompt_tokens=entry.max_prompt_tokens,
             max_output_tokens=entry.max_output_tokens,
-            workload=WorkloadType(entry.workload),
+            workload=workload,
+            token_slo=TokenSlo(
+                ttft_s=entry.ttft_slo_s or default.ttft_s,
+                tpot_s=entry.tpot_slo_s or default.tpot_s,
+            ),
         )
 
 
