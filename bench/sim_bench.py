@@ -46,6 +46,9 @@ DECISION_POLICIES = (
     "flashgen",
     "gaps",
     "oracle",
+    "llm-d",
+    "kv-router",
+    "switchyard",
 )
 PROFILE = "a100-80gb/llama-2-7b"
 
@@ -112,17 +115,22 @@ def _snapshot(rng: random.Random, workers: int) -> ClusterSnapshot:
     return ClusterSnapshot(now_s=100.0, workers=views)
 
 
-def _request(rng: random.Random, i: int) -> RequestView:
+def _request(rng: random.Random, i: int, workers: int = 32) -> RequestView:
     service_s = rng.uniform(0.2, 20.0)
+    prompt_tokens = rng.randint(16, 4000)
+    # A few workers hold a prefix of the prompt in their cache (what the prefix-aware
+    # policies weigh); the others read none.
+    cached = {f"w{w:02d}": rng.randint(0, prompt_tokens) for w in rng.sample(range(workers), 4)}
     return RequestView(
         request_id=f"r{i}",
         arrival_s=100.0,
-        prompt_tokens=rng.randint(16, 4000),
+        prompt_tokens=prompt_tokens,
         workload=WorkloadType.CONVERSATION,
         model="llama-2-7b",
         predicted_s={PROFILE: service_s},
         calibrated_s={PROFILE: service_s * 1.1},
         deadline_s=100.0 + 1.32 * service_s,
+        cached_tokens=cached,
     )
 
 
@@ -134,7 +142,7 @@ def decision_speed(workers: int, decisions: int, repeats: int) -> list[dict[str,
         p99s_us: list[float] = []
         for repeat in range(repeats):
             rng = random.Random(repeat)
-            cases = [(_request(rng, i), _snapshot(rng, workers)) for i in range(decisions)]
+            cases = [(_request(rng, i, workers), _snapshot(rng, workers)) for i in range(decisions)]
             ctx_rng = random.Random(repeat)
             times_ns: list[int] = []
             for sequence, (request, cluster) in enumerate(cases):
