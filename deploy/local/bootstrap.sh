@@ -76,4 +76,4 @@ fi
 # The Kafka broker jars, so that the first `make test` has everything before tests start.
 "$HERE/kafka.sh" fetch
 "$HERE/helm.sh" >/dev/null  # helm and KEDA's ScaledObject CRD, for tests/unit/test_helm_chart.py
-say "ready (.venv with switchyard[$EXTRAS], redis-server, java, Kafka jars)"
+say "ready (.venv with switchyard[$EXTRAS], redis-server, prometheus, java, Kafka jars)"
