@@ -76,7 +76,7 @@ from services.ingress.responses import (
     classification_answer,
     judged,
     llm_answer,
-    token_times,
+    token_block,
 )
 from services.ingress.streaming import stream_answer
 from services.ingress.telemetry import HttpTelemetryMiddleware, call_record
@@ -444,7 +444,7 @@ class _Api:
             raise self.desk.timeout(call.request_id)
         if telemetry is not None:
             telemetry.deadline_met = judged(completion, call.deadline_s)
-            telemetry.ttft_s, telemetry.tpot_s = token_times(completion)
+            telemetry.judged_tokens(token_block(completion, call.token_slo))
         if (error := status_error(completion, call.deadline_s)) is not None:
             raise error
         return JSONResponse(

@@ -30,7 +30,7 @@ from services.ingress.responses import (
     llm_final_chunk,
     llm_usage_chunk,
     output_of,
-    token_times,
+    token_block,
 )
 from services.ingress.telemetry import CallRecord
 
@@ -150,7 +150,7 @@ async def _events(
     error = status_error(completion, call.deadline_s)
     if telemetry is not None:
         telemetry.deadline_met = judged(completion, call.deadline_s)
-        telemetry.ttft_s, telemetry.tpot_s = token_times(completion)
+        telemetry.judged_tokens(token_block(completion, call.token_slo))
     if error is not None and telemetry is not None:
         telemetry.error_code = error.code
     if error is not None:

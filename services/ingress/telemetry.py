@@ -20,6 +20,8 @@ catalogue name or ``unknown``, never a request id):
   answer was fully sent (a stream's last event included), by ``app`` and ``outcome``;
 * ``switchyard.ingress.ttft`` and ``switchyard.ingress.tpot`` (histograms, seconds): an
   LLM answer's time to first token and per output token after it, by ``app``;
+* ``switchyard.ingress.token_slo`` (counter): LLM answers judged by their application's
+  TTFT and TPOT objectives, by ``app`` and ``verdict`` (``met``, ``missed``);
 * ``switchyard.ingress.in_flight`` (up-down counter): inference calls being answered,
   by ``kind``.
 
@@ -97,6 +99,14 @@ class CallRecord:
     """An LLM answer's time to first token (None: no answer, or not known)."""
     tpot_s: float | None = None
     """An LLM answer's time per output token after the first (None: not known)."""
+    token_slo_met: bool | None = None
+    """Whether both met the application's objectives (None: not judged)."""
+
+    def judged_tokens(self, block: dict[str, Any]) -> None:
+        """Take an LLM answer's ``ttft_s``, ``tpot_s`` and ``token_slo_met``
+        (:func:`services.ingress.responses.token_block`)."""
+        self.ttft_s, self.tpot_s = block["ttft_s"], block["tpot_s"]
+        self.token_slo_met = block["token_slo_met"]
 
 
 def deadline_label(outcome: str, record: CallRecord) -> str:
@@ -144,6 +154,15 @@ class _Instruments:
         """(app, kind, outcome, status class, deadline) -> calls answered."""
         self.in_flight: Counter[str] = Counter()
         """kind -> calls being answered."""
+        self.token_slo: Counter[tuple[str, str]] = Counter()
+        """(app, verdict: met | missed) -> LLM answers judged by their token objectives."""
+        meter.create_observable_counter(
+            "switchyard.ingress.token_slo",
+            callbacks=[self._observe_token_slo],
+            unit="{request}",
+            description="LLM answers judged by their application's TTFT and TPOT objectives, "
+            "by app and verdict (met, missed).",
+        )
         meter.create_observable_counter(
             "switchyard.ingress.requests",
             callbacks=[self._observe_requests],
@@ -182,6 +201,10 @@ class _Instruments:
             yield Observation(
                 count, attributes | {"status_class": status_class, "deadline": deadline}
             )
+
+    def _observe_token_slo(self, options: CallbackOptions) -> Iterable[Observation]:
+        for (app, verdict), count in list(self.token_slo.items()):
+            yield Observation(count, {"app": app, "verdict": verdict})
 
     def _observe_in_flight(self, options: CallbackOptions) -> Iterable[Observation]:
         for kind, count in list(self.in_flight.items()):
@@ -272,6 +295,8 @@ class HttpTelemetryMiddleware:
             instruments.ttft_s.record(record.ttft_s, {"app": record.app})
         if record.tpot_s is not None:
             instruments.tpot_s.record(record.tpot_s, {"app": record.app})
+        if record.token_slo_met is not None:
+            instruments.token_slo[record.app, "met" if record.token_slo_met else "missed"] += 1
 
     def _route(self, scope: Scope) -> str | None:
         for route in self.routes:

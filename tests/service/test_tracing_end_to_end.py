@@ -337,6 +337,9 @@ async def test_the_metrics_of_the_whole_process_count_calls_but_not_on_the_api_p
         'outcome="bad_request",status_class="4xx"} 1.0'
     )
     assert refused in lines
+    # Answers judged by their application's token objectives (met, unloaded).
+    judged = 'switchyard_ingress_token_slo_total{app="llama-2-7b",verdict="met"}'
+    assert any(line.startswith(judged) for line in lines), lines
     assert 'switchyard_ingress_in_flight{kind="llm"} 0.0' in lines
     assert 'switchyard_monitor_workers{status="alive"} 1.0' in lines
     assert any(
@@ -345,6 +348,8 @@ async def test_the_metrics_of_the_whole_process_count_calls_but_not_on_the_api_p
     )
     for expected in (
         "switchyard_ingress_latency_seconds_bucket",
+        "switchyard_ingress_ttft_seconds_bucket",
+        "switchyard_ingress_tpot_seconds_bucket",
         "switchyard_scheduler_decisions_total",
         "switchyard_scheduler_decision_latency_seconds_count",
         "switchyard_scheduler_unplaced",
