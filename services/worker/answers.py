@@ -111,7 +111,7 @@ class AnswerOutbox:
         await self._idle.wait()
 
     async def _flush(self, batch: list[_Pending]) -> None:
-        results = await self._record([p.completion for p in batch])
+        results, retried = await self._record([p.completion for p in batch])
         acks: list[Awaitable[object]] = []
         for pending, result in zip(batch, results, strict=True):
             completion = pending.completion
@@ -127,18 +127,25 @@ class AnswerOutbox:
                 if self._on_superseded is not None:
                     self._on_superseded(completion)
                 continue
-            if result == "duplicate" or pending.reply_partition is None:
-                continue  # answered before, or nobody waits on the bus (it is in the record)
+            if pending.reply_partition is None:
+                continue  # nobody waits on the bus (it is in the record)
+            if result == "duplicate" and not retried:
+                continue  # answered before: the caller had that answer
+            # A "duplicate" after a retried round trip is most likely this answer, recorded
+            # by the attempt whose reply was lost: the caller still waits for it.
             acks.append(self._publish(pending))
         if acks:
             await asyncio.gather(*acks)
 
-    async def _record(self, completions: list[Completion]) -> list[str]:
+    async def _record(self, completions: list[Completion]) -> tuple[list[str], bool]:
+        """The ledger's result for each, and whether a failed round trip came first
+        (whose writes may have been made: its "duplicate"s are then these answers)."""
         attempt = 0
         while True:
             attempt += 1
             try:
-                return list(await self.ledger.finish_many(completions, worker_fenced=self._fenced))
+                results = await self.ledger.finish_many(completions, worker_fenced=self._fenced)
+                return list(results), attempt > 1
             except Exception as exc:
                 if not is_retriable(exc):
                     raise

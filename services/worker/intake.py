@@ -76,6 +76,10 @@ class Intake:
         self.outbox = outbox
         self.metrics = metrics
         self.clock = clock
+        self._attempted: dict[str, int] = {}
+        """Request id -> the epoch this process asked the ledger to start and got no
+        reply about (the round trip failed): if the store did start it, the record says
+        ``running`` here when the assignment comes again, and it is ours to run."""
 
     @property
     def worker_id(self) -> str:
@@ -109,11 +113,26 @@ class Intake:
             return 0
         chosen = list(fresh.values())
         fences = [Fence(a.request.request_id, a.epoch, self.worker_id) for a, _ in chosen]
+        unanswered = {f.request_id: self._attempted.get(f.request_id) for f in fences}
+        for fence in fences:
+            self._attempted[fence.request_id] = fence.epoch
         results = await self.ledger.start_many(fences, self.clock())
         queued = 0
         for (assignment, context), result in zip(chosen, results, strict=True):
             request_id = assignment.request.request_id
             holdings.remember(request_id, assignment.epoch)
+            self._attempted.pop(request_id, None)
+            if result == "running" and unanswered[request_id] == assignment.epoch:
+                # Started by this process's earlier attempt, whose reply was lost (a store
+                # timeout, then the batch came again): nobody runs it but us.
+                log.warning(
+                    "assignment of %s epoch %d was started by an attempt whose reply was "
+                    "lost: run it",
+                    request_id,
+                    assignment.epoch,
+                    extra={"request_id": request_id, "epoch": assignment.epoch},
+                )
+                result = "started"
             if result in ("started", "missing"):
                 if result == "missing":
                     # No record to fence on (it expired, or the state store lost it):
@@ -124,7 +143,8 @@ class Intake:
             if result == "superseded":
                 self.metrics.superseded()
             reason = {
-                "running": "this worker took it before (a redelivery)",
+                "running": "an earlier process of this worker took it (its WorkerDown "
+                "re-assigns it)",
                 "answered": "the request was answered already",
                 "superseded": "it was re-assigned or moved since",
             }[result]

@@ -11,7 +11,9 @@ import time
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
 from switchyard.contracts.messages import Completion, CompletionStatus, LLMResult, RequestTimeline
+from switchyard.errors import StateError
 from switchyard.lifecycle import Assign, Fence, RequestLedger
+from switchyard.lifecycle.ledger import FinishResult, StartResult
 from switchyard.perf import performance_model
 from switchyard.state import keys
 
@@ -225,3 +227,58 @@ async def test_a_request_given_back_to_the_worker_that_runs_it_is_answered_once(
     assert (record.status, record.worker_id, record.epoch) == ("ok", "revived", 1)
     assert record.superseded_runs == 0
     assert _counted(metrics, "switchyard.worker.superseded", "revived") == 0
+
+
+async def test_a_start_whose_reply_was_lost_runs_when_its_assignment_comes_again(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store started the request, then the reply was lost (a timeout under load): the
+    # batch is handled again, and the record already says "running" on this worker. This
+    # worker never took it in, so nobody else will run it: it must, once.
+    ledger = stack.worker.intake.ledger
+    real_start_many = ledger.start_many
+    lost: list[str] = []
+
+    async def start_then_lose_the_reply(fences: list[Fence], now_s: float) -> list[StartResult]:
+        results = await real_start_many(fences, now_s)
+        if not lost:
+            lost.extend(f.request_id for f in fences)
+            raise StateError("Redis timed out: the reply was lost", retriable=True)
+        return results
+
+    monkeypatch.setattr(ledger, "start_many", start_then_lose_the_reply)
+    async with stack.answers("t-lost-reply") as answers:
+        await stack.send(_llm("lost-reply", output=3))
+        done = await _completion(answers)
+        later = [d.message for d in await drain_for(answers, 0.3)]
+    assert lost == ["lost-reply"]
+    assert (done.request_id, done.status) == ("lost-reply", CompletionStatus.OK)
+    assert not [m for m in later if isinstance(m, Completion)]  # run once, answered once
+    assert (await _read(stack.state, "lost-reply")).status == "ok"
+
+
+async def test_an_answer_recorded_by_an_attempt_whose_reply_was_lost_is_still_sent(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store recorded the answer, then the reply was lost: the retry finds it recorded
+    # ("duplicate"), and the caller, who waits on the bus, must get it all the same.
+    ledger = stack.worker.outbox.ledger
+    real_finish_many = ledger.finish_many
+    lost: list[str] = []
+
+    async def finish_then_lose_the_reply(
+        completions: list[Completion], *, worker_fenced: bool = True
+    ) -> list[FinishResult]:
+        results = await real_finish_many(completions, worker_fenced=worker_fenced)
+        if not lost:
+            lost.extend(c.request_id for c in completions)
+            raise StateError("Redis timed out: the reply was lost", retriable=True)
+        return results
+
+    monkeypatch.setattr(ledger, "finish_many", finish_then_lose_the_reply)
+    async with stack.answers("t-lost-finish") as answers:
+        await stack.send(_llm("lost-finish", output=3))
+        done = await _completion(answers)
+    assert lost == ["lost-finish"]
+    assert (done.request_id, done.status) == ("lost-finish", CompletionStatus.OK)
+    assert (await _read(stack.state, "lost-finish")).status == "ok"
