@@ -112,7 +112,7 @@ def format_registry(registry: Registry) -> str:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from switchyard.apps.registry import REGISTRY_FILE, save_registry
+    from switchyard.apps.registry_file import REGISTRY_FILE, save_registry
 
     out_dir: Path = args.out
     if out_dir.exists() and not out_dir.is_dir():
@@ -135,7 +135,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from switchyard.apps.registry import load_registry
+    from switchyard.apps.registry_file import load_registry
 
     print(format_registry(load_registry(args.registry)))
     return 0

@@ -11,6 +11,7 @@ import uuid
 from switchyard.config import Settings
 from switchyard.errors import SwitchyardError
 from switchyard.runtime import loop as event_loop
+from switchyard.runtime.connections import redact_url
 
 from cli.exit_codes import EXIT_UNAVAILABLE
 
@@ -18,18 +19,9 @@ from cli.exit_codes import EXIT_UNAVAILABLE
 def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
     shown = settings.model_dump(mode="json")
     if "redis_url" in shown:
-        shown["redis_url"] = mask_password(settings.redis_url)
+        shown["redis_url"] = redact_url(settings.redis_url)
     print(json.dumps(shown, indent=2, sort_keys=True))
     return 0
-
-
-def mask_password(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not at or ":" not in credentials:
-        return url
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}{sep}{user}:***@{host}"
 
 
 async def _check(settings: Settings) -> int:
@@ -53,7 +45,7 @@ async def _check(settings: Settings) -> int:
     state = state_from_settings(settings)
     try:
         await state.ping()
-        where = mask_password(settings.redis_url) if settings.state == "redis" else "in-process"
+        where = redact_url(settings.redis_url) if settings.state == "redis" else "in-process"
         print(f"state ({settings.state}) at {where}: ok")
     except SwitchyardError as exc:
         failures += 1

@@ -107,9 +107,9 @@ async def _watch(settings: Settings, args: argparse.Namespace) -> int:
 def _where(settings: Settings, url: str | None) -> str:
     if url is not None:
         return url
-    from cli.ops import mask_password
+    from switchyard.runtime.connections import redact_url
 
-    return mask_password(settings.redis_url)
+    return redact_url(settings.redis_url)
 
 
 @contextlib.asynccontextmanager

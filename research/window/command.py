@@ -69,7 +69,7 @@ def resolve_registry(path: Path | None, train_seed: int = 0) -> tuple[Registry, 
         RegistryError: an unreadable or invalid registry file (one line naming the field).
     """
     from switchyard.apps.profiling import build_registry
-    from switchyard.apps.registry import REGISTRY_FILE, load_registry, save_registry
+    from switchyard.apps.registry_file import REGISTRY_FILE, load_registry, save_registry
 
     if path is not None:
         return load_registry(path), path.parent

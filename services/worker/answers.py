@@ -29,7 +29,8 @@ from switchyard.contracts.messages import Completion
 from switchyard.contracts.topics import ANSWERS
 from switchyard.errors import is_retriable
 from switchyard.lifecycle import RequestLedger
-from switchyard.runtime.service import ServiceContext, backoff_s
+from switchyard.runtime.connections import backoff_s
+from switchyard.runtime.service import ServiceContext
 
 log = logging.getLogger(__name__)
 

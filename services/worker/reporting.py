@@ -31,7 +31,7 @@ from switchyard.contracts.messages import (
 )
 from switchyard.contracts.topics import ANSWERS
 from switchyard.errors import is_retriable
-from switchyard.runtime.service import backoff_s
+from switchyard.runtime.connections import backoff_s
 from switchyard.telemetry import Telemetry
 
 from services.worker.answers import AnswerOutbox

@@ -52,8 +52,9 @@ from switchyard.contracts.messages import (
 from switchyard.contracts.topics import HEARTBEATS, OBSERVATIONS, WORKER_INBOX, Topic
 from switchyard.errors import is_retriable
 from switchyard.lifecycle import RequestLedger
+from switchyard.runtime.connections import backoff_s
 from switchyard.runtime.inbox import Inbox
-from switchyard.runtime.service import Service, ServiceContext, backoff_s
+from switchyard.runtime.service import Service, ServiceContext
 from switchyard.serving import ServingCatalogue
 
 from services.worker.answers import AnswerOutbox

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
 from switchyard.contracts.messages import Completion, CompletionStatus, LLMResult, RequestTimeline
 from switchyard.errors import StateError
 from switchyard.lifecycle import Assign, Fence, RequestLedger
-from switchyard.lifecycle.ledger import FinishResult, StartResult
 from switchyard.perf import performance_model
 from switchyard.state import keys
 
@@ -235,23 +236,12 @@ async def test_a_start_whose_reply_was_lost_runs_when_its_assignment_comes_again
     # The store started the request, then the reply was lost (a timeout under load): the
     # batch is handled again, and the record already says "running" on this worker. This
     # worker never took it in, so nobody else will run it: it must, once.
-    ledger = stack.worker.intake.ledger
-    real_start_many = ledger.start_many
-    lost: list[str] = []
-
-    async def start_then_lose_the_reply(fences: list[Fence], now_s: float) -> list[StartResult]:
-        results = await real_start_many(fences, now_s)
-        if not lost:
-            lost.extend(f.request_id for f in fences)
-            raise StateError("Redis timed out: the reply was lost", retriable=True)
-        return results
-
-    monkeypatch.setattr(ledger, "start_many", start_then_lose_the_reply)
+    lost = _lose_the_first_reply(monkeypatch, stack.worker.intake.ledger, "start_many")
     async with stack.answers("t-lost-reply") as answers:
         await stack.send(_llm("lost-reply", output=3))
         done = await _completion(answers)
         later = [d.message for d in await drain_for(answers, 0.3)]
-    assert lost == ["lost-reply"]
+    assert [f.request_id for f in lost] == ["lost-reply"]
     assert (done.request_id, done.status) == ("lost-reply", CompletionStatus.OK)
     assert not [m for m in later if isinstance(m, Completion)]  # run once, answered once
     assert (await _read(stack.state, "lost-reply")).status == "ok"
@@ -262,23 +252,29 @@ async def test_an_answer_recorded_by_an_attempt_whose_reply_was_lost_is_still_se
 ) -> None:
     # The store recorded the answer, then the reply was lost: the retry finds it recorded
     # ("duplicate"), and the caller, who waits on the bus, must get it all the same.
-    ledger = stack.worker.outbox.ledger
-    real_finish_many = ledger.finish_many
-    lost: list[str] = []
-
-    async def finish_then_lose_the_reply(
-        completions: list[Completion], *, worker_fenced: bool = True
-    ) -> list[FinishResult]:
-        results = await real_finish_many(completions, worker_fenced=worker_fenced)
-        if not lost:
-            lost.extend(c.request_id for c in completions)
-            raise StateError("Redis timed out: the reply was lost", retriable=True)
-        return results
-
-    monkeypatch.setattr(ledger, "finish_many", finish_then_lose_the_reply)
+    lost = _lose_the_first_reply(monkeypatch, stack.worker.outbox.ledger, "finish_many")
     async with stack.answers("t-lost-finish") as answers:
         await stack.send(_llm("lost-finish", output=3))
         done = await _completion(answers)
-    assert lost == ["lost-finish"]
+    assert [c.request_id for c in lost] == ["lost-finish"]
     assert (done.request_id, done.status) == ("lost-finish", CompletionStatus.OK)
     assert (await _read(stack.state, "lost-finish")).status == "ok"
+
+
+def _lose_the_first_reply(
+    monkeypatch: pytest.MonkeyPatch, ledger: RequestLedger, method: str
+) -> list[Any]:
+    """Make ``ledger.method`` do its work, then fail its first call as a lost reply from
+    the store would; returns what that call was given."""
+    real = getattr(ledger, method)
+    lost: list[Any] = []
+
+    async def work_then_lose_the_reply(items: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        results = await real(items, *args, **kwargs)
+        if not lost:
+            lost.extend(items)
+            raise StateError("Redis timed out: the reply was lost", retriable=True)
+        return results
+
+    monkeypatch.setattr(ledger, method, work_then_lose_the_reply)
+    return lost

@@ -26,7 +26,7 @@ from switchyard.apps import (
 )
 from switchyard.apps.datasets import DATASET_SPECS
 from switchyard.apps.profiling import evaluate
-from switchyard.apps.registry import REGISTRY_FILE
+from switchyard.apps.registry_file import REGISTRY_FILE
 from switchyard.apps.variants import LogRegPcaVariant, train_variant
 
 from cli.apps import EXIT_BAD_INPUT, add_arguments, run

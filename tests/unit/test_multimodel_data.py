@@ -17,7 +17,8 @@ from switchyard.apps.pipelines import (
     check_pipelines,
     check_placeable,
 )
-from switchyard.apps.registry import Registry, RegistryError, load_registry, save_registry
+from switchyard.apps.registry import Registry, RegistryError
+from switchyard.apps.registry_file import load_registry, save_registry
 from switchyard.multimodel.dag import critical_path_s, find_cycle
 from switchyard.multimodel.model import ModelSpec, PipelineSpec, ResourceVector, Stage, WorkerSpec
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from switchyard.apps.profiling import build_registry
-from switchyard.apps.registry import REGISTRY_FILE, save_registry
+from switchyard.apps.registry_file import REGISTRY_FILE, save_registry
 
 from research.window.command import EXIT_BAD_INPUT, add_arguments, run
 from research.window.estimates_command import add_accuracy_arguments, run_accuracy

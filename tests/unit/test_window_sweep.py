@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from switchyard.apps.penalty import Penalty
-from switchyard.apps.registry import load_registry
+from switchyard.apps.registry_file import load_registry
 from switchyard.selection.registry import make_window_scheduler
 from switchyard.selection.snapshot import AppView, VariantView
 from switchyard.selection.views import app_view

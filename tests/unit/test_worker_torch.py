@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from switchyard.apps.profiling import build_registry
-from switchyard.apps.registry import save_registry
+from switchyard.apps.registry_file import save_registry
 from switchyard.contracts.messages import (
     Assignment,
     ClassificationPayload,

@@ -37,9 +37,8 @@ from switchyard.apps.registry import (
     StageEntry,
     UnknownApplicationError,
     VariantProfile,
-    load_registry,
-    save_registry,
 )
+from switchyard.apps.registry_file import load_registry, save_registry
 from switchyard.apps.variants import (
     VARIANT_NAMES,
     Variant,

@@ -150,7 +150,7 @@ def build_registry(
     """Train, save and profile every variant of every application; return the registry.
 
     Model files go to ``out_dir/<application>/``; their paths in the registry are
-    relative to ``out_dir`` (where :func:`~switchyard.apps.registry.save_registry`
+    relative to ``out_dir`` (where :func:`~switchyard.apps.registry_file.save_registry`
     should put ``registry.json``). The registry itself is not written.
 
     Args:

@@ -45,7 +45,7 @@ it), a stage names an unknown model, an ``after`` names an unknown stage, or two
 share a name; every time must be positive. Every time is in seconds (``_s``).
 
 The models here are frozen and validate every field (ranges, one value per class,
-unique names, a known dataset whose feature count matches). :func:`load_registry` turns
+unique names, a known dataset whose feature count matches). :func:`~switchyard.apps.registry_file.load_registry` turns
 every problem into one :class:`RegistryError` line naming the file and the field path::
 
     registry apps.json: applications[1].variants.mlp-small.accuracy: Input should be
@@ -57,21 +57,17 @@ The registry stores the prior's *specification* only; the estimation lives in
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import ErrorDetails
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from switchyard.apps.datasets import DATASET_NAMES, DATASET_SPECS, check_mix
 from switchyard.apps.penalty import Penalty, PenaltyKind
 from switchyard.multimodel.dag import find_cycle
 
 __all__ = [
-    "REGISTRY_FILE",
     "Application",
     "ModelEntry",
     "PenaltySpec",
@@ -83,13 +79,7 @@ __all__ = [
     "StageEntry",
     "UnknownApplicationError",
     "VariantProfile",
-    "load_registry",
-    "registry_from_data",
-    "save_registry",
 ]
-
-REGISTRY_FILE = "registry.json"
-"""The registry's file name in the folder `switchyard apps build` writes."""
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 PositiveSeconds = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
@@ -109,7 +99,7 @@ class UnknownApplicationError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class _FieldError(ValueError):
+class FieldError(ValueError):
     """A cross-field problem found by a model validator, with the path below that model.
 
     pydantic keeps the raised exception in the error's context, so the path can be
@@ -139,7 +129,7 @@ class PenaltySpec(_Frozen):
             self.to_penalty()
         except ValueError as exc:
             field, _, message = str(exc).partition(": ")
-            raise _FieldError((field,), message) from None
+            raise FieldError((field,), message) from None
         return self
 
     def to_penalty(self) -> Penalty:
@@ -196,7 +186,7 @@ class VariantProfile(_Frozen):
     def _batch_sizes(cls, value: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
         for worker_type, by_batch in value.items():
             if not by_batch:
-                raise _FieldError((worker_type,), "needs at least one batch size")
+                raise FieldError((worker_type,), "needs at least one batch size")
         return value
 
     @field_validator("model_file")
@@ -239,7 +229,7 @@ class Application(_Frozen):
             raise ValueError(f"needs at least 2 classes, got {len(value)}")
         for index, name in enumerate(value):
             if name in value[:index]:
-                raise _FieldError((index,), f"duplicate class name {name!r}")
+                raise FieldError((index,), f"duplicate class name {name!r}")
         return value
 
     @field_validator("dataset")
@@ -255,21 +245,21 @@ class Application(_Frozen):
         try:
             check_mix(self.stream_class_mix, classes)
         except ValueError as exc:
-            raise _FieldError(("stream_class_mix",), str(exc).removeprefix("mix: ")) from None
+            raise FieldError(("stream_class_mix",), str(exc).removeprefix("mix: ")) from None
         spec = DATASET_SPECS[self.dataset]
         if len(spec.class_names) != classes:
-            raise _FieldError(
+            raise FieldError(
                 ("classes",),
                 f"has {classes} classes, dataset {self.dataset!r} has {len(spec.class_names)}",
             )
         if spec.feature_dim != self.feature_dim:
-            raise _FieldError(
+            raise FieldError(
                 ("feature_dim",),
                 f"is {self.feature_dim}, dataset {self.dataset!r} has {spec.feature_dim} features",
             )
         for variant, profile in self.variants.items():
             if len(profile.recall) != classes:
-                raise _FieldError(
+                raise FieldError(
                     ("variants", variant, "recall"),
                     f"has {len(profile.recall)} values, expected one per class ({classes})",
                 )
@@ -322,7 +312,7 @@ class PipelineEntry(_Frozen):
         seen: dict[str, int] = {}
         for index, stage in enumerate(self.stages):
             if stage.name in seen:
-                raise _FieldError(
+                raise FieldError(
                     ("stages", index, "name"),
                     f"duplicate stage name {stage.name!r} (also stages[{seen[stage.name]}])",
                 )
@@ -330,17 +320,17 @@ class PipelineEntry(_Frozen):
         for index, stage in enumerate(self.stages):
             for position, name in enumerate(stage.after):
                 if name not in seen:
-                    raise _FieldError(
+                    raise FieldError(
                         ("stages", index, "after", position),
                         f"unknown stage {name!r}; stages: {', '.join(seen)}",
                     )
                 if name in stage.after[:position]:
-                    raise _FieldError(
+                    raise FieldError(
                         ("stages", index, "after", position), f"stage {name!r} is named twice"
                     )
         cycle = find_cycle({stage.name: stage.after for stage in self.stages})
         if cycle is not None:
-            raise _FieldError(("stages",), f"cycle {' -> '.join(cycle)}")
+            raise FieldError(("stages",), f"cycle {' -> '.join(cycle)}")
         return self
 
 
@@ -386,7 +376,7 @@ class Registry(_Frozen):
         if isinstance(data, Mapping) and not any(
             key in data for key in ("applications", "pipelines", "llm_applications")
         ):
-            raise _FieldError(
+            raise FieldError(
                 ("applications",),
                 "Field required (a registry needs applications, pipelines or llm_applications)",
             )
@@ -395,21 +385,21 @@ class Registry(_Frozen):
     @model_validator(mode="after")
     def _unique_names(self) -> Registry:
         if not self.applications and not self.pipelines and not self.llm_applications:
-            raise _FieldError(
+            raise FieldError(
                 ("applications",),
                 "needs at least one application, pipeline or LLM application",
             )
         seen: dict[str, str] = {}
         for index, app in enumerate(self.applications):
             if app.name in seen:
-                raise _FieldError(
+                raise FieldError(
                     ("applications", index, "name"),
                     f"duplicate application name {app.name!r} (also {seen[app.name]})",
                 )
             seen[app.name] = f"applications[{index}]"
         for index, pipeline in enumerate(self.pipelines):
             if pipeline.name in seen:
-                raise _FieldError(
+                raise FieldError(
                     ("pipelines", index, "name"),
                     f"duplicate application name {pipeline.name!r} (also {seen[pipeline.name]})",
                 )
@@ -417,13 +407,13 @@ class Registry(_Frozen):
             for position, stage in enumerate(pipeline.stages):
                 if stage.model not in self.models:
                     known = ", ".join(self.models) if self.models else "none (no models given)"
-                    raise _FieldError(
+                    raise FieldError(
                         ("pipelines", index, "stages", position, "model"),
                         f"unknown model {stage.model!r}; known: {known}",
                     )
         for index, llm_app in enumerate(self.llm_applications):
             if llm_app.name in seen:
-                raise _FieldError(
+                raise FieldError(
                     ("llm_applications", index, "name"),
                     f"duplicate application name {llm_app.name!r} (also {seen[llm_app.name]})",
                 )
@@ -450,157 +440,3 @@ class Registry(_Frozen):
         raise UnknownApplicationError(
             f"unknown application {name!r}; known: {', '.join(self.names())}"
         )
-
-
-def _field_path(location: tuple[str | int, ...]) -> str:
-    """``("applications", 1, "variants", "a", "accuracy")`` -> ``applications[1].variants.a.accuracy``."""
-    text = ""
-    for part in location:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif part == "[key]":
-            text += " (key)"
-        else:
-            text += f".{part}" if text else part
-    return text
-
-
-def _describe(error: ErrorDetails) -> str:
-    location = tuple(error["loc"])
-    message = error["msg"]
-    cause = error.get("ctx", {}).get("error")
-    if isinstance(cause, _FieldError):
-        location += cause.path
-        message = str(cause)
-    elif error["type"] == "value_error":
-        message = message.removeprefix("Value error, ")
-    path = _field_path(location)
-    return f"{path}: {message}" if path else message
-
-
-def _validation_message(exc: ValidationError) -> str:
-    errors = exc.errors()
-    text = _describe(errors[0])
-    if len(errors) > 1:
-        text += f" (and {len(errors) - 1} more)"
-    return text
-
-
-def registry_from_data(data: Any, source: str) -> Registry:
-    """Validate already-parsed registry data; errors name ``source`` and the field path."""
-    if not isinstance(data, Mapping):
-        raise RegistryError(
-            f"registry {source}: expected an object with an 'applications' list "
-            "and/or a 'pipelines' list, "
-            f"got {type(data).__name__}"
-        )
-    old = sorted(_millisecond_fields(data))
-    if old:
-        raise RegistryError(
-            f"registry {source}: {', '.join(old)}: a registry of an earlier format, in "
-            "milliseconds; registries now give every time in seconds (deadline_s, "
-            "latency_s, load_s, span_s, steepness_per_s, midpoint_s): rebuild it with "
-            "`switchyard apps build`"
-        )
-    try:
-        return Registry.model_validate(data)
-    except ValidationError as exc:
-        raise RegistryError(f"registry {source}: {_validation_message(exc)}") from None
-
-
-def _millisecond_fields(data: Any) -> set[str]:
-    """Every key ending in ``_ms`` anywhere in ``data``."""
-    if isinstance(data, Mapping):
-        found = {key for key in data if isinstance(key, str) and key.endswith("_ms")}
-        for value in data.values():
-            found |= _millisecond_fields(value)
-        return found
-    if isinstance(data, list):
-        return set().union(*(_millisecond_fields(item) for item in data)) if data else set()
-    return set()
-
-
-def _is_yaml(path: Path) -> bool:
-    return path.suffix.lower() in (".yaml", ".yml")
-
-
-def _yaml_module(source: str) -> Any:
-    try:
-        import yaml
-    except ImportError:
-        raise RegistryError(
-            f"registry {source}: YAML needs PyYAML, which is not installed; use JSON"
-        ) from None
-    return yaml
-
-
-def load_registry(path: str | os.PathLike[str]) -> Registry:
-    """Read and validate a registry file.
-
-    Raises:
-        RegistryError: one line naming the file and, for an invalid value, the field
-            path: for an unreadable or empty file, invalid JSON (with line and column),
-            or any invalid field.
-
-    Example:
-        >>> load_registry("registry.json").application("digits").deadline_s
-        0.15
-    """
-    file = Path(path)
-    source = str(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise RegistryError(f"registry {source}: cannot read the file: {reason}") from None
-    if not text.strip():
-        raise RegistryError(f"registry {source}: the file is empty")
-    if _is_yaml(file):
-        yaml = _yaml_module(source)
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            detail = " ".join(str(exc).split())
-            raise RegistryError(f"registry {source}: invalid YAML: {detail}") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise RegistryError(
-                f"registry {source}: invalid JSON at line {exc.lineno} column {exc.colno}: "
-                f"{exc.msg}"
-            ) from None
-    return registry_from_data(data, source)
-
-
-def save_registry(registry: Registry, path: str | os.PathLike[str]) -> None:
-    """Write ``registry`` to ``path`` (JSON; YAML for a ``.yaml``/``.yml`` name), atomically.
-
-    The file is written beside ``path`` and renamed over it, so a reader never sees half
-    a registry. ``load_registry(path)`` gives back an equal registry.
-
-    Raises:
-        RegistryError: when the file cannot be written (or YAML is asked for without PyYAML).
-    """
-    file = Path(path)
-    source = str(path)
-    data = registry.model_dump(mode="json", exclude_none=True)
-    # Leave out empty sections, so that a classification-only registry keeps its format.
-    for section in ("models", "pipelines", "applications"):
-        if not data.get(section):
-            data.pop(section, None)
-    if _is_yaml(file):
-        text = _yaml_module(source).safe_dump(data, sort_keys=False)
-    else:
-        text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    temporary = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            temporary.write_text(text, encoding="utf-8")
-            os.replace(temporary, file)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise RegistryError(f"registry {source}: cannot write the file: {exc.strerror}") from None

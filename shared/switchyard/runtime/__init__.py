@@ -4,6 +4,7 @@ See :func:`run_service` for the lifecycle and :mod:`switchyard.runtime.service` 
 exit codes.
 """
 
+from switchyard.runtime.connections import backoff_s
 from switchyard.runtime.health import DEFAULT_CHECK_TIMEOUT_S, HealthServer, ReadinessCheck
 from switchyard.runtime.service import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -13,7 +14,6 @@ from switchyard.runtime.service import (
     ContextBuilder,
     Service,
     ServiceContext,
-    backoff_s,
     build_default_context,
     main_for,
     run_service,

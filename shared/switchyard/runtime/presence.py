@@ -19,7 +19,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from switchyard.state import keys
@@ -112,12 +112,26 @@ class Presence:
         if gone:
             await self.state.zrem(keys.SERVICES, *(member for member, _ in gone))
 
-    async def routine(self, stopping: asyncio.Event) -> None:
-        """Renew every :data:`PRESENCE_PERIOD_S` until ``stopping`` is set."""
-        while not stopping.is_set():
-            await self.say()
+    @contextlib.asynccontextmanager
+    async def kept(self) -> AsyncIterator[None]:
+        """Say ``ready``, renew every :data:`PRESENCE_PERIOD_S` while the block runs,
+        say ``draining`` when it leaves."""
+        await self.say("ready")
+        leaving = asyncio.Event()
+        renewing = asyncio.create_task(self._renew(leaving))
+        try:
+            yield
+        finally:
+            leaving.set()
+            await asyncio.gather(renewing, return_exceptions=True)
+            await self.say("draining")
+
+    async def _renew(self, leaving: asyncio.Event) -> None:
+        while not leaving.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), PRESENCE_PERIOD_S)
+                await asyncio.wait_for(leaving.wait(), PRESENCE_PERIOD_S)
+            if not leaving.is_set():
+                await self.say()
 
     async def withdraw(self) -> None:
         """Remove the presence (a clean stop); failures are logged."""

@@ -28,10 +28,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
 
 from switchyard.config import Settings, load_settings
 from switchyard.errors import ConfigError, SwitchyardError, is_retriable
+from switchyard.runtime.connections import StartError, backoff_s, close_connections, connect
 from switchyard.runtime.health import HealthServer, ReadinessCheck
 from switchyard.runtime.loop import settle_heap
 from switchyard.runtime.presence import Presence
@@ -49,19 +49,12 @@ EXIT_CONFIG = 2
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 """How long :func:`run_service` keeps trying to reach the bus and state store at start."""
 
-_BACKOFF_INITIAL_S = 0.1
-_BACKOFF_MAX_S = 5.0
 # A routine that ran this long before failing had recovered: its next failure starts the
 # backoff afresh instead of waiting the capped delay.
 _HEALTHY_RUN_S = 10.0
 _CLOSE_STEP_TIMEOUT_S = 10.0  # each of bus.stop / state.close, so a dead broker cannot hang exit
 _FORCED_CLOSE_STEP_TIMEOUT_S = 1.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def backoff_s(attempt: int) -> float:
-    """Delay before retry ``attempt`` (1-based): 0.1 s, 0.2 s, 0.4 s … capped at 5 s."""
-    return min(_BACKOFF_MAX_S, _BACKOFF_INITIAL_S * 2.0 ** min(attempt - 1, 32))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,86 +243,6 @@ async def build_default_context(name: str, settings: Settings) -> ServiceContext
     )
 
 
-def _redact_url(url: str) -> str:
-    """``url`` without its password, fit for a log line."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-
-
-def _bus_address(settings: Settings) -> str:
-    if settings.bus == "kafka":
-        return f"Kafka at {settings.kafka_bootstrap}"
-    return "the in-memory bus"
-
-
-def _state_address(settings: Settings) -> str:
-    if settings.state == "redis":
-        return f"Redis at {_redact_url(settings.redis_url)}"
-    return "the in-memory state store"
-
-
-class _StartError(Exception):
-    """Starting failed; the message is the one line to show."""
-
-
-async def _connect(ctx: ServiceContext, timeout_s: float) -> None:
-    """Start the bus and reach the state store, retrying retriable errors with backoff for
-    up to ``timeout_s``: in a fresh deployment the broker may start after the service."""
-    deadline_s = time.monotonic() + timeout_s
-    steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
-        (_bus_address(ctx.settings), ctx.bus.start),
-        (_state_address(ctx.settings), ctx.state.ping),
-    ]
-    for address, step in steps:
-        attempt = 0
-        while True:
-            attempt += 1
-            left_s = deadline_s - time.monotonic()
-            try:
-                await asyncio.wait_for(step(), max(left_s, 0.01))
-                break
-            except TimeoutError as exc:
-                error: Exception = exc
-            except Exception as exc:
-                if not is_retriable(exc):
-                    raise _StartError(f"could not connect to {address}: {exc}") from exc
-                error = exc
-            left_s = deadline_s - time.monotonic()
-            if left_s <= 0:
-                detail = str(error) or type(error).__name__
-                raise _StartError(
-                    f"could not connect to {address} within {timeout_s:g} s: {detail}"
-                ) from error
-            delay_s = min(backoff_s(attempt), left_s)
-            ctx.logger.warning(
-                "waiting for %s (retry in %.1f s): %s",
-                address,
-                delay_s,
-                error,
-                extra={"event": "connect-retry", "address": address, "attempt": attempt},
-            )
-            await asyncio.sleep(delay_s)
-
-
-async def _close(ctx: ServiceContext, *, step_timeout_s: float) -> None:
-    """Stop the bus, close the state store, flush telemetry: each step bounded and
-    independent, so one broken connection does not keep the others open."""
-    log = ctx.logger
-    for what, step in (("stopping the bus", ctx.bus.stop), ("closing state", ctx.state.close)):
-        try:
-            await asyncio.wait_for(step(), step_timeout_s)
-        except Exception as exc:
-            log.warning("%s failed: %s", what, exc or type(exc).__name__)
-    try:
-        ctx.telemetry.shutdown()
-    except Exception as exc:
-        log.warning("flushing telemetry failed: %s", exc)
-
-
 ServiceFactory = Callable[[ServiceContext], "Service | Awaitable[Service]"]
 """What builds a service from its context: the class itself, or an async ``create``."""
 
@@ -430,16 +343,12 @@ async def run_service(
         presence = Presence(ctx.state, name, settings.instance_id, lambda: bound.url)
         started = await _start(service, health, ctx, stop_requested, connect_timeout_s)
         if started:
-            await presence.say("ready")
-            presence_task = asyncio.create_task(presence.routine(stop_requested))
-            await _first(stop_requested.wait(), service.failed.wait())
-            presence_task.cancel()
-            await asyncio.gather(presence_task, return_exceptions=True)
-            await presence.say("draining")
+            async with presence.kept():
+                await _first(stop_requested.wait(), service.failed.wait())
         code = await _drain(service, health, ctx, forced, signals_received)
         if started:
             await presence.withdraw()
-    except _StartError as exc:
+    except StartError as exc:
         log.error("%s", exc, extra={"event": "start-failed"})
         print(f"switchyard {name}: {exc}", file=sys.stderr)
     except ConfigError as exc:  # e.g. a bad registry file, found while building
@@ -455,7 +364,7 @@ async def run_service(
         if service is not None:
             await service.cancel_routines()
         step_timeout_s = _FORCED_CLOSE_STEP_TIMEOUT_S if forced.is_set() else _CLOSE_STEP_TIMEOUT_S
-        await _close(ctx, step_timeout_s=step_timeout_s)
+        await close_connections(ctx, step_timeout_s=step_timeout_s)
         if health is not None:
             await health.stop()
         # Removed last: a signal during the closing steps must not kill the process
@@ -488,11 +397,11 @@ async def _start(
     then but what start spawned)."""
 
     async def connect_and_start() -> None:
-        await _connect(ctx, connect_timeout_s)
+        await connect(ctx, connect_timeout_s)
         try:
             await service.start()
         except SwitchyardError as exc:  # expected failures get one line, bugs a traceback
-            raise _StartError(f"could not start: {exc}") from exc
+            raise StartError(f"could not start: {exc}") from exc
 
     starting = asyncio.ensure_future(connect_and_start())
     stopped = asyncio.ensure_future(stop_requested.wait())

@@ -14,7 +14,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from switchyard.apps.registry import REGISTRY_FILE, load_registry, save_registry
+from switchyard.apps.registry_file import REGISTRY_FILE, load_registry, save_registry
 from switchyard.errors import ConfigError
 from switchyard.serving.catalogue import ServingCatalogue
 
