@@ -103,7 +103,7 @@ bench-eval: deps
 	$(BIN)/python -m bench.gaps_eval --json bench/results/gaps_eval.json
 
 bench-capacity: deps
-	$(BIN)/python -m bench.capacity_eval --json bench/results/capacity_eval.json
+	$(BIN)/python -m bench.capacity_eval --with-admission ttft-feasible --json bench/results/capacity_eval.json
 
 bench-estimator: deps
 	$(BIN)/python -m bench.estimator_bench --json bench/results/estimator.json

@@ -15,6 +15,10 @@ The table names, per trace and cluster, the best baseline (every policy but
 ``switchyard*``, ``gaps*`` and the clairvoyant oracle) and each other policy's capacity
 relative to it.
 
+``--with-admission ttft-feasible`` runs every baseline a second time with Switchyard's
+admission (listed as ``llm-d + ttft-feasible``; never the best baseline), so the tables
+tell what refusing hopeless requests buys apart from what a policy's routing does.
+
 Run ``make bench-capacity`` or ``python -m bench.capacity_eval [--quick] [--json OUT]``;
 the Markdown tables go to stdout. ``--quick``: 1,000 requests, 8 workers, the Azure
 conversation trace only.
@@ -27,11 +31,11 @@ import json
 import multiprocessing as mp
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from switchyard.policies.registry import llm_policy_names
+from switchyard.policies.registry import PolicyOptions, llm_policy_names
 from switchyard.slo import token_slos
 from switchyard.traces import head, resolve_trace
 
@@ -53,11 +57,22 @@ class Search:
     policy: str
     profiles: tuple[str, ...]
     requests: int
+    admission: str | None = None
+    """Run the policy with this admission instead of its own (``--with-admission``)."""
 
 
 def is_baseline(policy: str) -> bool:
-    """A policy people would pick instead: not Switchyard's own, not GAPS, not the oracle."""
-    return not policy.startswith(("switchyard", "gaps")) and policy != "oracle"
+    """A policy people would pick instead, as they run it: not Switchyard's own, not
+    GAPS, not the oracle, and not a baseline given Switchyard's admission."""
+    return (
+        not policy.startswith(("switchyard", "gaps"))
+        and policy != "oracle"
+        and ADMISSION_MARK not in policy
+    )
+
+
+ADMISSION_MARK = " + "
+"""Joins a policy's name and the admission it was run with in the tables."""
 
 
 def _run(search: Search) -> dict[str, Any]:
@@ -68,8 +83,11 @@ def _run(search: Search) -> dict[str, Any]:
         workers=(search.workers,),
         profiles=search.profiles,
         token_slos=token_slos(ttft_s=TTFT_OBJECTIVE_S.get(search.trace)),
+        policy_options=PolicyOptions(admission=search.admission),
     )
     (result,) = run_capacity(config, trace, targets=TARGETS)
+    if search.admission is not None:
+        result["policy"] += ADMISSION_MARK + search.admission
     return {**result, "cluster": "+".join(p.split("/")[0] for p in search.profiles)}
 
 
@@ -129,10 +147,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", default="8,16,32", help="cluster sizes (default 8,16,32)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--with-admission",
+        metavar="NAME",
+        default=None,
+        help="also run every baseline with this admission policy (e.g. ttft-feasible), "
+        "to tell what a policy's admission buys from what its routing does",
+    )
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     sizes = [int(size) for size in args.workers.split(",") if size.strip()]
     searches = _searches(args.quick, args.requests, policies, sizes)
+    if args.with_admission is not None:
+        PolicyOptions(admission=args.with_admission)  # a bad name fails before any run
+        searches += [
+            replace(search, admission=args.with_admission)
+            for search in searches
+            if is_baseline(search.policy)
+        ]
     with mp.get_context("spawn").Pool(args.processes) as pool:
         results = pool.map(_run, searches, chunksize=1)
     print(markdown(results))

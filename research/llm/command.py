@@ -83,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--predictor", default="linear", help="service-time predictor: linear or mlp"
     )
+    parser.add_argument(
+        "--admission", default=None, metavar="NAME",
+        help="run every policy with this admission policy instead of its own: none, or "
+        "ttft-feasible (refuse a request no worker can give its first token in time); "
+        "default: each policy's own (only switchyard has one)",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (default 1)")
     parser.add_argument("--requests", type=int, default=None, help="use the first N requests")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
@@ -132,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from switchyard.perf import performance_model
-    from switchyard.policies import make_llm_policy
+    from switchyard.policies import PolicyOptions, make_llm_policy
     from switchyard.prediction import make_predictor
     from switchyard.progress import Progress
     from switchyard.traces import head, resolve_trace, scale_load
@@ -142,8 +148,9 @@ def _run(args: argparse.Namespace) -> int:
 
     # Every name is checked before the trace is read: a typo fails at once, on one line.
     _check_numbers(args)
+    options = PolicyOptions(admission=args.admission)
     for name in args.policies:
-        make_llm_policy(name)
+        make_llm_policy(name, options)
     for profile in args.gpu:
         performance_model(profile)
     make_predictor(args.predictor)
@@ -161,6 +168,7 @@ def _run(args: argparse.Namespace) -> int:
         token_slos=token_slos(ttft_s=args.ttft_slo_s, tpot_s=args.tpot_slo_s),
         predictor=args.predictor,
         seeds=args.seeds,
+        policy_options=options,
     )
     if args.capacity:
         return _run_capacity(args, config, trace)

@@ -53,6 +53,7 @@ class ExperimentConfig:
             "gaps": asdict(self.policy_options.gaps),
             "gaps_rebalance": asdict(self.policy_options.gaps_rebalance),
             "prefill_fraction": self.policy_options.prefill_fraction,
+            "admission": self.policy_options.admission,
         }
         return data
 

@@ -7,7 +7,8 @@ that met every objective (TTFT and TPOT by workload class, and end to end), and
 ``goodput_rps`` those requests per second of the trace's arrival window (first to last
 arrival: the drain after the last arrival is not counted, so a short trace is not
 charged for its last requests' tail, and goodput is attainment times the offered rate).
-Rejected requests are misses in all three. Utilisation of a worker is the time average of its
+Rejected requests (too large for any worker) and refused ones (the policy's admission
+said no) are misses in all three. Utilisation of a worker is the time average of its
 binding resource in use (batch slots or KV-cache memory, 1.0 while requests wait);
 ``load_cov`` is the coefficient of variation of that average across workers (0 is a
 perfectly even spread). Quantiles interpolate linearly between order statistics.
@@ -33,6 +34,8 @@ class RunMetrics:
     completed: int
     rejected: int
     """Requests larger than any worker's KV cache: never admitted."""
+    refused: int
+    """Requests the policy's admission refused (:mod:`switchyard.policies.admission`)."""
     p50_s: float
     p90_s: float
     p99_s: float
@@ -84,6 +87,7 @@ def summarise(
     start_s: float,
     end_s: float,
     rejected: int,
+    refused: int = 0,
     token_slos: Mapping[WorkloadType, TokenSlo],
     last_arrival_s: float,
 ) -> RunMetrics:
@@ -130,6 +134,7 @@ def summarise(
         requests=total,
         completed=len(done),
         rejected=rejected,
+        refused=refused,
         p50_s=quantile(latencies, 0.50),
         p90_s=quantile(latencies, 0.90),
         p99_s=quantile(latencies, 0.99),
@@ -138,7 +143,7 @@ def summarise(
         ttft_p99_s=quantile(ttfts, 0.99),
         tpot_p50_s=quantile(tpots, 0.50),
         tpot_p99_s=quantile(tpots, 0.99),
-        slo_violation_rate=(violations + rejected) / total if total else 0.0,
+        slo_violation_rate=(violations + rejected + refused) / total if total else 0.0,
         ttft_attainment=ttft_met / total if total else 0.0,
         tpot_attainment=tpot_met / total if total else 0.0,
         slo_attainment=all_met / total if total else 0.0,

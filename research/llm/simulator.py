@@ -178,6 +178,7 @@ class Simulator:
         self.decisions = 0
         self.predictor: ServiceTimePredictor | None = None
         self._constant_s: dict[str, float] = {}
+        self._reads_cache = policy.reads_cached_tokens
 
     # -- set-up ----------------------------------------------------------------------
 
@@ -266,7 +267,8 @@ class Simulator:
             cal,  # calibrated_s
             deadline_s,
             true_s,  # true_service_s
-            self._cached_tokens(row) if self.policy.prefix_aware and row.prefix_blocks else {},
+            self._cached_tokens(row) if self._reads_cache and row.prefix_blocks else {},
+            self.config.token_slos[row.workload].ttft_s,
         )
         return view, raw, features
 
@@ -504,7 +506,8 @@ class Simulator:
         capacity = min(inst.perf.kv_capacity_tokens for inst in self.instances)
         self.completed: list[SimRequest] = []
         self._requests: list[SimRequest] = []
-        rejected = 0
+        rejected = refused = 0
+        admission = self.policy.admission
         rebalancer = self.policy.rebalancer
         period_s = rebalancer.period_s if rebalancer is not None else 0.0
         start_s = trace[0].arrival_s
@@ -540,6 +543,9 @@ class Simulator:
             if row.prompt_tokens + row.output_tokens > capacity:
                 rejected += 1  # can never fit a worker's KV cache: reported, not simulated
                 continue
+            if admission is not None and admission.admit(view, self._cluster(now_s)) is not None:
+                refused += 1  # answered at once, a miss: nothing of it is simulated
+                continue
             pending += 1
             if period_s > 0 and not self._tick_due:
                 # The ticks stopped while nothing was outstanding: they resume on the
@@ -568,6 +574,7 @@ class Simulator:
             start_s=start_s,
             end_s=end_s,
             rejected=rejected,
+            refused=refused,
             token_slos=self.config.token_slos,
             last_arrival_s=trace[-1].arrival_s,
         )

@@ -16,11 +16,12 @@ A *run* is one simulation of one policy on one scenario with one seed, as a JSON
 ``requests``, ``completed`` request counts (``int``)
 ``p50_s`` ``p90_s`` ``p99_s``  latency percentiles in seconds (``float``)
 ``slo_violation_rate``      fraction of requests over their end-to-end objective
-                            (or rejected), 0..1
+                            (or rejected, or refused by admission), 0..1
 ``ttft_p99_s`` ``tpot_p99_s``  optional: P99 time to first token and per output token
 ``slo_attainment``          optional: fraction of requests that met every objective
                             (TTFT, TPOT, end to end; :mod:`switchyard.slo`), 0..1
 ``goodput_rps``             optional: those requests per simulated second
+``refused``                 optional: requests the policy's admission refused (``int``)
 ``migrations``              migrations carried out (``int``)
 ``migration_cost_s``        seconds spent moving requests (``float``)
 ``mean_utilization``        mean busy fraction of the workers, 0..1
@@ -83,6 +84,7 @@ OPTIONAL_METRIC_KEYS: tuple[str, ...] = (
     "tpot_p99_s",
     "slo_attainment",
     "goodput_rps",
+    "refused",
 )
 """Numeric results that runs written before they existed lack (aggregated as NaN)."""
 

@@ -213,6 +213,7 @@ COLUMNS: dict[str, Column] = {
         Column("tpot_p99_s", "TPOT P99 ms", lambda r: _sig(r["tpot_p99_s"] * 1000)),
         Column("slo_attainment", "SLO met %", lambda r: _percent(r["slo_attainment"])),
         Column("goodput_rps", "goodput/s", lambda r: _sig(r["goodput_rps"])),
+        Column("refused", "refused %", lambda r: _percent(r["refused"] / r["requests"])),
         Column("migrations", "migrations", lambda r: _count(r["migrations"])),
         Column("migration_cost_s", "mig cost s", lambda r: _sig(r["migration_cost_s"])),
         Column("mean_utilization", "util %", lambda r: _percent(r["mean_utilization"])),
@@ -233,6 +234,7 @@ DEFAULT_METRIC_COLUMNS: tuple[str, ...] = (
     "tpot_p99_s",
     "slo_attainment",
     "goodput_rps",
+    "refused",
     "migrations",
     "migration_cost_s",
     "mean_utilization",
@@ -261,14 +263,20 @@ class BestPolicy:
 
 def best_by_p99(rows: Sequence[AggregateRow]) -> list[BestPolicy]:
     """For each scenario of aggregated ``rows``, the non-reference policy with the lowest
-    mean P99, and its runner-up. Scenarios without a finite contender P99 are left out."""
+    mean P99, and its runner-up. A policy that refused requests is no contender: its P99
+    is over the requests it chose to serve, and would crown shedding as speed. Scenarios
+    without a finite contender P99 are left out."""
     by_scenario: dict[tuple[Any, ...], list[AggregateRow]] = {}
     for row in rows:
         by_scenario.setdefault(scenario_key(row), []).append(row)
     found: list[BestPolicy] = []
     for scenario, members in by_scenario.items():
         contenders = sorted(
-            (r for r in members if not r["reference"] and math.isfinite(r["p99_s"])),
+            (
+                r
+                for r in members
+                if not r["reference"] and math.isfinite(r["p99_s"]) and not r["refused"] > 0
+            ),
             key=lambda r: r["p99_s"],
         )
         if not contenders:

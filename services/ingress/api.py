@@ -386,6 +386,7 @@ class _Api:
             prompt=prompt,
             stream=stream,
             prefix_blocks=blocks,
+            ttft_slo_s=app.objectives.ttft_s / self.options.llm_time_scale,
         )
 
         tenant = tenant_of(request.scope)

@@ -66,6 +66,10 @@ Publish = Callable[[InferenceRequest], Awaitable[object]]
 class FirstDecisions(Protocol):
     """An ingress that places requests itself (:mod:`services.ingress.dispatch`)."""
 
+    def refusal(self, request: InferenceRequest) -> str | None:
+        """Why the placement policy's admission refuses a new request (None: it takes
+        it); asked before anything is recorded."""
+
     def decide(self, request: InferenceRequest) -> Assign | None:
         """The first decision for a new request; None: publish it undecided."""
 
@@ -202,6 +206,20 @@ class RequestDesk:
                 )
                 raise refusal(decision, what)
         request = make_request(request_id)
+        refused = self.decisions.refusal(request) if self.decisions is not None else None
+        if refused is not None:
+            earlier = await self._read(request_id) if client_id is not None else None
+            if earlier is not None:
+                _same_call_or_conflict(earlier, request)
+                return await self._existing(earlier, stream=stream)
+            log.debug(
+                "refused request %s for %s: %s",
+                request_id,
+                what,
+                refused,
+                extra={"event": "admission_refused", "verdict": "ttft_objective_unattainable"},
+            )
+            raise unattainable(refused, what)
         decided = self.decisions.decide(request) if self.decisions is not None else None
         waiter = self.answers.register(request_id, stream=stream)
         try:
@@ -416,6 +434,11 @@ def status_error(completion: Completion, deadline_s: float | None) -> ApiError |
     )
 
 
+_NOT_ASKED = {"stream", "ttft_slo_s"}
+"""Payload fields a retry may change: whether it streams, and what the ingress adds from
+its configuration (the application's objective, which a redeploy may change)."""
+
+
 def _same_call_or_conflict(record: RequestRecord, request: InferenceRequest) -> None:
     """Nothing when ``request`` asks what the recorded one asked (a retry: the same
     application, model, prompt or features, output limit and priority; whether it
@@ -427,8 +450,8 @@ def _same_call_or_conflict(record: RequestRecord, request: InferenceRequest) -> 
     if (
         earlier.app == request.app
         and earlier.priority == request.priority
-        and earlier.payload.model_dump(exclude={"stream"})
-        == request.payload.model_dump(exclude={"stream"})
+        and earlier.payload.model_dump(exclude=_NOT_ASKED)
+        == request.payload.model_dump(exclude=_NOT_ASKED)
     ):
         return
     raise ApiError(
@@ -452,6 +475,19 @@ def restoring(request_id: str) -> ApiError:
         type_=SERVER_ERROR,
         code="state_restoring",
         headers={"Retry-After": "2"},
+    )
+
+
+def unattainable(reason: str, what: str) -> ApiError:
+    """The 400 of a request the placement policy's admission refused because no worker
+    can give it its first token within its application's objective: retrying the same
+    request will not help; nothing was recorded or published."""
+    return ApiError(
+        400,
+        f"{what} cannot give this request its first token within the application's "
+        f"objective: {reason}; nothing was started. A shorter prompt can be served",
+        param="prompt",
+        code="ttft_objective_unattainable",
     )
 
 
@@ -496,4 +532,5 @@ __all__ = [
     "RequestDesk",
     "refusal",
     "status_error",
+    "unattainable",
 ]

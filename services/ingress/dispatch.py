@@ -55,7 +55,7 @@ _SCOPE = "switchyard.ingress"
 class _DispatchCounts:
     """``switchyard.ingress.dispatched``: LLM requests by ``policy`` and ``outcome``
     (``assigned``, ``resent``, ``skipped``: answered or moved meanwhile, ``scheduler``:
-    handed to the scheduler)."""
+    handed to the scheduler, ``refused``: the policy's admission said no)."""
 
     def __init__(self, meter: Meter) -> None:
         self.counts: Counter[tuple[str, str]] = Counter()
@@ -107,6 +107,17 @@ class DirectDispatcher:
         latest model)."""
         self.placer.observe_cluster(view, self._worker_timeout_s)
         self.placer.predictor = await self._model.refresh_due(view.now_s)
+
+    def refusal(self, request: InferenceRequest) -> str | None:
+        """Why the policy's admission refuses a new LLM ``request`` (None: it takes it, or
+        the policy has none, or it is not an LLM request)."""
+        if not isinstance(request.payload, LLMPayload):
+            return None
+        refused = self.placer.refusal(request, time.time())
+        if refused is None:
+            return None
+        self._counts[self.policy.name, "refused"] += 1
+        return refused.reason
 
     def decide(self, request: InferenceRequest) -> Assign | None:
         """The first decision for a new ``request``, to be recorded with its acceptance

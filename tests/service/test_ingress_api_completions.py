@@ -79,6 +79,7 @@ async def test_completion_answers_in_openai_shape(stack: Stack, ingress: Replica
     assert payload.max_output_tokens == 8
     assert payload.workload == "conversation"
     assert payload.stream is False
+    assert payload.ttft_slo_s == 1.0  # the conversation class's default objective
 
 
 async def test_the_default_deadline_runs_in_the_emulated_time_scale(stack: Stack) -> None:
@@ -87,6 +88,8 @@ async def test_the_default_deadline_runs_in_the_emulated_time_scale(stack: Stack
     assert response.status_code == 200, response.text
     [request] = stack.worker.requests_with_id(response.json()["id"])
     assert request.deadline_s == pytest.approx(request.arrival_s + CHAT_SLO_S / 10.0)
+    assert isinstance(request.payload, LLMPayload)
+    assert request.payload.ttft_slo_s == pytest.approx(0.1)  # so is its TTFT objective
 
 
 async def test_max_tokens_defaults_to_16(stack: Stack, ingress: Replica) -> None:

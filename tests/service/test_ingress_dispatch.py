@@ -33,6 +33,7 @@ from services.embedded import EmbeddedPlan, EmbeddedStack
 from services.ingress.answers import AnswerRegistry
 from services.ingress.calls import CallOptions, RequestDesk
 from services.ingress.dispatch import DirectDispatcher
+from services.ingress.errors import ApiError
 from services.ingress.service import IngressService
 from services.scheduler.service import SchedulerService
 from tests.support.services import heartbeat, mark_restored, store_worker
@@ -63,10 +64,27 @@ class Setup:
     def ledger(self) -> RequestLedger:
         return RequestLedger(self.state)
 
-    async def worker(self, worker_id: str, partition: int | None = INBOX_PARTITION) -> None:
+    async def worker(
+        self,
+        worker_id: str,
+        partition: int | None = INBOX_PARTITION,
+        dispatcher: DirectDispatcher | None = None,
+    ) -> None:
         beat = heartbeat(worker_id).model_copy(update={"inbox_partition": partition})
         await store_worker(self.state, beat)
-        await self.dispatcher.observe(await ClusterReader(self.state).read(time.time()))
+        cluster = await ClusterReader(self.state).read(time.time())
+        await (dispatcher or self.dispatcher).observe(cluster)
+
+    def desk(self, dispatcher: DirectDispatcher | None = None) -> RequestDesk:
+        """A replica's desk that places with ``dispatcher`` (the setup's by default)."""
+        dispatcher = dispatcher or self.dispatcher
+        return RequestDesk(
+            self.ledger,
+            dispatcher.publish,
+            AnswerRegistry("ingress-a"),
+            CallOptions(),
+            decisions=dispatcher,
+        )
 
     async def submit(self, request: InferenceRequest) -> None:
         assert (await self.ledger.accept(request)).accepted
@@ -211,13 +229,7 @@ async def test_a_call_is_accepted_with_its_decision_in_one_ledger_round_trip(
         return await run_script_many(script, calls)
 
     monkeypatch.setattr(setup.state, "run_script_many", counting)
-    desk = RequestDesk(
-        setup.ledger,
-        setup.dispatcher.publish,
-        AnswerRegistry("ingress-a"),
-        CallOptions(),
-        decisions=setup.dispatcher,
-    )
+    desk = setup.desk()
 
     accepted = await desk.accept("r1", llm_request, stream=False)
 
@@ -236,6 +248,49 @@ async def test_a_call_is_accepted_with_its_decision_in_one_ledger_round_trip(
     again = await desk.accept("r1", llm_request, stream=False)
     assert again.waiter is not None
     assert await setup.inbox.next_within(0.2) is None
+
+
+# -- the policy's admission, before anything is recorded --------------------------------------
+
+
+def long_prompt_request(request_id: str) -> InferenceRequest:
+    # 4,000 tokens take 0.30 s to prefill on an idle A100: past a 0.25 s objective.
+    payload = LLMPayload(
+        model="llama-2-7b", prompt_tokens=4000, max_output_tokens=8, ttft_slo_s=0.25
+    )
+    return llm_request(request_id).model_copy(update={"payload": payload})
+
+
+async def test_a_request_no_worker_can_start_in_time_is_refused_unrecorded(
+    setup: Setup,
+) -> None:
+    dispatcher = DirectDispatcher(
+        setup.bus,
+        setup.state,
+        make_llm_policy("switchyard"),
+        worker_timeout_s=2.0,
+        model_interval_s=1.0,
+    )
+    await setup.worker("w1", dispatcher=dispatcher)
+    desk = setup.desk(dispatcher)
+
+    with pytest.raises(ApiError) as refused:
+        await desk.accept("long", long_prompt_request, stream=False, what="model 'chat'")
+
+    assert refused.value.status == 400
+    assert refused.value.code == "ttft_objective_unattainable"
+    assert "0.25 s time-to-first-token objective" in str(refused.value.message)
+    assert await setup.ledger.read("long") is None, "nothing was recorded"
+    assert await setup.inbox.next_within(0.2) is None, "nothing was sent"
+    # A prompt it can prefill in time is taken.
+    accepted = await desk.accept("short", llm_request, stream=False)
+    assert accepted.waiter is not None
+
+
+async def test_a_policy_without_admission_takes_the_long_prompt(setup: Setup) -> None:
+    await setup.worker("w1")
+    accepted = await setup.desk().accept("long", long_prompt_request, stream=False)
+    assert accepted.waiter is not None
 
 
 # -- a retry re-sends a decision whose assignment never went out -----------------------------

@@ -55,19 +55,39 @@ def test_without_prefix_knowledge_they_balance_load(name: str) -> None:
     assert policy.assign(request(), snapshot, ctx()).worker_id == "w2"
 
 
-def test_switchyard_follows_a_prefix_as_far_as_the_prefill_it_spares() -> None:
-    policy = make_llm_policy("switchyard").assignment
-    # 1 s of predicted service; the cached prefix spares w1 0.6 s of prefill.
-    costs = {"prefill_per_token_s": 0.6 / 1500, "prefill_per_token_sq_s": 0.0}
-    hit = request(service_s=1.0, prompt_tokens=2000, cached_tokens={"w1": 1500})
-    shorter_by_half = cluster(worker("w1", queued_work_s=0.5, **costs), worker("w2", **costs))
-    assert policy.assign(hit, shorter_by_half, ctx()).worker_id == "w1"  # 0.9 against 1.0
-    shorter_by_one = cluster(worker("w1", queued_work_s=1.0, **costs), worker("w2", **costs))
-    assert policy.assign(hit, shorter_by_one, ctx()).worker_id == "w2"  # 1.4 against 1.0
+_PREFILL = {"prefill_per_token_s": 0.0004, "prefill_per_token_sq_s": 0.0}
+"""0.4 ms a prompt token: a 2,000-token prompt takes 0.8 s to prefill, 500 of it 0.2 s."""
 
 
-def test_switchyard_without_a_prediction_counts_tokens() -> None:
+def test_switchyard_follows_a_prefix_to_a_worker_busier_with_decodes() -> None:
     policy = make_llm_policy("switchyard").assignment
-    bare = request(prompt_tokens=2000, cached_tokens={"w1": 1500}, calibrated_s={})
-    snapshot = cluster(worker("w1", queued_tokens=1000), worker("w2"))
-    assert policy.assign(bare, snapshot, ctx()).worker_id == "w1"  # 1,500 against 2,000
+    hit = request(prompt_tokens=2000, cached_tokens={"w1": 1500})
+    # w1: 0.2 s of prefill, paused for 8 of 64 slots (x 2.25) + 2 x 8/64 load = 0.7;
+    # w2: 0.8 s of prefill, idle = 0.8.
+    snapshot = cluster(worker("w1", running=8, **_PREFILL), worker("w2", **_PREFILL))
+    assert policy.assign(hit, snapshot, ctx()).worker_id == "w1"
+
+
+def test_switchyard_leaves_a_prefix_behind_a_backlog_of_prefills() -> None:
+    policy = make_llm_policy("switchyard").assignment
+    hit = request(prompt_tokens=2000, cached_tokens={"w1": 1500})
+    # w1 has 3,000 prompt tokens waiting: 1.2 s before its own 0.2 s; w2 is idle: 0.8 s.
+    backlog = worker("w1", waiting=3, queued_tokens=3000, **_PREFILL)
+    snapshot = cluster(backlog, worker("w2", **_PREFILL))
+    assert policy.assign(hit, snapshot, ctx()).worker_id == "w2"
+
+
+def test_switchyard_keeps_a_long_prefill_away_from_a_full_batch() -> None:
+    policy = make_llm_policy("switchyard").assignment
+    # 5,000 tokens: 2 s of prefill. On w1 it would pause 48 running decodes (x 8.5); w2
+    # has one short prompt waiting (0.2 s) and nothing running.
+    decoding = worker("w1", running=48, kv_used_tokens=20_000, queued_tokens=20_000, **_PREFILL)
+    queued = worker("w2", waiting=1, queued_tokens=500, **_PREFILL)
+    long_prompt = request(prompt_tokens=5000)
+    assert policy.assign(long_prompt, cluster(decoding, queued), ctx()).worker_id == "w2"
+
+
+def test_switchyard_without_prefill_costs_joins_the_shorter_queue() -> None:
+    policy = make_llm_policy("switchyard").assignment
+    snapshot = cluster(worker("w1", waiting=3, running=2), worker("w2", running=4))
+    assert policy.assign(request(), snapshot, ctx()).worker_id == "w2"

@@ -343,3 +343,21 @@ def test_long_prompts_at_any_load_all_finish(policy: str, load_scale: float) -> 
     rows = scale_load(resolve_trace("mooncake-sample"), load_scale).requests
     _, metrics = simulate(policy, rows, workers=8)
     assert metrics.completed + metrics.rejected == metrics.requests == 1000
+
+
+def test_admission_refuses_what_cannot_start_in_time_and_counts_it_a_miss() -> None:
+    perf = performance_model(A100)
+    # A code completion's first token is due in 0.5 s; 8,000 prompt tokens take longer
+    # to prefill on an idle A100, 1,000 do not.
+    assert perf.prefill_s([8000]) > 0.5 > perf.prefill_s([1000])
+    rows = [
+        Row(0.0, 1000, 20, WorkloadType.CODE),
+        Row(0.1, 8000, 20, WorkloadType.CODE),
+        Row(0.2, 1000, 20, WorkloadType.CODE),
+    ]
+    _, taken = simulate("jsq", rows)
+    assert (taken.completed, taken.refused) == (3, 0)
+    _, refused = simulate("switchyard", rows)
+    assert (refused.completed, refused.refused) == (2, 1)
+    assert refused.slo_attainment == pytest.approx(2 / 3)  # the refused one is a miss
+    assert refused.slo_violation_rate == pytest.approx(1 / 3)

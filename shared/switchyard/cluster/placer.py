@@ -18,7 +18,9 @@ worker, an index of the prompt blocks it sent there (a
 and tells the policy how many of a request's prompt tokens each worker should hold:
 llm-d's approximate prefix scorer, which also guesses from where it routed rather than
 from the workers' caches. A restarted worker's lost cache, and what other replicas
-routed, are not known to it.
+routed, are not known to it. A policy with an admission (``LlmPolicy.admission``) is
+asked through :meth:`LlmPlacer.refusal` before the request is recorded, with the same
+views.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from switchyard.cluster.views import worker_view
 from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
 from switchyard.contracts.messages import Assignment, Heartbeat, InferenceRequest, LLMPayload
 from switchyard.perf.prefix_cache import PrefixCache, cached_tokens
-from switchyard.policies.base import DecisionContext, NoWorkerError, Placement
+from switchyard.policies.base import DecisionContext, NoWorkerError, Placement, Refusal
 from switchyard.policies.registry import LlmPolicy
 from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
 from switchyard.prediction.snapshot import FittedPredictor
@@ -63,6 +65,7 @@ def request_facts(request: InferenceRequest) -> LlmRequestFacts:
         model=payload.model,
         output_tokens_hint=payload.output_tokens_hint,
         deadline_s=request.deadline_s,
+        ttft_slo_s=payload.ttft_slo_s,
     )
 
 
@@ -218,6 +221,19 @@ class LlmPlacer:
         heartbeat = self._heartbeats.get(worker_id)
         return None if heartbeat is None else heartbeat.inbox_partition
 
+    def refusal(self, request: InferenceRequest, now_s: float) -> Refusal | None:
+        """The policy's admission's answer for a new ``request`` (None: take it; always
+        None for a policy without admission). Asked before anything is recorded."""
+        admission = self.policy.admission
+        if admission is None:
+            return None
+        view = request_view(request_facts(request), None)
+        cluster = self.cluster(view.model, now_s, frozenset())
+        blocks = _prefix_blocks(request)
+        if blocks:
+            view = replace(view, cached_tokens=self._cached_tokens(blocks, view.prompt_tokens))
+        return admission.admit(view, cluster)
+
     def place(
         self, request: InferenceRequest, now_s: float, exclude: frozenset[str] = frozenset()
     ) -> Placed:
@@ -232,7 +248,7 @@ class LlmPlacer:
         cluster = self.cluster(view.model, now_s, exclude)
         if not cluster.eligible():
             raise NoWorkerError(f"no live worker serves model {view.model!r}")
-        blocks = _prefix_blocks(request) if self.policy.prefix_aware else []
+        blocks = _prefix_blocks(request) if self.policy.reads_cached_tokens else []
         if blocks:
             view = replace(view, cached_tokens=self._cached_tokens(blocks, view.prompt_tokens))
         ctx = DecisionContext(self._rng, self._sequence)

@@ -67,6 +67,11 @@ class LLMPayload(Part):
         description="Content ids of the prompt's KV blocks of 512 tokens (a leading run "
         "shared with another prompt is a shared prefix; switchyard.perf.prefix_cache).",
     )
+    ttft_slo_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="The application's time-to-first-token objective, in the workers' "
+        "seconds (divided by an emulation's time scale); what an admission policy judges.",
+    )
 
 
 class ClassificationPayload(Part):

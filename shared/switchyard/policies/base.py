@@ -59,6 +59,28 @@ class MigrationPlan:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An admission policy's no: the request is not taken, and why."""
+
+    reason: str
+
+
+class AdmissionPolicy(Protocol):
+    """Decides, before any worker is chosen, whether a request is taken at all.
+
+    A refused request is answered at once and counts as a miss of its SLO; what it
+    spares is the capacity it would have taken from requests that can still be on time.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def admit(self, request: RequestView, cluster: ClusterSnapshot) -> Refusal | None:
+        """None to take the request; a :class:`Refusal` saying why not."""
+        ...
+
+
 class AssignmentPolicy(Protocol):
     """Chooses the worker for a new request."""
 

@@ -1,7 +1,8 @@
 """Every LLM scheduling policy by name: one line each, shared by the simulator and the
 live scheduler and rebalancer.
 
-A named policy is a bundle: an assignment policy, an optional rebalancer, the
+A named policy is a bundle: an assignment policy, an optional rebalancer, an optional
+admission policy (asked first, it may refuse a request outright), the
 prediction it reads (none, the calibrated predictor, one constant for every request, or
 the true service time), and the worker pools it needs (stage-aware routers split the
 cluster into prefill and decode workers).
@@ -10,9 +11,10 @@ cluster into prefill and decode workers).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from switchyard.policies.admission import TtftFeasible, make_admission
 from switchyard.policies.assignment import (
     JoinShortestQueue,
     LeastPredictedWork,
@@ -21,8 +23,8 @@ from switchyard.policies.assignment import (
     RandomChoice,
     RoundRobin,
 )
-from switchyard.policies.base import AssignmentPolicy, RebalancePolicy
-from switchyard.policies.cache_aware import CacheAwareWork
+from switchyard.policies.base import AdmissionPolicy, AssignmentPolicy, RebalancePolicy
+from switchyard.policies.cache_aware import CacheAwareRouter
 from switchyard.policies.flashgen import FlashGenRouter
 from switchyard.policies.gaps import (
     GapsAssignment,
@@ -55,6 +57,13 @@ class PolicyOptions:
     gaps: GapsAssignmentConfig = field(default_factory=GapsAssignmentConfig)
     gaps_rebalance: GapsRebalanceConfig = field(default_factory=GapsRebalanceConfig)
     prefill_fraction: float = 0.25
+    admission: str | None = None
+    """An admission policy every policy runs with (``none``: none), in place of its own:
+    admission as a cluster option, to tell a policy's routing apart from its admission."""
+
+    def __post_init__(self) -> None:
+        if self.admission is not None:
+            make_admission(self.admission)  # a bad name fails here, naming the known ones
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +81,13 @@ class LlmPolicy:
     """A reference (the oracle), reported but not a contender."""
     prefix_aware: bool = False
     """It reads ``RequestView.cached_tokens``: the shell must fill them (others skip it)."""
+    admission: AdmissionPolicy | None = None
+    """Asked before assignment; None: every request is taken."""
+
+    @property
+    def reads_cached_tokens(self) -> bool:
+        """Whether the shell must fill ``RequestView.cached_tokens`` for it."""
+        return self.prefix_aware or self.admission is not None
 
 
 class UnknownPolicyError(ValueError):
@@ -91,12 +107,11 @@ def _gaps(o: PolicyOptions) -> LlmPolicy:
 def _switchyard(o: PolicyOptions) -> LlmPolicy:
     return LlmPolicy(
         name="switchyard",
-        summary="least predicted work + s~ less the prefill a cached prefix spares; "
-        "GAPS's selective rebalancing",
-        assignment=CacheAwareWork(),
-        rebalancer=GapsRebalancer(o.gaps_rebalance),
-        prediction=PredictionUse.CALIBRATED,
+        summary="soonest first token with cache hits counted, least pause to running "
+        "decodes; refuses what no worker can start in time",
+        assignment=CacheAwareRouter(),
         prefix_aware=True,
+        admission=TtftFeasible(),
     )
 
 
@@ -220,4 +235,8 @@ def make_llm_policy(name: str, options: PolicyOptions | None = None) -> LlmPolic
         raise UnknownPolicyError(
             f"unknown policy {name!r}: known policies are {', '.join(_REGISTRY)}"
         ) from None
-    return build(options or PolicyOptions())
+    options = options or PolicyOptions()
+    policy = build(options)
+    if options.admission is not None:
+        policy = replace(policy, admission=make_admission(options.admission))
+    return policy

@@ -57,6 +57,8 @@ class RequestView:
     cached_tokens: Mapping[str, int] = field(default_factory=dict)
     """Worker id -> prompt tokens of this request that worker's prefix cache holds
     (absent: none, or not known)."""
+    ttft_slo_s: float | None = None
+    """Its time-to-first-token objective, seconds from arrival (None: none set)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,12 +99,25 @@ class WorkerView:
     constant): a prompt of ``p`` tokens whose first ``c`` are cached is spared
     ``per_token * c + per_token_sq * (p**2 - (p - c)**2)``."""
 
+    def uncached_prefill_s(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """Seconds this worker's prefill of the prompt takes, alone, past a cached prefix
+        of ``cached_tokens`` (the profile's per-iteration base left out: milliseconds)."""
+        rest = prompt_tokens - cached_tokens
+        return self.prefill_per_token_s * rest + self.prefill_per_token_sq_s * rest * rest
+
     def prefill_saved_s(self, prompt_tokens: int, cached_tokens: int) -> float:
         """Prefill seconds a cached prefix of ``cached_tokens`` spares this worker."""
         rest = prompt_tokens - cached_tokens
         return self.prefill_per_token_s * cached_tokens + self.prefill_per_token_sq_s * (
             prompt_tokens * prompt_tokens - rest * rest
         )
+
+    @property
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the waiting requests: ``queued_tokens`` less the running
+        batch's KV (as workers report both; never below 0)."""
+        waiting = self.queued_tokens - self.kv_used_tokens
+        return waiting if waiting > 0 else 0
 
     @property
     def outstanding(self) -> int:

@@ -199,6 +199,7 @@ def new_queued_request_view(
     _r_deadline_s,
     _r_true_service_s,
     _r_cached_tokens,
+    _r_ttft_slo_s,
 ) = _slot_setters(
     RequestView,
     (
@@ -213,6 +214,7 @@ def new_queued_request_view(
         "deadline_s",
         "true_service_s",
         "cached_tokens",
+        "ttft_slo_s",
     ),
 )
 
@@ -229,6 +231,7 @@ def new_request_view(
     deadline_s: float | None,
     true_service_s: Mapping[str, float] | None,
     cached_tokens: Mapping[str, int],
+    ttft_slo_s: float | None,
 ) -> RequestView:
     """Exactly ``RequestView(request_id=request_id, ...)`` with every field given."""
     view: RequestView = _new(RequestView)
@@ -243,6 +246,7 @@ def new_request_view(
     _r_deadline_s(view, deadline_s)
     _r_true_service_s(view, true_service_s)
     _r_cached_tokens(view, cached_tokens)
+    _r_ttft_slo_s(view, ttft_slo_s)
     return view
 
 

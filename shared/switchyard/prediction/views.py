@@ -34,6 +34,8 @@ class LlmRequestFacts:
     output_tokens_hint: int | None = None
     deadline_s: float | None = None
     """The request's own deadline (absolute), used when there is no prediction."""
+    ttft_slo_s: float | None = None
+    """Its time-to-first-token objective, seconds from arrival (None: none)."""
 
 
 def predict(
@@ -62,6 +64,7 @@ def request_view(facts: LlmRequestFacts, prediction: Prediction | None) -> Reque
             model=facts.model,
             output_tokens_hint=facts.output_tokens_hint,
             deadline_s=facts.deadline_s,
+            ttft_slo_s=facts.ttft_slo_s,
         )
     return RequestView(
         request_id=facts.request_id,
@@ -73,4 +76,5 @@ def request_view(facts: LlmRequestFacts, prediction: Prediction | None) -> Reque
         predicted_s=prediction.raw_by_worker_type_s,
         calibrated_s=prediction.calibrated_by_worker_type_s,
         deadline_s=prediction.deadline_s if prediction.deadline_s is not None else facts.deadline_s,
+        ttft_slo_s=facts.ttft_slo_s,
     )
