@@ -255,6 +255,24 @@ def test_label_split_only_for_confident_requests_in_the_data_aware_form() -> Non
     assert batches == {("zero",), ("one",), ("unsure", "unsure2")}
 
 
+def test_label_splits_stay_within_the_exact_search_bound() -> None:
+    def three(app: str, n: int) -> list[WindowRequest]:
+        thetas = [(0.9, 0.1), (0.2, 0.8), (0.5, 0.5), (0.9, 0.1)]
+        return [req(f"{app}{i}", app, 100.0 * MS, theta=thetas[i]) for i in range(n)]
+
+    # Every application has two confident labels and unconfident requests: splitting all
+    # of them would make 9 groups, past tau = 5, and send the search to the greedy order.
+    requests = [*three("a", 4), *three("b", 3), *three("c", 3)]
+    groups = list(group_requests(requests, split_by_label=True, max_groups=5))
+    assert groups == [("a", 0), ("a", 1), ("a", None), ("b", None), ("c", None)]
+    # With room for one more group, the next application splits off its commonest label.
+    groups = list(group_requests(requests, split_by_label=True, max_groups=6))
+    assert ("b", 0) in groups
+    assert ("b", 1) not in groups
+    assert len(groups) == 6
+    assert len(list(group_requests(requests, split_by_label=True))) == 9
+
+
 def test_short_circuit_takes_a_confident_request_with_a_tight_deadline() -> None:
     window = snap(
         [

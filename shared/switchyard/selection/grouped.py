@@ -4,7 +4,9 @@
 The window's requests are grouped by application; the data-aware forms split each
 application's group by SneakPeek's predicted label for confident requests (the label's
 class frequency above :data:`~switchyard.selection.snapshot.CONFIDENT_THETA`), the
-unconfident ones forming a sub-group of their own. A group runs as one batch with one
+unconfident ones forming a sub-group of their own, as far as the exact search's bound
+``tau`` allows (:func:`group_requests`): splitting past it used to send the data-aware
+forms to the greedy order, which planned worse than the data-oblivious form's exact one. A group runs as one batch with one
 variant (a group larger than every profiled batch size stays one planned unit;
 :func:`~switchyard.selection.base.batch_latency_s` prices it as consecutive batches).
 
@@ -16,7 +18,8 @@ the first order in lexicographic order of group positions). The search is theref
 exact over orders and greedy over variants within an order. It is a depth-first walk
 over order prefixes (orders sharing a prefix share its work) with a bound: a prefix is
 dropped when its utility plus the best each remaining group could earn on time cannot
-beat the best order found, which never changes the answer (up to 1e-12 of utility).
+reach the best order found so far, the groups' earliest-deadline order to begin with,
+which never changes the answer (up to 1e-12 of utility).
 With more than ``tau`` groups, greedy: groups in descending mean
 :func:`~switchyard.selection.base.priority`, each with its best variant.
 
@@ -62,15 +65,48 @@ GroupKey = tuple[str, int | None]
 
 
 def group_requests(
-    requests: Sequence[WindowRequest], *, split_by_label: bool
+    requests: Sequence[WindowRequest], *, split_by_label: bool, max_groups: int | None = None
 ) -> dict[GroupKey, list[WindowRequest]]:
     """Group by application and, with ``split_by_label``, by SneakPeek's label for
     confident requests (unconfident ones share the ``None`` label). Groups come in the
-    order of their first request; requests keep their order within a group."""
+    order of their first request; requests keep their order within a group.
+
+    ``max_groups`` bounds the splits (the exact search's ``tau``): applications are
+    split in turn, the largest group first, each by every label while the total stays
+    within the bound; one whose full split would pass it splits off only its most
+    frequent confident label (the rest share ``None``) if that fits, else stays whole.
+    Without a bound every application is split by every label."""
+    by_app: dict[str, list[WindowRequest]] = {}
+    for request in requests:
+        by_app.setdefault(request.app, []).append(request)
+    # Per application, the labels it is split by: every one of a set, one, or none.
+    labels_by_app: dict[str, int | frozenset[int] | None] = dict.fromkeys(by_app)
+    if split_by_label:
+        budget = None if max_groups is None else max_groups - len(by_app)
+        for app in sorted(by_app, key=lambda a: -len(by_app[a])):
+            counts: dict[int, int] = {}
+            unconfident = False
+            for request in by_app[app]:
+                predicted = request.predicted_label if request.confident else None
+                if predicted is None:
+                    unconfident = True
+                else:
+                    counts[predicted] = counts.get(predicted, 0) + 1
+            extra = len(counts) + unconfident - 1
+            if extra <= 0:
+                continue
+            if budget is None or extra <= budget:
+                labels_by_app[app] = frozenset(counts)
+                budget = None if budget is None else budget - extra
+            elif budget >= 1:
+                labels_by_app[app] = max(counts, key=lambda label: counts[label])
+                budget -= 1
     groups: dict[GroupKey, list[WindowRequest]] = {}
     for request in requests:
-        label = request.predicted_label if split_by_label and request.confident else None
-        groups.setdefault((request.app, label), []).append(request)
+        split = labels_by_app[request.app]
+        own = request.predicted_label if request.confident else None
+        kept = own is not None and (own in split if isinstance(split, frozenset) else own == split)
+        groups.setdefault((request.app, own if kept else None), []).append(request)
     return groups
 
 
@@ -161,13 +197,62 @@ def _best_choice(
     return best_c, best_lane, best_end, best_u
 
 
-def _exact(groups: list[_Group], free: list[float], loaded: list[int]) -> list[Step]:
+def _optimistic(group: _Group, free: list[float], loaded: list[int]) -> float:
+    """The most a group can still earn from this state when a group of its application
+    left could load its variant first: each variant ending as early as it could, started
+    at once on its fastest lane without a swap-in. Utility only falls as the end moves
+    later, so no order placing the group later earns more."""
+    best = 0.0
+    utility = group.utility
+    for choice in group.choices:
+        end = min(free[li] + run_s for li, run_s in choice.lanes)
+        u = utility(choice, end)
+        if u > best:
+            best = u
+    return best
+
+
+def _run_in_order(
+    groups: list[_Group], free: list[float], loaded: list[int], order: Sequence[int]
+) -> tuple[float, list[Step]]:
+    """The groups run in ``order``, each with its best variant: a candidate first
+    incumbent of the search (its value and path)."""
+    free, loaded = list(free), list(loaded)
+    value = 0.0
+    path: list[Step] = []
+    for gi in order:
+        group = groups[gi]
+        ci, lane, end, u = _best_choice(group, free, loaded)
+        free[lane], loaded[lane] = end, group.choices[ci].key_id
+        value += u
+        path.append((gi, ci, lane))
+    return value, path
+
+
+def _exact(
+    groups: list[_Group], free: list[float], loaded: list[int], prior: Sequence[str] = ()
+) -> list[Step]:
+    """The best order of ``groups`` (see the module docstring); ``prior``: applications in
+    the order an earlier plan of the window ran them, a likely good first incumbent."""
     n = len(groups)
     # the most each group can earn: on time with its most accurate variant
     bounds = [max(c.total for c in g.choices) for g in groups]
+    apps = [g.app.name for g in groups]
     used = [False] * n
     path: list[Step] = []
-    best_value = -math.inf
+    # Start from the better of the deadline order and the prior order, a little below its
+    # value: a branch that cannot reach it is cut at once, and the first order
+    # (lexicographically) reaching the best value is still the one kept, as without it.
+    by_deadline = sorted(range(n), key=lambda i: (groups[i].deadlines[0], i))
+    seed_value, seed_path = _run_in_order(groups, free, loaded, by_deadline)
+    if prior:
+        rank = {app: r for r, app in enumerate(prior)}
+        by_prior = sorted(by_deadline, key=lambda i: rank.get(apps[i], n))
+        if by_prior != by_deadline:
+            value, steps = _run_in_order(groups, free, loaded, by_prior)
+            if value > seed_value:
+                seed_value, seed_path = value, steps
+    best_value = seed_value - 2 * _EPS
     best_path: list[Step] = []
 
     def visit(depth: int, value: float, headroom: float) -> None:
@@ -178,11 +263,22 @@ def _exact(groups: list[_Group], free: list[float], loaded: list[int]) -> list[S
             return
         if value + headroom <= best_value + _EPS:
             return
-        for gi in range(n):
-            if used[gi]:
-                continue
+        # Each remaining group's best choice from here, and a tighter bound from them: a
+        # group with no other group of its application left can do no better later than
+        # its best choice now (the same swap-in, a later start); one that has is bounded
+        # without the swap-in (:func:`_optimistic`).
+        left = [gi for gi in range(n) if not used[gi]]
+        picks = [_best_choice(groups[gi], free, loaded) for gi in left]
+        reach = value
+        for gi, pick in zip(left, picks, strict=True):
+            if sum(1 for gj in left if apps[gj] == apps[gi]) == 1:
+                reach += pick[3]
+            else:
+                reach += _optimistic(groups[gi], free, loaded)
+        if reach <= best_value + _EPS:
+            return
+        for gi, (ci, lane, end, u) in zip(left, picks, strict=True):
             group = groups[gi]
-            ci, lane, end, u = _best_choice(group, free, loaded)
             old_free, old_loaded = free[lane], loaded[lane]
             free[lane], loaded[lane] = end, group.choices[ci].key_id
             used[gi] = True
@@ -193,7 +289,7 @@ def _exact(groups: list[_Group], free: list[float], loaded: list[int]) -> list[S
             free[lane], loaded[lane] = old_free, old_loaded
 
     visit(0, 0.0, sum(bounds))
-    return best_path
+    return best_path or seed_path
 
 
 def _greedy(groups: list[_Group], free: list[float], loaded: list[int], now_s: float) -> list[Step]:
@@ -241,7 +337,7 @@ class GroupedScheduler:
         accuracy = estimated_accuracy if self.data_aware else profiled_accuracy
         if not self.data_aware:
             valid = without_estimates(valid)
-        scored = self._plan(snapshot, valid, accuracy, ())
+        scored, order = self._plan(snapshot, valid, accuracy, (), ())
         if self.short_circuit:
             short = []
             for request in valid:
@@ -251,7 +347,7 @@ class GroupedScheduler:
             if short:
                 chosen = {r.request_id for r in short}
                 rest = [r for r in valid if r.request_id not in chosen]
-                scored = self._plan(snapshot, rest, accuracy, short)
+                scored, _ = self._plan(snapshot, rest, accuracy, short, order)
         return scored.to_plan(rejected)
 
     def _plan(
@@ -260,7 +356,10 @@ class GroupedScheduler:
         requests: Sequence[WindowRequest],
         accuracy: AccuracyFn,
         short: Sequence[WindowRequest],
-    ) -> ScoredPlan:
+        prior: Sequence[str],
+    ) -> tuple[ScoredPlan, list[str]]:
+        """The window planned without the ``short``-circuited requests, and the order its
+        applications run in (``prior``: an earlier plan's, to start the search from)."""
         groups = self._groups(snapshot, requests, accuracy)
         free = [max(snapshot.now_s, w.free_at_s) for w in snapshot.workers]
         key_ids: dict[tuple[str, str], int] = {}
@@ -269,7 +368,7 @@ class GroupedScheduler:
                 key_ids.setdefault((g.app.name, c.variant.name), c.key_id)
         loaded = [-1 if w.loaded is None else key_ids.get(w.loaded, -1) for w in snapshot.workers]
         if len(groups) <= self.tau:
-            steps = _exact(groups, free, loaded)
+            steps = _exact(groups, free, loaded, prior)
         else:
             steps = _greedy(groups, free, loaded, snapshot.now_s)
         timeline = Timeline(snapshot, accuracy)
@@ -281,7 +380,7 @@ class GroupedScheduler:
             timeline.commit(option, group.app, variant, group.requests)
         for request in short:
             timeline.short_circuit(request)
-        return timeline.result()
+        return timeline.result(), [groups[gi].app.name for gi, _, _ in steps]
 
     def _groups(
         self, snapshot: WindowSnapshot, requests: Sequence[WindowRequest], accuracy: AccuracyFn
@@ -290,7 +389,7 @@ class GroupedScheduler:
         key_ids: dict[tuple[str, str], int] = {}
         groups: list[_Group] = []
         for (app_name, _label), members in group_requests(
-            requests, split_by_label=self.data_aware
+            requests, split_by_label=self.data_aware, max_groups=self.tau
         ).items():
             app = snapshot.apps[app_name]
             members = sorted(members, key=lambda r: r.deadline_s)
