@@ -215,9 +215,9 @@ def test_adaptive_does_not_thrash_once_converged() -> None:
     for sequence in (1, 2):
         plan = policy.place(settled, ctx(sequence))
         assert (plan.load, plan.evict) == ((), ())
-    # Loads finish and replicas age past the minimum residency (30 s): it settles once
+    # Loads finish and replicas age past the minimum residency (120 s): it settles once
     # more, then, demand unchanged, stays put update after update.
-    settled, _ = converge(policy, advance(settled, 60.0))
+    settled, _ = converge(policy, advance(settled, 150.0))
     for second in range(1, 6):
         plan = policy.place(advance(settled, float(second)), ctx(second))
         assert (plan.load, plan.evict) == ((), ())
@@ -246,21 +246,21 @@ def test_adaptive_evicts_an_unused_model_to_make_room_for_a_demanded_one() -> No
 
 def test_adaptive_keeps_a_young_replica() -> None:
     # A whole-worker model nobody uses: worth evicting (beta x 1 > hysteresis), once it
-    # is past the 30 s minimum residency. (An unused quarter-worker replica saves
+    # is past the 120 s minimum residency. (An unused quarter-worker replica saves
     # beta x 0.25 = 0.5, not more than the hysteresis: it goes only when its room is
     # needed.)
     models = [model("a", gpu=1.0)]
     young = resident("a", ready_at_s=98.5)  # loaded 2 s from 96.5: 3.5 s old at 100
     snap = snapshot(models, [(worker_spec("w0"), [young])], demand={})
     assert AdaptivePlacement().place(snap, ctx()).evict == ()
-    assert AdaptivePlacement().place(advance(snap, 26.0), ctx()).evict == ()  # 29.5 s
-    assert AdaptivePlacement().place(advance(snap, 27.0), ctx()).evict == (("w0", "a"),)
+    assert AdaptivePlacement().place(advance(snap, 116.0), ctx()).evict == ()  # 119.5 s
+    assert AdaptivePlacement().place(advance(snap, 117.0), ctx()).evict == (("w0", "a"),)
 
 
 @pytest.mark.parametrize("name", ["adaptive", "adaptive-balanced"])
 def test_adaptive_never_evicts_or_moves_within_the_minimum_residency(name: str) -> None:
     # An unused model on the slow worker, a fast worker free: eviction (and a move) would
-    # lower the cost, but not before the replica is 30 s old (from the start of its load).
+    # lower the cost, but not before the replica is 120 s old (from the start of its load).
     models = [model("a", gpu=1.0), model("b", gpu=1.0)]
     loaded_at = 100.0 - 12.0
     workers = [
@@ -269,10 +269,10 @@ def test_adaptive_never_evicts_or_moves_within_the_minimum_residency(name: str) 
     ]
     snap = snapshot(models, workers, demand={"a": 0.0})
     policy = make_multimodel_policy(name).placement
-    for seconds in (0.0, 10.0, 17.9):  # 12 .. 29.9 s old
+    for seconds in (0.0, 50.0, 107.9):  # 12 .. 119.9 s old
         plan = policy.place(advance(snap, seconds), ctx())
         assert ("slow", "a") not in plan.evict, seconds
-    assert ("slow", "a") in policy.place(advance(snap, 18.1), ctx()).evict
+    assert ("slow", "a") in policy.place(advance(snap, 108.1), ctx()).evict
 
 
 def test_balanced_adaptive_spreads_a_hot_model_over_fast_and_slow_workers() -> None:
