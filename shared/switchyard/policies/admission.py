@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from switchyard.policies.base import Refusal
+from switchyard.policies.base import AdmissionPolicy, Refusal
 from switchyard.policies.snapshot import ClusterSnapshot, RequestView
 
 __all__ = ["ADMISSION_POLICIES", "TtftFeasible", "make_admission"]
@@ -62,11 +62,11 @@ class TtftFeasible:
         )
 
 
-ADMISSION_POLICIES = {"ttft-feasible": TtftFeasible}
+ADMISSION_POLICIES: dict[str, type[TtftFeasible]] = {"ttft-feasible": TtftFeasible}
 """Admission policies by name (``none``: take every request)."""
 
 
-def make_admission(name: str) -> TtftFeasible | None:
+def make_admission(name: str) -> AdmissionPolicy | None:
     """The admission policy registered as ``name``; None for ``none``.
 
     Raises:
