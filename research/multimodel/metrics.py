@@ -55,15 +55,25 @@ stability
 responsiveness_s
     Settling time after the workload's step (``Workload.step_at_s``): the windows that
     start at or after the step are ``k_0, k_0+1, ..., k_n``; the *new steady state* is
-    the mean of ``m_k`` over the last third of them (at least one window); the response
-    settles at the first window ``k`` from which every later window's mean is within
-    10 % of the steady state; responsiveness = end of that window minus the step time
-    (resolution ``window_s``). ``None`` when the workload has no step or no window
-    starts after it. If even the last window is outside the band, the value is the end
-    of the last window minus the step (censored). Example: step at 100 s, windows of
-    10 s from 100 s with means ``(5, 3, 2.1, 2, 2, 2)``: steady state 2 (the last two
-    windows), band [1.8, 2.2]; the third window, [120, 130), is the first from which all
-    stay inside: 130 - 100 = 30 s.
+    the mean of ``m_k`` over the last third of them (at least one window); each window
+    is smoothed with the two before it (``s_k``, the mean of ``m_{k-2..k}`` among those
+    windows); the response settles at the first window ``k`` from which every later
+    ``s_k`` is within 25 % of the steady state; responsiveness = end of that window minus
+    the step time (resolution ``window_s``). ``None`` when the workload has no step or no
+    window starts after it. If even the last window is outside the band, the value is
+    the end of the last window minus the step (censored). Example: step at 100 s,
+    windows of 10 s from 100 s with means ``(5, 3, 2.1, 2, 2, 2)``: steady state 2, smoothed
+    ``(5, 4, 3.37, 2.37, 2.03, 2)``, band [1.5, 2.5]; the fourth window, [130, 140), is
+    the first from which all stay inside: 140 - 100 = 40 s.
+
+    Why smoothed, and 25 %: the first definition judged single 5 s windows against a
+    10 % band, narrower than the wobble of steady windows themselves (a stability of
+    0.85 is a window CoV of 0.15), so every policy on the synthetic mix read 118 to 150
+    s, censored, and the metric separated nothing. Three windows (15 s) cut that noise
+    by about the square root of three, and 25 % is about two and a half of its standard
+    deviations; on the synthetic mix (three seeds) it reads 5 s for the adaptive
+    policies, 55 to 90 s for static round robin, 5 to 65 s for the threshold policy and
+    145 to 150 s (never settling) for the two that re-place on every update.
 
 p99_s
     The 99th percentile of ``l_i`` over all requests (linear interpolation between
@@ -103,7 +113,9 @@ __all__ = [
     "windowed_means",
 ]
 
-RESPONSIVENESS_BAND = 0.10
+RESPONSIVENESS_BAND = 0.25
+RESPONSIVENESS_SMOOTHING_WINDOWS = 3
+"""Windows averaged (the window and the ones before it) before judging the settling."""
 STABILITY_TRANSIENT_S = 30.0
 """Seconds dropped from the start of each steady segment (warm-up and the step)."""
 
@@ -198,10 +210,11 @@ def responsiveness_s(
     step_at_s: float | None,
     band: float = RESPONSIVENESS_BAND,
 ) -> float | None:
-    """Settling time after ``step_at_s`` of windowed mean latency (module docstring).
+    """Settling time after ``step_at_s`` of windowed mean latency, smoothed over
+    :data:`RESPONSIVENESS_SMOOTHING_WINDOWS` (module docstring).
 
     Example: step 100, ``window_s=10``, windows from 100 with means
-    ``(5, 3, 2.1, 2, 2, 2)`` -> 30.0.
+    ``(5, 3, 2.1, 2, 2, 2)`` -> 40.0.
     """
     if step_at_s is None:
         return None
@@ -210,9 +223,15 @@ def responsiveness_s(
         return None
     tail = after[-max(1, len(after) // 3) :]
     steady = math.fsum(mean for _, mean in tail) / len(tail)
+    means = [mean for _, mean in after]
+    span = RESPONSIVENESS_SMOOTHING_WINDOWS
+    smoothed = [
+        math.fsum(means[max(0, k - span + 1) : k + 1]) / (k + 1 - max(0, k - span + 1))
+        for k in range(len(means))
+    ]
     settled_at = len(after) - 1
     for k in range(len(after) - 1, -1, -1):
-        if abs(after[k][1] - steady) <= band * steady + 1e-12:
+        if abs(smoothed[k] - steady) <= band * steady + 1e-12:
             settled_at = k
         else:
             break

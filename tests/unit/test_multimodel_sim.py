@@ -316,7 +316,9 @@ def test_metrics_on_a_hand_made_series() -> None:
     windows = [(90.0, 1.0)] + [
         (100.0 + 10 * k, mean) for k, mean in enumerate((5.0, 3.0, 2.1, 2.0, 2.0, 2.0))
     ]
-    assert responsiveness_s(windows, 10.0, 100.0) == pytest.approx(30.0)
+    # Smoothed over three windows: (5, 4, 3.37, 2.37, 2.03, 2), within 25 % of 2 from the
+    # fourth window, which ends 40 s after the step.
+    assert responsiveness_s(windows, 10.0, 100.0) == pytest.approx(40.0)
     assert responsiveness_s(windows, 10.0, None) is None
 
 
