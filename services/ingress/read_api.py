@@ -66,7 +66,7 @@ class ReadApi:
             body["timeline"] = {
                 "arrival_s": record.arrival_s,
                 "assigned_s": None,
-                "started_s": None,
+                "started_s": record.started_s,
                 "first_token_s": None,
                 "finished_s": None,
             }

@@ -68,7 +68,7 @@ from tests.containers.stack import (
     service_of,
     torch_index,
 )
-from tests.support.dashboard import panel_queries
+from tests.support.dashboard import alert_names, panel_queries
 
 # Builds (several minutes cold), start-up and the scenario share the first test's limit.
 pytestmark = pytest.mark.timeout(3600)
@@ -353,8 +353,10 @@ def test_worker_llm_scales_up_the_new_worker_takes_work_and_scaled_down_one_drai
     unanswered = {rid: status for rid, status in during.items() if status != 200}
     # For each, what the ingress knows of it (its record), and the services' logs.
     if unanswered:
-        # pytest cuts a long assertion message short: the records go out whole first.
+        # pytest cuts a long assertion message short: the records and the workers' and
+        # the monitor's logs go out whole first.
         print(json.dumps(request_states(list(unanswered)), indent=2, default=str))
+        print(compose("logs", "--no-color", "--tail", "300", "worker-llm", "monitor").stdout)
     assert unanswered == {}, (unanswered, request_states(list(unanswered)), why())
     replicas = project_containers(stack, "worker-llm")
     assert len(replicas) == 3
@@ -554,7 +556,7 @@ def test_prometheus_has_data_for_every_dashboard_panel_and_loads_every_rule(
     assert empty == [], empty
     groups = httpx.get(f"{PROMETHEUS}/api/v1/rules", timeout=10).json()["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 6, rules
+    assert {rule["name"] for rule in rules} == alert_names(), rules
     assert all(rule["health"] == "ok" for rule in rules), rules
     up = httpx.get(f"{PROMETHEUS}/api/v1/query", params={"query": "up"}, timeout=10).json()
     scraped = {r["metric"]["service"] for r in up["data"]["result"] if r["value"][1] == "1"}

@@ -52,6 +52,8 @@ async def test_status_before_and_after_the_answer(stack: Stack, ingress: Replica
     assert running["status"] == "running"
     assert running["worker_id"] == "worker-1"
     assert running["timeline"]["arrival_s"] is not None
+    # When its worker started it, as the ledger recorded.
+    assert running["timeline"]["arrival_s"] <= running["timeline"]["started_s"]
     assert running.get("result") is None
 
     response = await call

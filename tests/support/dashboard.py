@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "deploy" / "helm" / "switchyard" / "files"
 DASHBOARD = FILES / "dashboard.json"
@@ -21,3 +23,9 @@ def panel_queries(rate_interval: str) -> list[tuple[str, str]]:
         for panel in dashboard["panels"]
         for target in panel.get("targets", [])
     ]
+
+
+def alert_names() -> set[str]:
+    """The name of every alerting rule ``alerts.yml`` declares."""
+    declared: dict[str, Any] = yaml.safe_load(ALERTS.read_text())
+    return {rule["alert"] for group in declared["groups"] for rule in group["rules"]}
