@@ -16,8 +16,9 @@ Routines:
   the last one, for the predictor).
 - ``inbox_lease_routine``: keeps the inbox partition's lease.
 
-Stopping drains: intake stops and nothing new starts. A heartbeat says ``draining=True``
-at once, listing what waits here, so the monitor can have it re-assigned while the running
+Stopping drains: intake stops (the batch being taken is finished; one that arrives
+after the stop is left assigned here, for the drain's re-assignment) and nothing new
+starts. Once intake has stopped, a heartbeat says ``draining=True``, listing what waits here, so the monitor can have it re-assigned while the running
 work finishes; heartbeats go on every interval meanwhile (a long generation must not look
 like a death, or it would run twice). The last one, once nothing runs and every answer
 is recorded, says ``draining=True`` with ``running == 0`` and lists whatever still waits.
@@ -202,6 +203,10 @@ class WorkerService(Service):
             while not self.ctx.stopping.is_set():
                 batch = await sub.next_batch(_INBOX_BATCH, timeout_s=_INBOX_WAIT_S)
                 self.inbox.check(generation)
+                if self.ctx.stopping.is_set():
+                    # Draining: what came in stays uncommitted and assigned here in the
+                    # ledger, so the drain's WorkerDown re-assigns it.
+                    break
                 if batch:
                     # What cannot be taken in is dead-lettered and answered as failed,
                     # never the routine stopped.
@@ -257,19 +262,27 @@ class WorkerService(Service):
             await self._wait_for_work(None if next_s is None else max(0.0, next_s - now_s))
 
     async def heartbeat_routine(self) -> None:
-        """A heartbeat every interval, and one at once when a stop is asked for; while
-        draining, every heartbeat says so, until the engine routine has left (what runs
-        is done; :meth:`drain` sends the last one). The observations gathered since the
+        """A heartbeat every interval, and one at once when a stop is asked for; once
+        intake has stopped, every heartbeat says ``draining``, until the engine routine
+        has left (what runs is done; :meth:`drain` sends the last one). The observations gathered since the
         last heartbeat go to the predictor with it."""
         interval_s = self.ctx.settings.heartbeat_interval_s
         stopping = self.ctx.stopping
         engine = self._routines["engine_routine"]
         while not engine.done():
-            draining = stopping.is_set()
+            intake = self._routines.get("inbox_routine")  # a restarted one is a new task
+            # Draining only once intake has stopped: a batch being taken when the stop
+            # came may still start a request here, and a draining heartbeat with nothing
+            # running is the worker's last word to the monitor (what it lists as waiting
+            # is re-assigned; a request it started and did not list is left to finish
+            # here, so one taken after it would never run).
+            draining = stopping.is_set() and (intake is None or intake.done())
             await self._publish(HEARTBEATS, self.heartbeat(draining=draining))
             await self._publish_observations()
             if draining:
                 await asyncio.wait([engine], timeout=interval_s)
+            elif stopping.is_set() and intake is not None:
+                await asyncio.wait([intake], timeout=interval_s)
             else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), interval_s)
