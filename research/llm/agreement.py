@@ -45,7 +45,8 @@ from switchyard.policies.registry import PolicyOptions, make_llm_policy
 from switchyard.stats import quantile
 
 from loadgen.replay_records import OK, RequestRecord
-from research.llm.simulator import LlmTraceRequest, SimulationConfig, Simulator
+from research.llm.config import SimulationConfig
+from research.llm.simulator import LlmTraceRequest, Simulator
 
 __all__ = [
     "DEFAULT_TOLERANCE",

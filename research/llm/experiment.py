@@ -18,7 +18,8 @@ from switchyard.policies.registry import LlmPolicy, PolicyOptions, make_llm_poli
 from switchyard.prediction import CalibrationConfig
 from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
-from research.llm.simulator import LlmTraceRequest, SimulationConfig, Simulator
+from research.llm.config import SimulationConfig
+from research.llm.simulator import LlmTraceRequest, Simulator
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

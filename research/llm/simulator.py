@@ -17,8 +17,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from switchyard.contracts.messages import WorkloadType
@@ -41,7 +40,6 @@ from switchyard.policies.view_builders import (
     new_worker_view,
 )
 from switchyard.prediction import (
-    CalibrationConfig,
     CalibrationState,
     NoisyPredictor,
     ServiceTimeFeatures,
@@ -49,8 +47,8 @@ from switchyard.prediction import (
     calibrated_s,
     make_predictor,
 )
-from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
+from research.llm.config import SimulationConfig, SimulationError
 from research.llm.instance import Phase, SimInstance
 from research.llm.metrics import RunMetrics, RunTotals, summarise
 from research.llm.request import SimRequest
@@ -69,47 +67,6 @@ class LlmTraceRequest(Protocol):
     def workload(self) -> WorkloadType: ...
     @property
     def prefix_blocks(self) -> tuple[int, ...]: ...
-
-
-class SimulationError(ValueError):
-    """A simulation that cannot run as configured; the message says why."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SimulationConfig:
-    """One simulated cluster and how requests are predicted and judged."""
-
-    workers: int
-    profiles: tuple[str, ...] = ("a100-80gb/llama-2-7b",)
-    """Performance profiles, assigned to workers in turn (several: a mixed cluster)."""
-    slo_scale: float = 5.0
-    """A request meets its end-to-end objective when its latency is at most this times
-    its service time on an idle worker of the first profile."""
-    token_slos: Mapping[WorkloadType, TokenSlo] = field(default_factory=lambda: DEFAULT_TOKEN_SLOS)
-    """TTFT and TPOT objectives per workload class (:mod:`switchyard.slo`)."""
-    predictor: str = "linear"
-    predictor_error: float = 0.0
-    """Multiplicative error injected into every prediction (0.4 = 40 %)."""
-    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
-    train_requests: int = 2000
-    """Requests of the trace (drawn at random) the predictor is trained on offline."""
-    online_updates: bool = True
-    """Update the predictor and the calibration from every completion."""
-    violation_window: int = 100
-    """Completions over which the rebalancer's recent SLO-violation rate is measured."""
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise SimulationError(f"workers must be at least 1, got {self.workers}")
-        if not self.profiles:
-            raise SimulationError("at least one performance profile is needed")
-        if self.slo_scale <= 0:
-            raise SimulationError(f"slo-scale must be > 0, got {self.slo_scale}")
-        if not 0.0 <= self.predictor_error <= 1.0:
-            raise SimulationError(
-                f"predictor-error must be within [0, 1], got {self.predictor_error}"
-            )
 
 
 _WAKE = 0

@@ -47,17 +47,11 @@ predicted work within a slack of two service times, then the least busy worker, 
 is the router the busy-share model above assumes.
 
 Defaults: ``alpha = 1``, ``beta = 2``, ``gamma = 20``, ``H = 60 s``, hysteresis 0.5,
-minimum residency 120 s. The hysteresis and the residency make the placement stable:
-with 0.05 and 5 s the search followed every wobble of the 5 s demand estimate (400
-changes in a 300 s run, latency windows varying by 40 % around their mean); with 0.5
-and 30 s it made about 150 changes, and the steady-state variability of latency halved.
-The horizon was 10 s and the residency 30 s until the Alibaba LoRA mix showed what
-they cost stages of 20 to 70 s with 10 to 20 s loads: a loading replica counted for half
-its worth or less (``a = 10 / (10 + load_s)``), a backlog was priced as if it had to
-clear in 10 s, and replicas of a model whose next burst came a minute later were evicted
-and loaded again; queues grew for minutes at 5 % utilisation (P99 365 s). With 60 s and
-120 s the same mix runs at 9.9 % utilisation with a P99 of 207 s, and the synthetic mix
-is as good as before (docs/benchmarks.md, "Multi-model placement"). Worked number
+minimum residency 120 s. The hysteresis and the residency keep the placement stable (with
+0.05 and 5 s it followed every wobble of the demand estimate); a horizon and residency
+shorter than the stages and loads of the Alibaba LoRA mix (10 s and 30 s, before) priced
+loading replicas at half their worth and evicted replicas between bursts, and queues grew
+at 5 % utilisation (docs/benchmarks.md, "Multi-model placement", has both histories). Worked number
 (``H = 10 s``, hysteresis aside): a 1 s model at 0.6
 rps on one ready speed-1 replica is an M/M/1 queue: ``D_m = 0.6 * 1 + 0.6**2 / 0.4 =
 1.5``. A second ready replica on a speed-1 worker (dominant share 0.25) gives ``rho =
@@ -98,6 +92,14 @@ import heapq
 import math
 from dataclasses import dataclass
 
+from switchyard.multimodel.adaptive_cost import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_GAMMA,
+    AdaptiveConfig,
+    availability,
+    model_delay,
+)
 from switchyard.multimodel.planning import (
     WorkingPlacement,
     dominant_share,
@@ -116,75 +118,6 @@ __all__ = [
     "model_delay",
     "placement_cost",
 ]
-
-DEFAULT_ALPHA = 1.0
-"""Weight of the delay term (per stage-second per second)."""
-DEFAULT_BETA = 2.0
-"""Weight of the resource term (stages per worker's worth of resources held)."""
-DEFAULT_GAMMA = 20.0
-"""Weight of the load-balance term (stages per unit of summed squared busy share)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AdaptiveConfig:
-    """Tunables of the adaptive policy; the module docstring explains each."""
-
-    alpha: float = DEFAULT_ALPHA
-    beta: float = DEFAULT_BETA
-    gamma: float = DEFAULT_GAMMA
-    horizon_s: float = 60.0
-    unplaced_penalty_s: float = 300.0
-    rho_cap: float = 0.95
-    hysteresis: float = 0.5
-    min_residency_s: float = 120.0
-    max_actions: int = 16
-
-    def __post_init__(self) -> None:
-        for name in (
-            "alpha",
-            "beta",
-            "gamma",
-            "unplaced_penalty_s",
-            "hysteresis",
-            "min_residency_s",
-        ):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0.0):
-                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
-        if not (math.isfinite(self.horizon_s) and self.horizon_s > 0):
-            raise ValueError(f"horizon_s: must be > 0, got {self.horizon_s!r}")
-        if not 0.0 < self.rho_cap < 1.0:
-            raise ValueError(f"rho_cap: must be within (0, 1), got {self.rho_cap!r}")
-        if self.max_actions < 0:
-            raise ValueError(f"max_actions: must be >= 0, got {self.max_actions!r}")
-
-
-def model_delay(
-    rate: float, exec_s: float, speed_sum: float, servers: float, config: AdaptiveConfig
-) -> float:
-    """``D_m`` of one model: stage-seconds per second at effective demand ``rate`` on
-    replicas whose availability-weighted speeds sum to ``speed_sum`` over ``servers``
-    availability-weighted servers. Example: ``model_delay(0.6, 1.0, 1.0, 1.0, cfg)`` is
-    ``0.6 + 0.6**2 / 0.4 = 1.5``."""
-    if rate <= 0.0:
-        return 0.0
-    if speed_sum <= 0.0 or servers <= 0.0:
-        return rate * (exec_s + config.unplaced_penalty_s)
-    if exec_s <= 0.0:
-        return 0.0
-    mu = speed_sum / exec_s
-    rho = rate / mu
-    exponent = math.sqrt(2.0 * (servers + 1.0))
-    if rho < config.rho_cap:
-        queue = math.pow(rho, exponent) / (1.0 - rho)
-    else:
-        cap = config.rho_cap
-        queue = math.pow(cap, exponent) / (1.0 - cap) + (rate - cap * mu) * config.horizon_s / 2.0
-    return rate * servers / mu + queue
-
-
-def _availability(wait_s: float, horizon_s: float) -> float:
-    return horizon_s / (horizon_s + max(0.0, wait_s))
 
 
 @dataclass(slots=True)
@@ -236,7 +169,7 @@ class _Search:
         self.avail: dict[tuple[int, str], float] = {}
         for index, worker in enumerate(workers):
             for resident in worker.resident:
-                a = _availability(resident.ready_at_s - snapshot.now_s, cfg.horizon_s)
+                a = availability(resident.ready_at_s - snapshot.now_s, cfg.horizon_s)
                 self.avail[(index, resident.model)] = a
                 self.speed_sum[resident.model] = (
                     self.speed_sum.get(resident.model, 0.0) + a * self.speeds[index]
@@ -338,7 +271,7 @@ class _Search:
 
     def _new_avail(self, model: str) -> float:
         spec = self.snapshot.models[model]
-        return _availability(spec.load_s, self.cfg.horizon_s)
+        return availability(spec.load_s, self.cfg.horizon_s)
 
     def _evictable(self, index: int, model: str) -> bool:
         return (
@@ -479,7 +412,7 @@ class _Search:
         self.work.load(index, model)
         restored = self.work.resident(index, model)
         if restored is not None:  # evicted earlier in this plan and kept after all
-            avail = _availability(restored.ready_at_s - self.snapshot.now_s, self.cfg.horizon_s)
+            avail = availability(restored.ready_at_s - self.snapshot.now_s, self.cfg.horizon_s)
         self.avail[(index, model)] = avail
         self.speed_sum[model] = self.speed_sum.get(model, 0.0) + avail * self.speeds[index]
         self.servers[model] = self.servers.get(model, 0.0) + avail
