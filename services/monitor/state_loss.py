@@ -6,19 +6,20 @@ answers are in it, and every monitor reads it each liveness period. When it is g
 everything in the store went with it: request records, worker records and assigned
 sets, leases, tenants' buckets. The monitor says so at ERROR with event ``state_lost``
 and counts it (``switchyard.monitor.state_losses``), then reads the answers of the last
-hour back from the answers topic (:mod:`services.monitor.restore`, in a task of its own
-while liveness goes on) and only then writes a new generation. Meanwhile the request
-ledger refuses calls that name their request id (503 ``state_restoring``): one that was
-answered before the loss gets its answer once it is back, never a second run. Workers
-record themselves again with their next heartbeat.
+hour back from the answers topic, and the requests and assignments from theirs
+(:mod:`services.monitor.restore`, in a task of its own while liveness goes on), and
+only then writes a new generation. Meanwhile the request ledger refuses calls that name
+their request id (503 ``state_restoring``): one that was answered before the loss gets
+its answer once it is back, and one still in flight waits for its one answer, never a
+second run. Workers record themselves again with their next heartbeat.
 
 A store without a generation when the monitor starts (a new one, or one that lost its
-data while no monitor ran) is restored the same way; on a new stack the topic is empty
-and that takes a moment. What cannot come back: requests accepted and not yet answered
-at the loss lose their records (a retry of one is a new request, and may run while the
-first still does), and a restored record holds the answer, not the request, so a retry
-with another body gets that answer instead of a 409. docs/reliability.md says which
-Redis persistence prevents the loss.
+data while no monitor ran) is restored the same way; on a new stack the topics are
+empty and that takes a moment. What cannot come back: what the broker no longer holds
+(past its retention, or older than a record's lifetime), and an epoch the monitor moved
+on without a message (an unclaimed assignment taken back comes back under the
+assignment's own epoch, so the lost message, should it turn up, could start it).
+docs/reliability.md says which Redis persistence prevents the loss.
 """
 
 from __future__ import annotations
@@ -86,10 +87,9 @@ class StateWatch:
         self.on_loss()
         self.logger.error(
             "the state store lost its data (a Redis restart without persistence, or a "
-            "flush): the answers are being restored from the broker, calls that name a "
-            "request_id get 503 until then, and requests not yet answered have lost their "
-            "records (clients must retry them). Run Redis with the append-only file "
-            "(docs/reliability.md)",
+            "flush): answers and requests in flight are being restored from the broker, "
+            "and calls that name a request_id get 503 until then. Run Redis with the "
+            "append-only file (docs/reliability.md)",
             extra={"event": "state_lost"},
         )
 

@@ -275,10 +275,71 @@ async def test_a_store_that_lost_its_answers_refuses_named_ids_until_they_are_re
     assert retry.record is not None
     assert (retry.record.status, retry.record.epoch) == ("ok", 2)
     assert retry.record.completion == answered
-    assert retry.record.request is None  # what was asked is not restored
+    assert retry.record.request is None  # the answers topic holds the answer only
     (accepted,) = await ledger.accept_decided_many([decided], [True])
     assert accepted.accepted
     assert await assigned_to(store, "w1") == ["named-decided"]
+
+
+async def test_requests_read_back_after_a_loss_restore_what_was_asked_and_in_flight_work(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    # After the loss: "answered" has its answer back, "made-since" was accepted again
+    # since; "queued" and "moved" were accepted and not answered before the loss.
+    assert await ledger.restore_many([completion("w1", epoch=0, request_id="answered")]) == 1
+    assert (await ledger.accept(request("made-since"))).accepted
+    asked = {name: request(name) for name in ("answered", "made-since", "queued", "moved")}
+    read_back: list[InferenceRequest | Assignment] = [
+        asked["answered"],
+        assignment("w1", epoch=0, of=asked["answered"]),
+        asked["made-since"],
+        asked["queued"],
+        asked["moved"],
+        assignment("w1", epoch=0, of=asked["moved"]),
+        latest := assignment("w2", epoch=1, of=asked["moved"]),
+        assignment("w1", epoch=0, of=asked["moved"]),  # an older one, read later
+    ]
+    counts = await ledger.restore_requests_many(read_back)
+    assert counts == {"attached": 1, "kept": 3, "pending": 2, "advanced": 2}
+
+    answered = await ledger.read("answered")
+    assert answered is not None
+    assert answered.completion is not None
+    assert answered.request == asked["answered"]  # a retry's body can be compared
+    made_since = await ledger.read("made-since")
+    assert made_since is not None
+    assert made_since.fields is not None
+    assert "restored" not in made_since.fields
+    queued = await ledger.read("queued")
+    assert queued is not None
+    assert (queued.status, queued.reply_to, queued.request) == (
+        "queued",
+        "ingress-a",
+        asked["queued"],
+    )
+    moved = await ledger.read("moved")
+    assert moved is not None
+    assert (moved.status, moved.epoch, moved.worker_id) == ("assigned", 1, "w2")
+    assert moved.assignment == latest
+    assert "moved" in await assigned_to(store, "w2")
+
+    # A retry finds the request waiting for its one answer, not a new one to run.
+    retry = await ledger.accept(request("moved"), named=True)
+    assert not retry.accepted
+    # The worker it was given to starts and finishes it under the fence it expects;
+    # the earlier worker cannot.
+    assert await ledger.start_many([Fence("moved", 0, "w1")], now_s=106.0) == ["superseded"]
+    assert await ledger.start_many([Fence("moved", 1, "w2")], now_s=106.0) == ["started"]
+    assert await ledger.finish_many([completion("w2", epoch=1, request_id="moved")]) == ["finished"]
+    # A request read back pending whose answer turns up is settled by it.
+    assert await ledger.restore_many([completion("w1", epoch=0, request_id="queued")]) == 1
+    settled = await ledger.read("queued")
+    assert settled is not None
+    assert (settled.status, settled.request) == ("ok", asked["queued"])
+    # Nothing read back changes a record once it is answered or made since.
+    assert await ledger.restore_requests_many([assignment("w3", 5, request("moved"))]) == {
+        "kept": 1
+    }
 
 
 async def test_a_start_is_fenced_by_epoch_and_worker(ledger: RequestLedger) -> None:

@@ -1,5 +1,6 @@
-"""A state store that lost its data gets its answers back from the answers topic, and a
-request naming its id waits for that rather than running a second time."""
+"""A state store that lost its data gets its answers back from the answers topic and its
+unanswered requests from the requests topics and the worker inbox, and a request naming
+its id waits for that rather than running a second time."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import time
 
 from switchyard.contracts.messages import (
+    Assignment,
     Completion,
     CompletionStatus,
     InferenceRequest,
@@ -15,7 +17,7 @@ from switchyard.contracts.messages import (
     OutputChunk,
     RequestTimeline,
 )
-from switchyard.contracts.topics import ANSWERS
+from switchyard.contracts.topics import ANSWERS, REQUESTS, WORKER_INBOX
 
 from tests.service.monitor_support import (
     Stack,
@@ -99,3 +101,46 @@ async def test_the_answers_come_back_and_a_named_retry_waits_for_them(stack: Sta
     # New ids that name themselves are accepted again.
     assert (await stack.ledger.accept(request("next"), named=True)).accepted
     assert not await watch.check()
+
+
+async def test_unanswered_requests_come_back_so_a_retry_never_runs_one_twice(
+    stack: Stack,
+) -> None:
+    monitor = await stack.monitor(run=False)
+    watch = monitor.state_watch
+    await watch.check()
+    await watch.settled()
+    # Before the loss: "waiting" was accepted and not yet decided, "running" was placed
+    # on w1 and is running there, "answered" has its answer.
+    asked = {name: request(name) for name in ("waiting", "running", "answered")}
+    for name in asked:
+        await stack.bus.publish(REQUESTS, asked[name])
+    placed = Assignment(
+        request=asked["running"],
+        worker_id="w1",
+        variant="llama-2-7b",
+        order=1.0,
+        policy="jsq",
+        epoch=1,
+        assigned_at_s=time.time(),
+    )
+    await stack.bus.publish(WORKER_INBOX, placed, partition=0)
+    await stack.bus.publish(ANSWERS, answer("answered", "its answer"), partition=0)
+
+    await stack.state.clear_prefix()
+    assert await watch.check()
+    await asyncio.wait_for(watch.settled(), 10.0)
+
+    # A retry of each finds its request where it was, waiting for its one answer.
+    for name, status in (("waiting", "queued"), ("running", "assigned")):
+        retry = await stack.ledger.accept(asked[name], named=True)
+        assert not retry.accepted, name
+        assert retry.record is not None
+        assert retry.record.status == status
+    # The worker running it records its answer under the fence it was given.
+    finished = answer("running", "ran once").model_copy(update={"epoch": 1})
+    assert await stack.ledger.finish_many([finished]) == ["finished"]
+    # The answered one knows what was asked, so another body under its id is told apart.
+    record = await stack.ledger.read("answered")
+    assert record is not None
+    assert record.request == asked["answered"]

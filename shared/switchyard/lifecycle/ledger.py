@@ -18,7 +18,9 @@ Who calls what:
 - the monitor :meth:`~RequestLedger.disown_many`\\ s what a live worker was sent and
   never took in (its heartbeats do not list it), for the scheduler to re-assign, and
   :meth:`~RequestLedger.restore_many`\\ s the answers read back from the answers topic
-  after the store lost its data;
+  after the store lost its data, then
+  :meth:`~RequestLedger.restore_requests_many`\\ s the requests and assignments read back
+  from theirs;
 - a worker :meth:`~RequestLedger.start_many`\\ s what it takes in and
   :meth:`~RequestLedger.finish_many`\\ es what it ran; a worker that moves a request
   assigns it to the target with its own epoch as the one it replaces.
@@ -310,8 +312,8 @@ class RequestLedger:
         """Give requests whose records the store lost their answers back, read from the
         answers topic: a final record each, unless the request has a record again (a
         retry accepted since, a finish after the loss); one round trip. Returns how many
-        were restored. Such a record holds the answer, not the request: a retry gets the
-        answer whatever its body (no 409)."""
+        were restored. Such a record holds the answer; :meth:`restore_requests_many` adds
+        the request where the topics still hold it."""
         calls = [
             (
                 [keys.request(completion.request_id)],
@@ -328,6 +330,45 @@ class RequestLedger:
         ]
         replies = await self.state.run_script_many(scripts.RESTORE, calls)
         return sum(1 for reply in replies if reply[0] == "restored")
+
+    async def restore_requests_many(
+        self, items: Sequence[InferenceRequest | Assignment]
+    ) -> dict[str, int]:
+        """Give requests whose records the store lost what was asked, read back from the
+        requests topics (a request) and the worker inbox (an assignment) once their
+        answers are back (:meth:`restore_many`): an unanswered one is recorded again as
+        it was, queued or assigned, so a retry waits for its one answer and its worker
+        finds the fence it expects; an answered one gets its request, so a retry with
+        another body gets a 409. One round trip; returns how many of each outcome
+        (``pending``, ``attached``, ``advanced``, ``kept``; see
+        :data:`~switchyard.lifecycle.scripts.RESTORE_REQUEST`)."""
+        calls = []
+        for item in items:
+            request = item.request if isinstance(item, Assignment) else item
+            fields = acceptance_fields(request)
+            del fields["status"]
+            key = keys.request(request.request_id)
+            args = [self._ttl_ms, request.request_id]
+            if isinstance(item, Assignment):
+                args += [
+                    str(item.epoch),
+                    item.worker_id,
+                    repr(item.assigned_at_s),
+                    item.model_dump_json(exclude={"request"}),
+                ]
+                touched = [key, keys.assigned(item.worker_id)]
+            else:
+                args += ["", "", "0", ""]
+                touched = [key, key]
+            args.append(fields["request"])
+            for field, value in fields.items():
+                args += (field, value)
+            calls.append((touched, args))
+        replies = await self.state.run_script_many(scripts.RESTORE_REQUEST, calls)
+        counts: dict[str, int] = {}
+        for reply in replies:
+            counts[reply[0]] = counts.get(reply[0], 0) + 1
+        return counts
 
     # -- start -----------------------------------------------------------------------------
 

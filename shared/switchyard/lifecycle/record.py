@@ -23,8 +23,10 @@ field                written by (transition)
 ``completion``       finish: the ``Completion`` JSON
 ``superseded_runs``  finish: answers refused because the request had been given to
                      another worker or epoch (runs that should not have happened)
-``restored``         restore: ``1`` on a record rebuilt from the answers topic after the
-                     store lost its data (it holds the answer, not the request)
+``restored``         restore: ``1`` on a record rebuilt from the broker after the store
+                     lost its data: from its answer (then its request, where the
+                     requests topics or the worker inbox still hold it), or, for one
+                     not answered, from its request and latest assignment
 ===================  =================================================================
 """
 

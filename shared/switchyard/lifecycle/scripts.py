@@ -355,21 +355,27 @@ DISOWN = Script("disown", _DISOWN_LUA, _disown)
 # -- restore -----------------------------------------------------------------------------
 # The answer of a request whose record the store lost, read back from the answers topic:
 # a final record holding it, unless the request has a record again (a retry accepted
-# since, or a finish that came after the loss).
+# since, or a finish that came after the loss). A record restored pending from its
+# request (:data:`RESTORE_REQUEST`) was a guess that the answer settles.
 # KEYS: request. ARGV: ttl_ms, status, completion JSON, epoch, worker_id, app.
 # -> {"restored"} | {"kept"}
 
-_RESTORE_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'kept'} end
+_RESTORE_LUA = (
+    _FINAL
+    + """
+local r = redis.call('HMGET', KEYS[1], 'status', 'restored')
+if r[1] and (r[2] ~= '1' or final[r[1]]) then return {'kept'} end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'completion', ARGV[3], 'epoch', ARGV[4],
   'worker_id', ARGV[5], 'app', ARGV[6], 'restored', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return {'restored'}
 """
+)
 
 
 def _restore(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
-    if view.exists(keys[0]):
+    status, restored = view.hmget(keys[0], ("status", "restored"))
+    if status is not None and (restored != "1" or status in _FINAL_SET):
         return ["kept"]
     view.hset(
         keys[0],
@@ -387,3 +393,90 @@ def _restore(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list
 
 
 RESTORE = Script("restore", _RESTORE_LUA, _restore)
+
+# -- restore a request -------------------------------------------------------------------
+# A request read back from the requests topics or the worker inbox (an assignment) after
+# the store lost its data, once the answers are back (:data:`RESTORE`):
+# - no record: it was accepted and not answered before the loss; it is recorded again as
+#   it was, queued or assigned (its worker's assigned set gains it), so that a retry
+#   waits for its one answer instead of running it again, and its worker's start and
+#   finish find the fence they expect;
+# - a record restored from its answer without the request: the request is added, so a
+#   retry with another body gets its 409;
+# - a record restored pending (queued, or assigned under an earlier epoch): a later
+#   assignment read back advances it (the earlier worker's set keeps a stale entry, which
+#   every reader of the set drops);
+# - anything else (a record made since the loss, a request started since): kept.
+# KEYS: request, assigned set of the worker (the request's key when no assignment).
+# ARGV: ttl_ms, request_id, epoch ("" when no assignment), worker_id, assigned_at_s,
+# decision, request JSON, then the acceptance's field, value pairs (status excluded).
+# -> {"pending"} | {"attached"} | {"advanced"} | {"kept"}
+
+_RESTORE_REQUEST_LUA = (
+    _FINAL
+    + """
+local r = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'restored', 'request')
+local status = r[1]
+if not status then
+  redis.call('HSET', KEYS[1], 'restored', '1', unpack(ARGV, 8))
+  if ARGV[3] == '' then
+    redis.call('HSET', KEYS[1], 'status', 'queued')
+  else
+    redis.call('HSET', KEYS[1], 'status', 'assigned', 'epoch', ARGV[3], 'worker_id', ARGV[4],
+      'decision', ARGV[6])
+    redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  return {'pending'}
+end
+if r[3] ~= '1' then return {'kept'} end
+if final[status] then
+  if r[4] then return {'kept'} end
+  redis.call('HSET', KEYS[1], 'request', ARGV[7])
+  return {'attached'}
+end
+if ARGV[3] ~= '' and (status == 'queued'
+    or (status == 'assigned' and tonumber(ARGV[3]) > tonumber(r[2] or '0'))) then
+  redis.call('HSET', KEYS[1], 'status', 'assigned', 'epoch', ARGV[3], 'worker_id', ARGV[4],
+    'decision', ARGV[6])
+  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
+  return {'advanced'}
+end
+return {'kept'}
+"""
+)
+
+
+def _restore_request(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[str]:
+    status, epoch, restored, request = view.hmget(
+        keys[0], ("status", "epoch", "restored", "request")
+    )
+    assigned = {"status": "assigned", "epoch": args[2], "worker_id": args[3], "decision": args[5]}
+    if status is None:
+        pairs = args[7:]
+        fields = {"restored": "1", **dict(zip(pairs[0::2], pairs[1::2], strict=True))}
+        if args[2] == "":
+            fields["status"] = "queued"
+        else:
+            fields.update(assigned)
+            view.zadd(keys[1], {args[1]: float(args[4])})
+        view.hset(keys[0], fields)
+        view.expire(keys[0], int(args[0]) / 1000.0)
+        return ["pending"]
+    if restored != "1":
+        return ["kept"]
+    if status in _FINAL_SET:
+        if request is not None:
+            return ["kept"]
+        view.hset(keys[0], {"request": args[6]})
+        return ["attached"]
+    if args[2] != "" and (
+        status == "queued" or (status == "assigned" and int(args[2]) > int(epoch or "0"))
+    ):
+        view.hset(keys[0], assigned)
+        view.zadd(keys[1], {args[1]: float(args[4])})
+        return ["advanced"]
+    return ["kept"]
+
+
+RESTORE_REQUEST = Script("restore-request", _RESTORE_REQUEST_LUA, _restore_request)
