@@ -42,7 +42,7 @@ def rolling_quantile(values: Sequence[float], window: int, q: float) -> list[flo
     """The ``q``-quantile of each value and the ``window - 1`` before it."""
     out: list[float] = []
     for end in range(1, len(values) + 1):
-        out.append(quantile(sorted(values[max(0, end - window) : end]), q))
+        out.append(quantile(values[max(0, end - window) : end], q))
     return out
 
 

@@ -145,7 +145,7 @@ def json_ready(value: Any) -> Any:
 
 
 def _q(values: Sequence[float], q: float) -> float | None:
-    return quantile(sorted(values), q) if values else None
+    return quantile(values, q) if values else None
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -162,7 +162,7 @@ class Agreement:
 
 
 def _p(values: Sequence[float], q: float) -> float:
-    return quantile(sorted(values), q)
+    return quantile(values, q)
 
 
 def _p_or_none(values: Sequence[float], q: float) -> float | None:

@@ -148,7 +148,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
     Example: ``percentile([1, 2, 3, 4], 50) == 2.5``.
     """
-    return quantile(sorted(values), q / 100.0)
+    return quantile(values, q / 100.0)
 
 
 def windowed_means(

@@ -116,7 +116,7 @@ class WindowSimResult:
 
 
 def _percentile(samples: Sequence[float], q: float) -> float:
-    return quantile(sorted(samples), q / 100.0) if samples else 0.0
+    return quantile(samples, q / 100.0) if samples else 0.0
 
 
 def summarise(

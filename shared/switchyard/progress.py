@@ -1,8 +1,9 @@
-"""A dependency-free progress bar for long runs (``switchyard simulate`` sweeps).
+"""The progress bar of long runs (``switchyard simulate`` sweeps, ``loadgen replay``).
 
-On a terminal it redraws one line in place, at most ten times a second::
+On a terminal it is a ``rich`` progress bar on one line, redrawn at most ten times a
+second::
 
-    simulate [######..............] 12/40 30% eta 0:12 gaps w8 seed 2
+    simulate ━━━━━━╺━━━━━━━━━━━━━ 12/40 30% eta 0:12 gaps w8 seed 2
 
 Anywhere else (a log file, CI output, a pipe) redrawing would leave a smear of
 carriage returns, so it writes whole lines instead, one per tenth of the work or
@@ -15,12 +16,15 @@ every ten seconds, whichever comes first, and a last line with the elapsed time:
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self, TextIO
+from typing import TYPE_CHECKING, Self, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 
 def format_duration(seconds: float) -> str:
@@ -80,11 +84,11 @@ class Progress:
         self._closed = False
         self._tty = self._enabled and _is_tty(self._stream)
         self._last_draw_s = -float("inf")
-        self._drawn_width = 0
         self._last_step = 0
+        self._bar: tuple[RichProgress, TaskID] | None = None
         if self._enabled:
             if self._tty:
-                self._draw(self._line())
+                self._bar = self._start_bar()
             else:
                 self._emit(self._line())
 
@@ -136,12 +140,15 @@ class Progress:
             return
         elapsed = format_duration(self._clock() - self._start_s)
         tail = f"stopped after {elapsed}" if stopped else f"done in {elapsed}"
-        line = self._line(tail=tail)
         if self._tty:
-            self._draw(line)
-            self._write("\n")
+            self._draw(tail=tail)
+            if self._bar is not None:
+                try:
+                    self._bar[0].stop()
+                except (OSError, ValueError):
+                    self._enabled = False
         else:
-            self._emit(line)
+            self._emit(self._line(tail=tail))
 
     # ------------------------------------------------------------------ drawing
 
@@ -150,18 +157,22 @@ class Progress:
             return 1.0
         return min(1.0, max(0.0, self.done / self.total))
 
-    def _line(self, *, tail: str | None = None) -> str:
-        fraction = self._fraction()
-        parts = [self.label]
-        if self._tty:
-            filled = round(fraction * self.bar_width)
-            parts.append("[" + "#" * filled + "." * (self.bar_width - filled) + "]")
-        parts.append(f"{self.done}/{self.total}")
-        parts.append(f"{fraction * 100:.0f}%")
+    def _steps(self) -> int:
+        # The bar counts in steps of its own: the count, percent and eta are this
+        # class's (a total of 0 or less shows as complete, which rich would not).
+        return round(self._fraction() * _BAR_STEPS)
+
+    def _text(self, tail: str | None = None) -> str:
+        """What follows the label (and the bar): count, percent, eta or ``tail``, postfix."""
+        parts = [f"{self.done}/{self.total}", f"{self._fraction() * 100:.0f}%"]
         parts.append(tail if tail is not None else f"eta {self._eta()}")
         if self.postfix:
             parts.append(self.postfix)
         return " ".join(parts)
+
+    def _line(self, *, tail: str | None = None) -> str:
+        """One log line (off a terminal)."""
+        return f"{self.label} {self._text(tail)}"
 
     def _eta(self) -> str:
         elapsed_s = self._clock() - self._start_s
@@ -176,7 +187,7 @@ class Progress:
         now_s = self._clock()
         if self._tty:
             if now_s - self._last_draw_s >= self.tty_interval_s:
-                self._draw(self._line())
+                self._draw()
             return
         # The last step (100 %) is left to close(), which prints the elapsed time.
         step = int(self._fraction() / self.log_step + 1e-9)
@@ -185,14 +196,45 @@ class Progress:
             self._last_step = max(self._last_step, step)
             self._emit(self._line())
 
-    def _draw(self, line: str) -> None:
-        # One line in place: a line wider than the terminal would wrap, and every
-        # redraw would then leave a copy of its first half behind.
-        columns = shutil.get_terminal_size(fallback=(80, 24)).columns
-        line = line[: max(columns - 1, 10)]
-        padding = " " * max(0, self._drawn_width - len(line))
-        self._write("\r" + line + padding)
-        self._drawn_width = len(line)
+    def _start_bar(self) -> tuple[RichProgress, TaskID] | None:
+        # Imported here: runs off a terminal (CI, logs, pipes) never pay for rich.
+        from rich.console import Console
+        from rich.progress import BarColumn, TextColumn
+        from rich.progress import Progress as RichProgress
+
+        bar = RichProgress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=self.bar_width),
+            TextColumn("{task.fields[text]}"),
+            # A line wider than the terminal would wrap; rich crops it instead.
+            console=Console(file=self._stream, force_terminal=True, soft_wrap=False),
+            auto_refresh=False,  # redrawn here, at most every tty_interval_s
+            redirect_stdout=False,
+            redirect_stderr=False,
+            get_time=self._clock,
+        )
+        try:
+            bar.start()
+        except (OSError, ValueError):
+            self._enabled = False
+            return None
+        # Adding the task draws the first line.
+        task = bar.add_task(
+            self.label, total=_BAR_STEPS, completed=self._steps(), text=self._text()
+        )
+        self._last_draw_s = self._clock()
+        return bar, task
+
+    def _draw(self, *, tail: str | None = None) -> None:
+        if self._bar is None or not self._enabled:
+            return
+        bar, task = self._bar
+        try:
+            bar.update(task, completed=self._steps(), text=self._text(tail))
+            bar.refresh()
+        except (OSError, ValueError):
+            # A closed terminal must not end a run that is still worth finishing.
+            self._enabled = False
         self._last_draw_s = self._clock()
 
     def _emit(self, line: str) -> None:
@@ -207,6 +249,9 @@ class Progress:
             # A closed pipe or stream must not end a simulation that is still worth
             # finishing; the bar goes quiet instead.
             self._enabled = False
+
+
+_BAR_STEPS = 1000
 
 
 def _is_tty(stream: TextIO) -> bool:

@@ -5,22 +5,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 __all__ = ["coefficient_of_variation", "quantile"]
 
 
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q``-quantile (0..1) of already sorted values, linear between order
-    statistics (``numpy.percentile``'s default); NaN when there are none.
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values``, linear between order statistics
+    (``numpy.quantile``'s default method); NaN when there are none.
 
     Example: ``quantile([1, 2, 3, 4], 0.5) == 2.5``.
     """
-    if not sorted_values:
+    if not values:
         return math.nan
-    position = q * (len(sorted_values) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    fraction = position - low
-    return sorted_values[low] * (1 - fraction) + sorted_values[high] * fraction
+    return float(np.quantile(values, q))
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float:
