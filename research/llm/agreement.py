@@ -26,6 +26,12 @@ What the comparison reports besides P50 and P99 says where a gap comes from:
   of wall time, which delays the admission of a new arrival).
 - ``paired_gap_p50_s``: the median over requests of live minus simulated latency.
 
+Time to first token (arrival to the first token) and time per output token (first token
+to the last, over the tokens after the first: :func:`switchyard.slo.time_per_output_token_s`)
+are compared the same way, P50 and P99. The live ones come from the answer's timeline,
+the ingress's arrival and the worker's first and last token (one machine, one clock), so
+they include the control plane's way to the worker but not the way back.
+
 The live scheduler also differs in what it knows: it sees workers through heartbeats
 and its own recent decisions (the simulator sees every change at once), and its
 predictions come from the predictor service rather than a predictor trained on the
@@ -42,6 +48,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from switchyard.policies.registry import PolicyOptions, make_llm_policy
+from switchyard.slo import time_per_output_token_s
 from switchyard.stats import quantile
 
 from loadgen.replay_records import OK, RequestRecord
@@ -78,6 +85,10 @@ class SimulatedLatency:
     """First admission to the last token."""
     worker_id: str
     """The worker it finished on (``w00``, ``w01``, ...: the profiles' order)."""
+    ttft_s: float = math.nan
+    """Arrival to the first token."""
+    tpot_s: float | None = None
+    """Time per output token after the first (None for a one-token answer)."""
 
 
 def simulate(
@@ -110,6 +121,10 @@ def simulate(
             wait_s=request.started_s - request.arrival_s,
             execution_s=request.finished_s - request.started_s,
             worker_id=request.served_on,
+            ttft_s=request.first_token_s - request.arrival_s,
+            tpot_s=time_per_output_token_s(
+                request.first_token_s, request.finished_s, request.output_tokens
+            ),
         )
         for request in simulator.completed
     }
@@ -146,6 +161,16 @@ class Agreement:
     live_wait_p50_s: float | None
     live_execution_p50_s: float | None
     live_overhead_p50_s: float | None
+    sim_ttft_p50_s: float | None
+    sim_ttft_p99_s: float | None
+    live_ttft_p50_s: float | None
+    live_ttft_p99_s: float | None
+    """None when no compared answer carried its first token's time."""
+    sim_tpot_p50_s: float | None
+    sim_tpot_p99_s: float | None
+    live_tpot_p50_s: float | None
+    live_tpot_p99_s: float | None
+    """None when no compared answer had two tokens or more (and its times)."""
     sim_by_worker: dict[str, int]
     """Compared requests per worker in the simulation; a different spread from
     ``live_by_worker`` means the policy decided differently, not that it ran slower."""
@@ -155,10 +180,27 @@ class Agreement:
         """Whether P50 and P99 both agree within ``tolerance`` (relative)."""
         return abs(self.p50_gap) <= tolerance and abs(self.p99_gap) <= tolerance
 
+    def token_gaps(self) -> dict[str, float | None]:
+        """``live / simulated - 1`` of TTFT and TPOT at P50 and P99 (None where either
+        side has no figure)."""
+        return {
+            "ttft_p50": _relative(self.live_ttft_p50_s, self.sim_ttft_p50_s),
+            "ttft_p99": _relative(self.live_ttft_p99_s, self.sim_ttft_p99_s),
+            "tpot_p50": _relative(self.live_tpot_p50_s, self.sim_tpot_p50_s),
+            "tpot_p99": _relative(self.live_tpot_p99_s, self.sim_tpot_p99_s),
+        }
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["workers"] = list(self.workers)
+        data["token_gaps"] = self.token_gaps()
         return data
+
+
+def _relative(live: float | None, simulated: float | None) -> float | None:
+    if live is None or simulated is None:
+        return None
+    return live / simulated - 1 if simulated > 0 else math.inf
 
 
 def _p(values: Sequence[float], q: float) -> float:
@@ -201,6 +243,8 @@ def compare(
     live_wait: list[float] = []
     live_execution: list[float] = []
     live_overhead: list[float] = []
+    live_ttft: list[float] = []
+    live_tpot: list[float] = []
     for index in both:
         record = live[index]
         assert record.latency_s is not None
@@ -218,6 +262,15 @@ def compare(
             execution_s = (finished - started) * speedup
             live_execution.append(execution_s)
             live_overhead.append(latency_s - execution_s)
+        first = timeline.get("first_token_s")
+        if first is not None and arrived is not None:
+            live_ttft.append((first - arrived) * speedup)
+        if first is not None and finished is not None and record.completion_tokens:
+            tpot = time_per_output_token_s(first, finished, record.completion_tokens)
+            if tpot is not None:
+                live_tpot.append(tpot * speedup)
+    sim_ttft = [simulated[i].ttft_s for i in both if math.isfinite(simulated[i].ttft_s)]
+    sim_tpot = [t for i in both if (t := simulated[i].tpot_s) is not None]
     sim_p50, sim_p99 = _p(sim_latency, 0.5), _p(sim_latency, 0.99)
     live_p50, live_p99 = _p(live_latency, 0.5), _p(live_latency, 0.99)
     return Agreement(
@@ -241,6 +294,14 @@ def compare(
         live_wait_p50_s=_p_or_none(live_wait, 0.5),
         live_execution_p50_s=_p_or_none(live_execution, 0.5),
         live_overhead_p50_s=_p_or_none(live_overhead, 0.5),
+        sim_ttft_p50_s=_p_or_none(sim_ttft, 0.5),
+        sim_ttft_p99_s=_p_or_none(sim_ttft, 0.99),
+        live_ttft_p50_s=_p_or_none(live_ttft, 0.5),
+        live_ttft_p99_s=_p_or_none(live_ttft, 0.99),
+        sim_tpot_p50_s=_p_or_none(sim_tpot, 0.5),
+        sim_tpot_p99_s=_p_or_none(sim_tpot, 0.99),
+        live_tpot_p50_s=_p_or_none(live_tpot, 0.5),
+        live_tpot_p99_s=_p_or_none(live_tpot, 0.99),
         sim_by_worker=dict(sorted(Counter(simulated[i].worker_id for i in both).items())),
         live_by_worker=dict(sorted(Counter(live[i].worker_id or "?" for i in both).items())),
     )
@@ -285,4 +346,27 @@ def format_table(rows: Sequence[Agreement]) -> str:
             f"| {_s(a.live_overhead_p50_s)} s "
             f"| {_spread(a.sim_by_worker)} / {_spread(a.live_by_worker)} |"
         )
+    lines += [
+        "",
+        "| trace | policy | TTFT P50 sim / live | gap | TTFT P99 sim / live | gap "
+        "| TPOT P50 sim / live | gap | TPOT P99 sim / live | gap |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for a in rows:
+        gaps = a.token_gaps()
+        lines.append(
+            f"| {a.trace} | {a.policy} "
+            f"| {_ms(a.sim_ttft_p50_s)} / {_ms(a.live_ttft_p50_s)} | {_opt_gap(gaps['ttft_p50'])} "
+            f"| {_ms(a.sim_ttft_p99_s)} / {_ms(a.live_ttft_p99_s)} | {_opt_gap(gaps['ttft_p99'])} "
+            f"| {_ms(a.sim_tpot_p50_s)} / {_ms(a.live_tpot_p50_s)} | {_opt_gap(gaps['tpot_p50'])} "
+            f"| {_ms(a.sim_tpot_p99_s)} / {_ms(a.live_tpot_p99_s)} | {_opt_gap(gaps['tpot_p99'])} |"
+        )
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f} ms"
+
+
+def _opt_gap(value: float | None) -> str:
+    return "-" if value is None else _gap(value)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from research.llm.agreement import DEFAULT_TOLERANCE
+from research.llm.agreement import DEFAULT_TOLERANCE, format_table
 from research.llm.agreement_stack import measure
 
 A100 = "a100-80gb/llama-2-7b"
@@ -44,6 +44,7 @@ async def test_live_p50_and_p99_agree_with_the_simulator_within_15_percent(
         f"live {agreement.live_p99_s:.2f} s ({agreement.p99_gap:+.1%})"
     )
     print(f"\nsim-to-live agreement, azure-conv[:300] x4, gaps on 2 x A100: {report}")
+    print(format_table([agreement]))
     assert agreement.within(DEFAULT_TOLERANCE), report
     # Both workers served: the live scheduler spread the load as the simulated one did.
     assert set(agreement.live_by_worker) == {"w00", "w01"}

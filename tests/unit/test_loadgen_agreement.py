@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from switchyard.contracts.messages import WorkloadType
@@ -86,6 +87,39 @@ def test_live_latencies_are_read_in_trace_seconds() -> None:
     # The live execution is 0.8 of each latency (the timeline above), in trace seconds.
     assert agreement.live_execution_p50_s == pytest.approx(0.8 * 3.0)
     assert agreement.live_overhead_p50_s == pytest.approx(0.2 * 3.0)
+
+
+def test_first_token_and_per_token_times_are_compared_in_trace_seconds() -> None:
+    # Simulated: first token 0.2 s after arrival, then 9 more tokens 0.05 s apart.
+    simulated = {
+        i: SimulatedLatency(
+            index=i,
+            latency_s=0.65,
+            wait_s=0.1,
+            execution_s=0.55,
+            worker_id="w00",
+            ttft_s=0.2,
+            tpot_s=0.05,
+        )
+        for i in range(3)
+    }
+    # Live at speed-up 2, in wall seconds: first token 0.11 s after the ingress's
+    # arrival (0.22 trace s: 10 % later), the last 9 x 0.025 s after it (the same pace).
+    records = []
+    for i in range(3):
+        record = _record(i, 0.34)
+        timeline = {"arrival_s": 100.0, "started_s": 100.01, "first_token_s": 100.11}
+        timeline["finished_s"] = 100.11 + 9 * 0.025
+        records.append(replace(record, timeline=timeline, completion_tokens=10))
+    agreement = compare(records, simulated, speedup=2.0, trace="t", policy="jsq", workers=[A100])
+    assert agreement.sim_ttft_p50_s == pytest.approx(0.2)
+    assert agreement.live_ttft_p99_s == pytest.approx(0.22)
+    assert agreement.live_tpot_p50_s == pytest.approx(0.05)
+    gaps = agreement.token_gaps()
+    assert gaps["ttft_p50"] == pytest.approx(0.10)
+    assert gaps["tpot_p99"] == pytest.approx(0.0)
+    assert "TTFT P50 sim / live" in format_table([agreement])
+    assert "| 200 ms / 220 ms | +10.0% |" in format_table([agreement])
 
 
 def test_a_live_run_slower_than_the_tolerance_disagrees() -> None:
