@@ -9,7 +9,7 @@ import pytest
 from switchyard.apps.penalty import Penalty
 from switchyard.policies.base import DecisionContext
 from switchyard.selection.base import WindowPlan, batch_latency_s
-from switchyard.selection.grouped import GroupedScheduler, group_requests, lateness_factor
+from switchyard.selection.grouped import GroupedScheduler, group_requests
 from switchyard.selection.registry import (
     UnknownSchedulerError,
     make_window_scheduler,
@@ -139,10 +139,15 @@ def test_batch_latency_worked_example() -> None:
         Penalty(kind="sigmoid", steepness_per_s=2000.0, midpoint_s=0.0),
     ],
 )
-def test_fast_lateness_factor_matches_the_penalty(penalty: Penalty) -> None:
-    factor = lateness_factor(penalty)
-    for lateness_s in [1e-6, 0.001, 0.025, 0.05, 0.099, 0.15, 10.0]:
-        assert factor(lateness_s) == pytest.approx(penalty.factor(lateness_s), abs=1e-12)
+def test_the_search_s_late_total_matches_the_penalty(penalty: Penalty) -> None:
+    # Five requests 0.9..0.5 accurate with deadlines 0..40 ms; answered at 60 ms, the
+    # first three (deadlines before it) are late by 60, 50 and 40 ms.
+    accs, deadlines = [0.9, 0.8, 0.7, 0.6, 0.5], [0.0, 0.01, 0.02, 0.07, 0.08]
+    expected = sum(
+        a * penalty.factor(0.06 - d) for a, d in zip(accs[:3], deadlines[:3], strict=True)
+    )
+    assert penalty.late_total()(accs, deadlines, 3, 0.06) == pytest.approx(expected, abs=1e-12)
+    assert penalty.late_total()(accs, deadlines, 0, 0.06) == 0.0
 
 
 def test_swap_is_paid_only_when_the_variant_changes() -> None:
