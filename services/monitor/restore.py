@@ -7,17 +7,20 @@ accepted request (the requests topics) and every assignment (the worker inbox), 
 monitor reads them from :data:`REQUEST_TTL_S <switchyard.lifecycle.REQUEST_TTL_S>` ago
 (as long as a record would have lived) to their end:
 
-1. each answer is written back as a final record
-   (:meth:`~switchyard.lifecycle.RequestLedger.restore_many`), where the request has no
-   record again;
-2. then each request and assignment
-   (:meth:`~switchyard.lifecycle.RequestLedger.restore_requests_many`): an answered
-   request's record gets what was asked (a retry with another body is a 409), and one
-   accepted but not answered is recorded again, queued or assigned under its latest
-   epoch, so a retry waits for its one answer and its worker's start and finish find
-   their fence;
-3. then the answers published since this began once more: an answer whose finish the
-   loss took settles the record its request just made pending.
+- each answer is written back as a final record
+  (:meth:`~switchyard.lifecycle.RequestLedger.restore_many`), where the request has no
+  record again;
+- each request and assignment
+  (:meth:`~switchyard.lifecycle.RequestLedger.restore_requests_many`): an answered
+  request's record gets what was asked (a retry with another body is a 409), and one
+  accepted but not answered is recorded again, queued or assigned under its latest
+  epoch, so a retry waits for its one answer and its worker's start and finish find
+  their fence;
+- then the answers published since this began, once more: an answer whose finish the
+  loss took settles the record its request just made pending.
+
+The four topics are read at the same time: what the records end as does not depend on
+the order.
 
 Until that is done the ledger refuses calls that name their id
 (:data:`switchyard.state.keys.STATE_GENERATION`); calls with an id the ingress makes up
@@ -89,16 +92,19 @@ async def restore_answers(
         asked = [m for m in batch if isinstance(m, InferenceRequest | Assignment)]
         return await ledger.restore_requests_many(asked) if asked else {}
 
-    read, outcomes = await _read_back(
-        bus, ANSWERS, _is_completion, answers, began_s, window_s, stopping
+    # The topics are read at once: the outcome does not depend on their order (an
+    # answer settles a record its request made pending; a request adds itself to one
+    # its answer made; a later assignment advances an earlier one).
+    (read, outcomes), *asked_back = await asyncio.gather(
+        _read_back(bus, ANSWERS, _is_completion, answers, began_s, window_s, stopping),
+        *(
+            _read_back(bus, topic, _is_request, requests, began_s, window_s, stopping)
+            for topic in (REQUESTS, CLASSIFICATION_REQUESTS, WORKER_INBOX)
+        ),
     )
     restored = outcomes.get("restored", 0)
     asked = 0
-    # Requests before assignments: a request's assignment advances its queued record.
-    for topic in (REQUESTS, CLASSIFICATION_REQUESTS, WORKER_INBOX):
-        count, found = await _read_back(
-            bus, topic, _is_request, requests, began_s, window_s, stopping
-        )
+    for count, found in asked_back:
         asked += count
         for outcome, n in found.items():
             outcomes[outcome] = outcomes.get(outcome, 0) + n
