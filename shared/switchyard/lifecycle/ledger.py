@@ -18,7 +18,7 @@ Who calls what:
 - the monitor :meth:`~RequestLedger.disown_many`\\ s what a live worker was sent and
   never took in (its heartbeats do not list it), for the scheduler to re-assign, and
   :meth:`~RequestLedger.restore_many`\\ s the answers read back from the answers topic
-  after the store lost its data, then
+  after the store lost its data, and
   :meth:`~RequestLedger.restore_requests_many`\\ s the requests and assignments read back
   from theirs;
 - a worker :meth:`~RequestLedger.start_many`\\ s what it takes in and
@@ -335,11 +335,12 @@ class RequestLedger:
         self, items: Sequence[InferenceRequest | Assignment]
     ) -> dict[str, int]:
         """Give requests whose records the store lost what was asked, read back from the
-        requests topics (a request) and the worker inbox (an assignment) once their
-        answers are back (:meth:`restore_many`): an unanswered one is recorded again as
-        it was, queued or assigned, so a retry waits for its one answer and its worker
-        finds the fence it expects; an answered one gets its request, so a retry with
-        another body gets a 409. One round trip; returns how many of each outcome
+        requests topics (a request) and the worker inbox (an assignment), in any order
+        with their answers (:meth:`restore_many`): an unanswered one is recorded again
+        as it was, queued or assigned, so a retry waits for its one answer and its
+        worker finds the fence it expects (an answer read back later settles it); an
+        answered one gets its request, so a retry with another body gets a 409. One
+        round trip; returns how many of each outcome
         (``pending``, ``attached``, ``advanced``, ``kept``; see
         :data:`~switchyard.lifecycle.scripts.RESTORE_REQUEST`)."""
         calls = []

@@ -396,7 +396,7 @@ RESTORE = Script("restore", _RESTORE_LUA, _restore)
 
 # -- restore a request -------------------------------------------------------------------
 # A request read back from the requests topics or the worker inbox (an assignment) after
-# the store lost its data, once the answers are back (:data:`RESTORE`):
+# the store lost its data, in any order with the answers (:data:`RESTORE`):
 # - no record: it was accepted and not answered before the loss; it is recorded again as
 #   it was, queued or assigned (its worker's assigned set gains it), so that a retry
 #   waits for its one answer instead of running it again, and its worker's start and
