@@ -19,6 +19,11 @@ relative to it.
 admission (listed as ``llm-d + ttft-feasible``; never the best baseline), so the tables
 tell what refusing hopeless requests buys apart from what a policy's routing does.
 
+``--chunked-prefill off,512,2048`` runs every search once per setting: ``off`` as
+before, a number with chunked prefill at that token budget per iteration
+(:mod:`research.llm.chunked`); each setting gets tables of its own. ``--traces`` picks
+the traces (default all three; the mixed cluster comes with ``azure-conv``).
+
 Run ``make bench-capacity`` or ``python -m bench.capacity_eval [--quick] [--json OUT]``;
 the Markdown tables go to stdout. ``--quick``: 1,000 requests, 8 workers, the Azure
 conversation trace only.
@@ -35,11 +40,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from switchyard.perf import performance_model
 from switchyard.policies.registry import PolicyOptions, llm_policy_names
 from switchyard.slo import token_slos
 from switchyard.traces import head, resolve_trace
 
 from research.llm.capacity_run import capacity_cell, held_rps, run_capacity
+from research.llm.chunked import check_budget
 from research.llm.experiment import ExperimentConfig
 
 A100 = "a100-80gb/llama-2-7b"
@@ -59,6 +66,8 @@ class Search:
     requests: int
     admission: str | None = None
     """Run the policy with this admission instead of its own (``--with-admission``)."""
+    chunked_prefill: int | None = None
+    """Chunked prefill's token budget per iteration (None: off)."""
 
 
 def is_baseline(policy: str) -> bool:
@@ -84,44 +93,67 @@ def _run(search: Search) -> dict[str, Any]:
         profiles=search.profiles,
         token_slos=token_slos(ttft_s=TTFT_OBJECTIVE_S.get(search.trace)),
         policy_options=PolicyOptions(admission=search.admission),
+        chunked_prefill_tokens=search.chunked_prefill,
     )
     (result,) = run_capacity(config, trace, targets=TARGETS)
     if search.admission is not None:
         result["policy"] += ADMISSION_MARK + search.admission
-    return {**result, "cluster": "+".join(p.split("/")[0] for p in search.profiles)}
+    return {
+        **result,
+        "cluster": "+".join(p.split("/")[0] for p in search.profiles),
+        "chunked_prefill": search.chunked_prefill,
+    }
 
 
 def _searches(
-    quick: bool, requests: int, policies: Sequence[str], sizes: Sequence[int]
+    quick: bool,
+    requests: int,
+    policies: Sequence[str],
+    sizes: Sequence[int],
+    traces: Sequence[str] = TRACES,
 ) -> list[Search]:
     if quick:
         return [Search("azure-conv", 8, p, (A100,), min(requests, 1000)) for p in policies]
     searches = [
         Search(trace, workers, policy, (A100,), requests)
-        for trace in TRACES
+        for trace in traces
         for workers in sizes
         for policy in policies
     ]
-    if 16 in sizes:
+    if 16 in sizes and "azure-conv" in traces:
         searches += [Search("azure-conv", 16, p, (A100, L40S), requests) for p in policies]
     return searches
 
 
+def chunked_settings(text: str) -> list[int | None]:
+    """``--chunked-prefill``'s list: ``off`` (None) or token budgets."""
+    settings: list[int | None] = []
+    for item in text.split(","):
+        item = item.strip()
+        if item == "off":
+            settings.append(None)
+        elif item.isdigit() and int(item) >= 1:
+            settings.append(int(item))
+        else:
+            raise ValueError(f"--chunked-prefill takes off or token budgets >= 1, got {item!r}")
+    return settings
+
+
 def markdown(results: Sequence[dict[str, Any]]) -> str:
-    """One table per trace and cluster: capacity at each target, most goodput, and the
-    ratio to the best baseline at 90 %."""
+    """One table per trace, cluster and chunked-prefill setting: capacity at each
+    target, most goodput, and the ratio to the best baseline at 90 %."""
     out: list[str] = []
-    scenarios = dict.fromkeys((r["trace"], r["workers"], r["cluster"]) for r in results)
-    for trace, workers, cluster in scenarios:
-        rows = [
-            r
-            for r in results
-            if (r["trace"], r["workers"], r["cluster"]) == (trace, workers, cluster)
-        ]
+
+    def scenario(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r["trace"], r["workers"], r["cluster"], r.get("chunked_prefill"))
+
+    for trace, workers, cluster, chunked in dict.fromkeys(scenario(r) for r in results):
+        rows = [r for r in results if scenario(r) == (trace, workers, cluster, chunked)]
         baselines = [r for r in rows if is_baseline(r["policy"])]
         best = max(baselines, key=lambda r: held_rps(r, 0), default=None)
         best_rps = held_rps(best, 0) if best is not None else 0.0
-        out.append(f"**{trace}, {workers} workers ({cluster})**")
+        setting = "" if chunked is None else f", chunked prefill {chunked} tokens"
+        out.append(f"**{trace}, {workers} workers ({cluster}){setting}**")
         out.append("")
         out.append(
             "| policy | req/s at 90 % | req/s at 99 % | most goodput, req/s | "
@@ -146,6 +178,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policies", default=",".join(llm_policy_names()))
     parser.add_argument("--workers", default="8,16,32", help="cluster sizes (default 8,16,32)")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument(
+        "--traces", default=",".join(TRACES), help=f"traces (default {','.join(TRACES)})"
+    )
+    parser.add_argument(
+        "--chunked-prefill",
+        default="off",
+        metavar="LIST",
+        help="chunked-prefill settings to search under: off and/or token budgets per "
+        "iteration, comma-separated (default off)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--with-admission",
@@ -157,7 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     sizes = [int(size) for size in args.workers.split(",") if size.strip()]
-    searches = _searches(args.quick, args.requests, policies, sizes)
+    traces = [t.strip() for t in args.traces.split(",") if t.strip()]
+    try:
+        settings = chunked_settings(args.chunked_prefill)
+    except ValueError as exc:
+        parser.error(str(exc))
+    searches = _searches(args.quick, args.requests, policies, sizes, traces)
     if args.with_admission is not None:
         PolicyOptions(admission=args.with_admission)  # a bad name fails before any run
         searches += [
@@ -165,8 +212,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             for search in searches
             if is_baseline(search.policy)
         ]
-    with mp.get_context("spawn").Pool(args.processes) as pool:
-        results = pool.map(_run, searches, chunksize=1)
+    searches = [replace(search, chunked_prefill=c) for c in settings for search in searches]
+    for budget in settings:
+        for profile in dict.fromkeys(p for search in searches for p in search.profiles):
+            problem = None if budget is None else check_budget(budget, performance_model(profile))
+            if problem is not None:
+                parser.error(f"--chunked-prefill: {problem}")
+    if args.processes <= 1:
+        results = [_run(search) for search in searches]
+    else:
+        with mp.get_context("spawn").Pool(args.processes) as pool:
+            results = pool.map(_run, searches, chunksize=1)
     print(markdown(results))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -175,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "requests": args.requests,
             "targets": TARGETS,
             "ttft_objective_s": TTFT_OBJECTIVE_S,
+            "chunked_prefill": settings,
             "capacity": results,
         }
         args.json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")

@@ -89,6 +89,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ttft-feasible (refuse a request no worker can give its first token in time); "
         "default: each policy's own (only switchyard has one)",
     )  # fmt: skip
+    parser.add_argument(
+        "--chunked-prefill", type=int, default=None, metavar="TOKENS",
+        help="run every worker with chunked prefill (Sarathi-Serve; vLLM's "
+        "enable_chunked_prefill) at this token budget per iteration (max_num_batched_tokens, "
+        "at least the profile's batch slots, 256): running requests decode one token each "
+        "and prompts are prefilled in chunks from the rest; default off (a prompt is "
+        "prefilled whole, stalling the batch's decodes)",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (default 1)")
     parser.add_argument("--requests", type=int, default=None, help="use the first N requests")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
@@ -143,6 +151,7 @@ def _run(args: argparse.Namespace) -> int:
     from switchyard.progress import Progress
     from switchyard.traces import head, resolve_trace, scale_load
 
+    from research.llm.chunked import check_budget
     from research.llm.experiment import ExperimentConfig, run_experiment
     from research.report import format_table, runs_to_json, write_report
 
@@ -152,7 +161,11 @@ def _run(args: argparse.Namespace) -> int:
     for name in args.policies:
         make_llm_policy(name, options)
     for profile in args.gpu:
-        performance_model(profile)
+        perf = performance_model(profile)
+        if args.chunked_prefill is not None:
+            problem = check_budget(args.chunked_prefill, perf)
+            if problem is not None:
+                raise ValueError(f"--chunked-prefill: {problem}")
     make_predictor(args.predictor)
     trace = resolve_trace(args.trace)
     if args.requests is not None:
@@ -169,7 +182,13 @@ def _run(args: argparse.Namespace) -> int:
         predictor=args.predictor,
         seeds=args.seeds,
         policy_options=options,
+        chunked_prefill_tokens=args.chunked_prefill,
     )
+    if args.chunked_prefill is not None:
+        print(
+            f"chunked prefill: {args.chunked_prefill} tokens per iteration on every worker",
+            file=sys.stderr,
+        )
     if args.capacity:
         return _run_capacity(args, config, trace)
 

@@ -40,6 +40,13 @@ class SimulationConfig:
     violation_window: int = 100
     """Completions over which the rebalancer's recent SLO-violation rate is measured."""
     seed: int = 0
+    chunked_prefill_tokens: int | None = None
+    """Chunked prefill (Sarathi-Serve; vLLM's ``enable_chunked_prefill``) with this token
+    budget per iteration (``max_num_batched_tokens``): running requests decode one token
+    each and prompts are prefilled in chunks from what is left
+    (:mod:`research.llm.chunked`). None: off, every prompt prefilled whole in an
+    iteration of its own (the default). It must cover every profile's batch slots, as
+    vLLM requires of ``max_num_batched_tokens`` (the simulator checks)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -51,4 +58,9 @@ class SimulationConfig:
         if not 0.0 <= self.predictor_error <= 1.0:
             raise SimulationError(
                 f"predictor-error must be within [0, 1], got {self.predictor_error}"
+            )
+        chunked = self.chunked_prefill_tokens
+        if chunked is not None and (isinstance(chunked, bool) or chunked < 1):
+            raise SimulationError(
+                f"chunked-prefill must be a positive number of tokens, got {chunked!r}"
             )

@@ -38,6 +38,8 @@ class ExperimentConfig:
     seeds: int = 1
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     policy_options: PolicyOptions = field(default_factory=PolicyOptions)
+    chunked_prefill_tokens: int | None = None
+    """Chunked prefill's token budget per iteration (None: off; see SimulationConfig)."""
 
     def runs(self) -> int:
         return (
@@ -78,7 +80,12 @@ def run_experiment(
     """
     policies = [make_llm_policy(name, config.policy_options) for name in config.policies]
     for workers in config.workers:
-        SimulationConfig(workers=workers, profiles=config.profiles, slo_scale=config.slo_scale)
+        SimulationConfig(
+            workers=workers,
+            profiles=config.profiles,
+            slo_scale=config.slo_scale,
+            chunked_prefill_tokens=config.chunked_prefill_tokens,
+        )
     runs: list[dict[str, Any]] = []
     for load_scale in config.load_scales:
         rows = trace_at(load_scale)
@@ -123,6 +130,7 @@ def simulate_one(
         predictor_error=predictor_error,
         calibration=config.calibration,
         seed=seed,
+        chunked_prefill_tokens=config.chunked_prefill_tokens,
     )
     simulator = Simulator(policy, sim_config, on_progress=on_requests)
     started = time.perf_counter()

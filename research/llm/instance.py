@@ -4,7 +4,8 @@ The instance runs iterations like vLLM without chunked prefill: whenever request
 and the batch has room (a free slot and KV-cache memory for the request's prompt and
 output), the next iteration is a prefill of every admissible waiting request (up to a
 token budget, at least one); otherwise it is a decode step of the whole running batch,
-which yields one token per running request.
+which yields one token per running request. (:mod:`research.llm.chunked` is the same
+instance with chunked prefill, ``SimulationConfig.chunked_prefill_tokens``.)
 
 Between two events the batch does not change, so the decode steps are not simulated one
 by one: a decode step lasts ``base + per_seq * n + per_kv * kv`` with ``kv`` growing by
@@ -312,19 +313,7 @@ class SimInstance:
             batch, self.prefilling = self.prefilling, []
             self.prefill_tokens = 0
             for request in batch:
-                request.first_token_s = done_s
-                request.generated_at_join = 1
-                if self.role is WorkerRole.PREFILL:
-                    self.reserved_tokens -= request.prompt_tokens + request.output_tokens
-                    request.instance = None
-                    handoffs.append(request)
-                elif request.output_tokens <= 1:
-                    self.reserved_tokens -= request.prompt_tokens + request.output_tokens
-                    request.finished_s = done_s
-                    request.instance = None
-                    finished.append(request)
-                else:
-                    self._join(request)
+                self._prefilled(request, done_s, finished, handoffs)
             self.prefill_work_s = 0.0  # the whole prefill batch ends at once
             self.phase = Phase.DECODE if self.n_running else Phase.IDLE
             self.anchor_s = done_s
@@ -409,6 +398,30 @@ class SimInstance:
     def _stale(self, entry: tuple[int, int, SimRequest]) -> bool:
         return entry[2].instance is not self or entry[1] != entry[2].join_token
 
+    def _prefilled(
+        self,
+        request: SimRequest,
+        at_s: float,
+        finished: list[SimRequest],
+        handoffs: list[SimRequest],
+    ) -> None:
+        """``request``'s prefill ended at ``at_s``, with its first token: a prefill-only
+        worker hands it off, a one-token answer is finished, any other joins the decode
+        batch."""
+        request.first_token_s = at_s
+        request.generated_at_join = 1
+        if self.role is WorkerRole.PREFILL:
+            self.reserved_tokens -= request.prompt_tokens + request.output_tokens
+            request.instance = None
+            handoffs.append(request)
+        elif request.output_tokens <= 1:
+            self.reserved_tokens -= request.prompt_tokens + request.output_tokens
+            request.finished_s = at_s
+            request.instance = None
+            finished.append(request)
+        else:
+            self._join(request)
+
     def _join(self, request: SimRequest) -> None:
         """Add a request whose prefill is done (or that arrived with its KV) to the batch."""
         request.join_step = self.steps_done
@@ -427,15 +440,8 @@ class SimInstance:
         prompts: list[int] = []
         budget = perf.max_batched_tokens
         resumed = False
-        while self.waiting:
+        while self.waiting and self._can_admit_head():
             request = self.waiting[0]
-            need = request.prompt_tokens + request.output_tokens
-            active = self.n_running + len(self.prefilling)
-            if (
-                active >= perf.max_batch_slots
-                or self.reserved_tokens + need > perf.kv_capacity_tokens
-            ):
-                break
             blocks = request.prefix_blocks
             new_tokens = request.prompt_tokens
             if blocks and not request.has_kv:
@@ -443,12 +449,7 @@ class SimInstance:
                 new_tokens -= cached_tokens(matched, request.prompt_tokens)
             if not request.has_kv and prompts and sum(prompts) + new_tokens > budget:
                 break
-            self.waiting.popleft()
-            self.waiting_work_s -= request.work_s
-            self.waiting_prompt_tokens -= request.prompt_tokens
-            self.reserved_tokens += need
-            if request.started_s < 0.0:
-                request.started_s = now_s
+            self._take_head(now_s)
             if request.has_kv:
                 # A migrated or handed-off request brings its KV cache: no prefill.
                 if self.phase is Phase.DECODE:
@@ -493,6 +494,17 @@ class SimInstance:
                 )
             heapq.heappop(heap)  # stale (see _stale)
         return None
+
+    def _take_head(self, now_s: float) -> SimRequest:
+        """Admit the waiting queue's head at ``now_s`` (it fits: :meth:`_can_admit_head`):
+        out of the queue, its prompt and whole output reserved in the KV cache."""
+        request = self.waiting.popleft()
+        self.waiting_work_s -= request.work_s
+        self.waiting_prompt_tokens -= request.prompt_tokens
+        self.reserved_tokens += request.prompt_tokens + request.output_tokens
+        if request.started_s < 0.0:
+            request.started_s = now_s
+        return request
 
     def _can_admit_head(self) -> bool:
         request = self.waiting[0]

@@ -48,6 +48,7 @@ from switchyard.prediction import (
     make_predictor,
 )
 
+from research.llm.chunked import ChunkedInstance, check_budget
 from research.llm.config import SimulationConfig, SimulationError
 from research.llm.instance import Phase, SimInstance
 from research.llm.metrics import RunMetrics, RunTotals, summarise
@@ -108,10 +109,31 @@ class Simulator:
         )
         # Instances list themselves here when their view goes stale; all start stale.
         self._changed: list[SimInstance] = []
-        self.instances = [
-            SimInstance(i, f"w{i:02d}", models[i % len(models)], roles[i], changed=self._changed)
-            for i in range(config.workers)
-        ]
+        chunked = config.chunked_prefill_tokens
+        self.instances: list[SimInstance]
+        if chunked is None:
+            self.instances = [
+                SimInstance(
+                    i, f"w{i:02d}", models[i % len(models)], roles[i], changed=self._changed
+                )
+                for i in range(config.workers)
+            ]
+        else:
+            for model in models:
+                problem = check_budget(chunked, model)
+                if problem is not None:
+                    raise SimulationError(problem)
+            self.instances = [
+                ChunkedInstance(
+                    i,
+                    f"w{i:02d}",
+                    models[i % len(models)],
+                    roles[i],
+                    budget=chunked,
+                    changed=self._changed,
+                )
+                for i in range(config.workers)
+            ]
         self._changed.extend(self.instances)
         self._views: list[WorkerView | None] = [None] * config.workers
         self._workers: tuple[WorkerView, ...] = ()

@@ -1,7 +1,7 @@
 """The analytical performance model of one LLM serving instance.
 
-A :class:`PerformanceModel` says how long a continuous-batching engine (vLLM-like, no
-chunked prefill) spends on each iteration of one model on one kind of GPU:
+A :class:`PerformanceModel` says how long a continuous-batching engine (vLLM-like)
+spends on each iteration of one model on one kind of GPU:
 
 - a *prefill* iteration runs the prompts of the requests it admits and yields each
   one's first token: ``base + per_token * sum(p) + per_token_sq * sum(p * p)`` (the
@@ -9,7 +9,11 @@ chunked prefill) spends on each iteration of one model on one kind of GPU:
   of each prompt's length);
 - a *decode* step yields one more token for every running request:
   ``base + per_seq * batch_size + per_kv_token * kv_tokens`` (reading the weights once
-  per step, the per-sequence work, and reading every cached key and value once).
+  per step, the per-sequence work, and reading every cached key and value once);
+- a *mixed* iteration (chunked prefill, as Sarathi-Serve and vLLM's
+  ``enable_chunked_prefill`` run it) prefills chunks of prompts and decodes the running
+  batch in one pass: the two sums above with one fixed time
+  (:meth:`PerformanceModel.mixed_iteration_s`).
 
 It is a model, not a measurement: the coefficients come from datasheet peaks scaled by
 efficiency factors taken from published measurements (see ``switchyard/perf/data``).
@@ -190,6 +194,57 @@ class PerformanceModel:
         while steps > 0 and steps * first_s + growth_s * (steps * (steps - 1) // 2) > budget_s:
             steps -= 1
         return steps
+
+    # -- mixed iterations (chunked prefill) ---------------------------------------------
+
+    def mixed_iteration_s(
+        self, chunks: Sequence[tuple[int, int]], batch_size: int, kv_tokens: int
+    ) -> float:
+        """Seconds of one chunked-prefill iteration: prefill chunks and a decode batch.
+
+        ``chunks`` holds, per prefilling request, ``(context, tokens)``: the prompt
+        tokens whose KV cache it already has (earlier chunks, a cached prefix) and the
+        tokens it prefills now. ``batch_size`` sequences decode one token each, reading
+        ``kv_tokens`` cached tokens in all (as :meth:`decode_step_s`). The time is
+
+            base + per_token * sum(c) + per_token_sq * sum((k + c)^2 - k^2)
+                 + per_seq * batch_size + per_kv_token * kv_tokens
+
+        with ``base`` the larger of the prefill and decode fixed times (the weights are
+        read once per iteration). A chunk's attention term is what its tokens add to
+        the square of the prompt's length, so the chunks of one prompt sum to exactly
+        the ``per_token_sq * p * p`` of :meth:`prefill_s`: chunking adds a fixed time
+        per iteration and nothing else. With no chunks this is :meth:`decode_step_s`;
+        with no decode batch and no context it is :meth:`prefill_s` (to the bit when
+        the two fixed times are equal, as every bundled profile has them).
+
+        This is a model, not a measurement: the prefill and decode terms are added as
+        they are measured apart. A real engine overlaps some of the decode batch's
+        memory-bound work with a compute-bound chunk (Sarathi-Serve's premise), so
+        this errs on the slow side for a mixed batch.
+        """
+        if not chunks:
+            return self.decode_step_s(batch_size, kv_tokens)
+        total = 0
+        attention = 0
+        for context, tokens in chunks:
+            if context < 0 or tokens < 0:
+                _check_count(context, "chunk context")
+                _check_count(tokens, "chunk tokens")
+            total += tokens
+            end = context + tokens
+            attention += end * end - context * context
+        base_s = self.prefill_base_s
+        if self.decode_base_s > base_s:
+            base_s = self.decode_base_s
+        time_s = base_s + self.prefill_per_token_s * total + self.prefill_per_token_sq_s * attention
+        if batch_size > 0:
+            if kv_tokens < 0:
+                _check_count(kv_tokens, "kv_tokens")
+            time_s += self.decode_per_seq_s * batch_size + self.decode_per_kv_token_s * kv_tokens
+        elif batch_size < 0:
+            _check_count(batch_size, "batch_size")
+        return time_s
 
     # -- whole requests ------------------------------------------------------------------
 
