@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -26,19 +25,11 @@ from research.llm.chunked import ChunkedInstance
 from research.llm.command import main as simulate_main
 from research.llm.instance import Phase, SimInstance
 from research.llm.request import SimRequest
+from tests.unit.test_simulator import Row
 from tests.unit.test_simulator_golden import GOLDEN, _request_line
 
 A100 = "a100-80gb/llama-2-7b"
 LONG_PROMPT = 16_000
-
-
-@dataclass(frozen=True)
-class Row:
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    workload: WorkloadType = WorkloadType.CONVERSATION
-    prefix_blocks: tuple[int, ...] = ()
 
 
 def simulate(
