@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench-eval   the GAPS evaluation grid (both Azure traces, 4-32 workers, 3 seeds)"
 	@echo "make bench-capacity  every LLM policy's capacity at 90/99 % SLO attainment (Azure, Mooncake; 8-32 workers)"
 	@echo "make bench-chunked   chunked prefill as a simulator option: capacity, TTFT and TPOT with and without"
+	@echo "make bench-paper-regime  the GAPS paper's regime: every policy, the paper's claims side by side"
 	@echo "make bench-estimator  SneakPeek estimation time per 24-request batch (flat, IVF, HNSW)"
 	@echo "make bench-selection  window scheduler overhead (24 requests, 5 applications)"
 	@echo "make bench-selection-eval  the classification tables: variants, window scheduling, accuracy"
@@ -118,6 +119,12 @@ bench-selection-eval: deps
 bench-multimodel: deps
 	$(BIN)/python -m bench.multimodel_eval
 	$(BIN)/python -m bench.multimodel_policy_bench
+
+# The GAPS paper's regime (one request at a time per worker, 85 % load) and the
+# continuous-batching one, every LLM policy, the paper's claims side by side; about 6
+# minutes. Figures in docs/benchmarks.md, "The GAPS paper's regime".
+bench-paper-regime: deps
+	$(BIN)/python -m bench.paper_regime
 
 # Chunked prefill as a simulator option: capacity, TTFT and TPOT of switchyard and jsq on
 # the Azure code and Mooncake traces with it off and at 512 and 2,048 tokens, and the
