@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-disaggregation bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench-eval   the GAPS evaluation grid (both Azure traces, 4-32 workers, 3 seeds)"
 	@echo "make bench-capacity  every LLM policy's capacity at 90/99 % SLO attainment (Azure, Mooncake; 8-32 workers)"
 	@echo "make bench-chunked   chunked prefill as a simulator option: capacity, TTFT and TPOT with and without"
+	@echo "make bench-disaggregation  prefill/decode disaggregation as a simulator option: capacity, TTFT and TPOT"
 	@echo "make bench-paper-regime  the GAPS paper's regime: every policy, the paper's claims side by side"
 	@echo "make bench-estimator  SneakPeek estimation time per 24-request batch (flat, IVF, HNSW)"
 	@echo "make bench-selection  window scheduler overhead (24 requests, 5 applications)"
@@ -131,6 +132,12 @@ bench-paper-regime: deps
 # simulator's speed with it; under a minute. Figures in docs/benchmarks.md, "Capacity".
 bench-chunked: deps
 	$(BIN)/python -m bench.chunked_prefill_eval --json bench/results/chunked_prefill_eval.json
+
+# Prefill/decode disaggregation as a simulator option: capacity, TTFT and TPOT of
+# switchyard, jsq and splitwise with the pools off and split 4, 6 and 8 of 16 on the
+# Azure and Mooncake traces; about 3 minutes. Figures in docs/benchmarks.md, "Capacity".
+bench-disaggregation: deps
+	$(BIN)/python -m bench.disaggregation_eval --json bench/results/disaggregation_eval.json
 
 # The live stack on the local Kafka and Redis: CPU per request by process, overhead and
 # the sustained rate (services as processes, with flame graphs at 200/s); records decoded

@@ -24,6 +24,11 @@ before, a number with chunked prefill at that token budget per iteration
 (:mod:`research.llm.chunked`); each setting gets tables of its own. ``--traces`` picks
 the traces (default all three; the mixed cluster comes with ``azure-conv``).
 
+``--prefill-workers off,4`` likewise runs every search once per disaggregation setting:
+``off`` as before, a number with that many workers of each cluster prefilling and the
+rest decoding (:mod:`research.llm.disaggregation`), every policy placing each phase over
+its pool; a setting that would leave a pool of some cluster empty is refused.
+
 Run ``make bench-capacity`` or ``python -m bench.capacity_eval [--quick] [--json OUT]``;
 the Markdown tables go to stdout. ``--quick``: 1,000 requests, 8 workers, the Azure
 conversation trace only.
@@ -47,6 +52,7 @@ from switchyard.traces import head, resolve_trace
 
 from research.llm.capacity_run import capacity_cell, held_rps, run_capacity
 from research.llm.chunked import check_budget
+from research.llm.disaggregation import pool_problem
 from research.llm.experiment import ExperimentConfig
 
 A100 = "a100-80gb/llama-2-7b"
@@ -68,6 +74,8 @@ class Search:
     """Run the policy with this admission instead of its own (``--with-admission``)."""
     chunked_prefill: int | None = None
     """Chunked prefill's token budget per iteration (None: off)."""
+    prefill_workers: int | None = None
+    """Workers that only prefill, the rest only decode (None: off)."""
 
 
 def is_baseline(policy: str) -> bool:
@@ -94,6 +102,7 @@ def _run(search: Search) -> dict[str, Any]:
         token_slos=token_slos(ttft_s=TTFT_OBJECTIVE_S.get(search.trace)),
         policy_options=PolicyOptions(admission=search.admission),
         chunked_prefill_tokens=search.chunked_prefill,
+        prefill_workers=search.prefill_workers,
     )
     (result,) = run_capacity(config, trace, targets=TARGETS)
     if search.admission is not None:
@@ -102,6 +111,7 @@ def _run(search: Search) -> dict[str, Any]:
         **result,
         "cluster": "+".join(p.split("/")[0] for p in search.profiles),
         "chunked_prefill": search.chunked_prefill,
+        "prefill_workers": search.prefill_workers,
     }
 
 
@@ -125,8 +135,10 @@ def _searches(
     return searches
 
 
-def chunked_settings(text: str) -> list[int | None]:
-    """``--chunked-prefill``'s list: ``off`` (None) or token budgets."""
+def chunked_settings(
+    text: str, option: str = "--chunked-prefill", what: str = "token budgets"
+) -> list[int | None]:
+    """``--chunked-prefill``'s list (or ``option``'s): ``off`` (None) or ``what``, >= 1."""
     settings: list[int | None] = []
     for item in text.split(","):
         item = item.strip()
@@ -135,7 +147,7 @@ def chunked_settings(text: str) -> list[int | None]:
         elif item.isdigit() and int(item) >= 1:
             settings.append(int(item))
         else:
-            raise ValueError(f"--chunked-prefill takes off or token budgets >= 1, got {item!r}")
+            raise ValueError(f"{option} takes off or {what} >= 1, got {item!r}")
     return settings
 
 
@@ -145,14 +157,23 @@ def markdown(results: Sequence[dict[str, Any]]) -> str:
     out: list[str] = []
 
     def scenario(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (r["trace"], r["workers"], r["cluster"], r.get("chunked_prefill"))
+        return (
+            r["trace"],
+            r["workers"],
+            r["cluster"],
+            r.get("chunked_prefill"),
+            r.get("prefill_workers"),
+        )
 
-    for trace, workers, cluster, chunked in dict.fromkeys(scenario(r) for r in results):
-        rows = [r for r in results if scenario(r) == (trace, workers, cluster, chunked)]
+    for key in dict.fromkeys(scenario(r) for r in results):
+        trace, workers, cluster, chunked, prefill = key
+        rows = [r for r in results if scenario(r) == key]
         baselines = [r for r in rows if is_baseline(r["policy"])]
         best = max(baselines, key=lambda r: held_rps(r, 0), default=None)
         best_rps = held_rps(best, 0) if best is not None else 0.0
         setting = "" if chunked is None else f", chunked prefill {chunked} tokens"
+        if prefill is not None:
+            setting += f", {prefill} prefill + {workers - prefill} decode workers"
         out.append(f"**{trace}, {workers} workers ({cluster}){setting}**")
         out.append("")
         out.append(
@@ -188,6 +209,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="chunked-prefill settings to search under: off and/or token budgets per "
         "iteration, comma-separated (default off)",
     )
+    parser.add_argument(
+        "--prefill-workers",
+        default="off",
+        metavar="LIST",
+        help="disaggregation settings to search under: off and/or how many workers of each "
+        "cluster only prefill (the rest only decode), comma-separated (default off)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--with-admission",
@@ -202,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     traces = [t.strip() for t in args.traces.split(",") if t.strip()]
     try:
         settings = chunked_settings(args.chunked_prefill)
+        splits = chunked_settings(args.prefill_workers, "--prefill-workers", "worker counts")
     except ValueError as exc:
         parser.error(str(exc))
     searches = _searches(args.quick, args.requests, policies, sizes, traces)
@@ -213,6 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if is_baseline(search.policy)
         ]
     searches = [replace(search, chunked_prefill=c) for c in settings for search in searches]
+    searches = [replace(search, prefill_workers=p) for p in splits for search in searches]
+    for search in searches:
+        if search.prefill_workers is not None:
+            problem = pool_problem(search.workers, search.prefill_workers)
+            if problem is not None:
+                parser.error(f"--{problem}")
     for budget in settings:
         for profile in dict.fromkeys(p for search in searches for p in search.profiles):
             problem = None if budget is None else check_budget(budget, performance_model(profile))
@@ -232,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "targets": TARGETS,
             "ttft_objective_s": TTFT_OBJECTIVE_S,
             "chunked_prefill": settings,
+            "prefill_workers": splits,
             "capacity": results,
         }
         args.json.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")

@@ -19,6 +19,7 @@ from switchyard.policies.registry import llm_policy_names
 from switchyard.slo import token_slos
 
 from research.args import comma_list
+from research.llm.disaggregation import pool_problem
 
 if TYPE_CHECKING:  # the heavy modules load only when a command runs
     from switchyard.traces import Trace
@@ -97,6 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and prompts are prefilled in chunks from the rest; default off (a prompt is "
         "prefilled whole, stalling the batch's decodes)",
     )  # fmt: skip
+    parser.add_argument(
+        "--prefill-workers", type=int, default=None, metavar="N",
+        help="disaggregate prefill and decode (DistServe, Splitwise, Dynamo): the first N "
+        "workers only prefill, the rest only decode and get each request's KV cache over "
+        "the interconnect; every policy places each phase over its pool; default off "
+        "(every worker runs both phases)",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (default 1)")
     parser.add_argument("--requests", type=int, default=None, help="use the first N requests")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
@@ -117,6 +125,11 @@ def _check_numbers(args: argparse.Namespace) -> None:
     for workers in args.workers:
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
+    if args.prefill_workers is not None:
+        for workers in args.workers:
+            problem = pool_problem(workers, args.prefill_workers)
+            if problem is not None:
+                raise ValueError(f"--{problem}")
     for error in args.predictor_error:
         if not 0.0 <= error <= 1.0:
             raise ValueError(f"--predictor-error must be within [0, 1], got {error:g}")
@@ -183,10 +196,17 @@ def _run(args: argparse.Namespace) -> int:
         seeds=args.seeds,
         policy_options=options,
         chunked_prefill_tokens=args.chunked_prefill,
+        prefill_workers=args.prefill_workers,
     )
     if args.chunked_prefill is not None:
         print(
             f"chunked prefill: {args.chunked_prefill} tokens per iteration on every worker",
+            file=sys.stderr,
+        )
+    if args.prefill_workers is not None:
+        print(
+            f"disaggregated: {args.prefill_workers} workers of each cluster only prefill, "
+            "the rest only decode",
             file=sys.stderr,
         )
     if args.capacity:

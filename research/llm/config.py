@@ -10,6 +10,8 @@ from switchyard.contracts.messages import WorkloadType
 from switchyard.prediction import CalibrationConfig
 from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
+from research.llm.disaggregation import pool_problem
+
 __all__ = ["SimulationConfig", "SimulationError"]
 
 
@@ -47,6 +49,12 @@ class SimulationConfig:
     (:mod:`research.llm.chunked`). None: off, every prompt prefilled whole in an
     iteration of its own (the default). It must cover every profile's batch slots, as
     vLLM requires of ``max_num_batched_tokens`` (the simulator checks)."""
+    prefill_workers: int | None = None
+    """Prefill/decode disaggregation (DistServe, Splitwise, Dynamo): the first this-many
+    workers only prefill, the rest only decode, and any policy places each phase over
+    its pool (:mod:`research.llm.disaggregation`). None: off, every worker runs both
+    phases (the default; a stage-aware policy such as ``splitwise`` still splits the
+    cluster by its own ``prefill_fraction``). Both pools must keep a worker."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -64,3 +72,7 @@ class SimulationConfig:
             raise SimulationError(
                 f"chunked-prefill must be a positive number of tokens, got {chunked!r}"
             )
+        if self.prefill_workers is not None:
+            problem = pool_problem(self.workers, self.prefill_workers)
+            if problem is not None:
+                raise SimulationError(problem)

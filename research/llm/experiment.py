@@ -40,6 +40,9 @@ class ExperimentConfig:
     policy_options: PolicyOptions = field(default_factory=PolicyOptions)
     chunked_prefill_tokens: int | None = None
     """Chunked prefill's token budget per iteration (None: off; see SimulationConfig)."""
+    prefill_workers: int | None = None
+    """Workers of each cluster that only prefill, the rest only decode (None: off;
+    see SimulationConfig)."""
 
     def runs(self) -> int:
         return (
@@ -85,6 +88,7 @@ def run_experiment(
             profiles=config.profiles,
             slo_scale=config.slo_scale,
             chunked_prefill_tokens=config.chunked_prefill_tokens,
+            prefill_workers=config.prefill_workers,
         )
     runs: list[dict[str, Any]] = []
     for load_scale in config.load_scales:
@@ -131,6 +135,7 @@ def simulate_one(
         calibration=config.calibration,
         seed=seed,
         chunked_prefill_tokens=config.chunked_prefill_tokens,
+        prefill_workers=config.prefill_workers,
     )
     simulator = Simulator(policy, sim_config, on_progress=on_requests)
     started = time.perf_counter()

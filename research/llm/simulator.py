@@ -8,6 +8,8 @@ seeded from ``config.seed``, so one seed gives one result.
 
 The clock, randomness and predictions all live here, in the shell: a policy receives a
 frozen :class:`ClusterSnapshot` and a :class:`DecisionContext` and returns a decision.
+With prefill and decode pools, which pool's snapshot it gets is
+:mod:`research.llm.disaggregation`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Protocol
 from switchyard.contracts.messages import WorkloadType
 from switchyard.perf import PerformanceModel, performance_model
 from switchyard.perf.prefix_cache import cached_tokens
-from switchyard.policies.base import DecisionContext, DecodeRouter, MigrationPlan
+from switchyard.policies.base import DecisionContext, MigrationPlan
 from switchyard.policies.registry import LlmPolicy, PredictionUse
 from switchyard.policies.snapshot import (
     ClusterSnapshot,
@@ -33,7 +35,6 @@ from switchyard.policies.snapshot import (
     WorkerRole,
     WorkerView,
 )
-from switchyard.policies.splitwise import split_roles
 from switchyard.policies.view_builders import (
     new_cluster_snapshot,
     new_request_view,
@@ -50,6 +51,7 @@ from switchyard.prediction import (
 
 from research.llm.chunked import ChunkedInstance, check_budget
 from research.llm.config import SimulationConfig, SimulationError
+from research.llm.disaggregation import Pools, worker_roles
 from research.llm.instance import Phase, SimInstance
 from research.llm.metrics import RunMetrics, RunTotals, summarise
 from research.llm.request import SimRequest
@@ -102,11 +104,7 @@ class Simulator:
             )
         self.model_name = models[0].model
         self.reference = models[0]
-        roles: Sequence[WorkerRole] = (
-            split_roles(config.workers, policy.prefill_fraction)
-            if policy.prefill_fraction is not None
-            else (WorkerRole.MIXED,) * config.workers
-        )
+        roles = worker_roles(config.workers, config.prefill_workers, policy.prefill_fraction)
         # Instances list themselves here when their view goes stale; all start stale.
         self._changed: list[SimInstance] = []
         chunked = config.chunked_prefill_tokens
@@ -135,6 +133,12 @@ class Simulator:
                 for i in range(config.workers)
             ]
         self._changed.extend(self.instances)
+        self._pools = (
+            Pools(policy.assignment, roles, [inst.worker_id for inst in self.instances])
+            if WorkerRole.PREFILL in roles
+            else None
+        )
+        """Set when the cluster is split into prefill and decode pools."""
         self._views: list[WorkerView | None] = [None] * config.workers
         self._workers: tuple[WorkerView, ...] = ()
         """The views of the last snapshot, reused until an instance changes."""
@@ -306,6 +310,11 @@ class Simulator:
             self._workers = tuple(views)  # type: ignore[arg-type]
         return new_cluster_snapshot(now_s, self._workers)
 
+    def _entry(self, now_s: float) -> ClusterSnapshot:
+        """The workers a new request may go to: all, or the prefill pool."""
+        cluster = self._cluster(now_s)
+        return cluster if self._pools is None else self._pools.prefill(cluster)
+
     def _context(self) -> DecisionContext:
         ctx = DecisionContext(self._policy_rng, self._sequence)
         self._sequence += 1
@@ -350,9 +359,7 @@ class Simulator:
         self._reschedule(inst, now_s)
 
     def _on_arrival(self, request: SimRequest, now_s: float) -> None:
-        placement = self.policy.assignment.assign(
-            request.view, self._cluster(now_s), self._context()
-        )
+        placement = self.policy.assignment.assign(request.view, self._entry(now_s), self._context())
         self.decisions += 1
         inst = self.by_id[placement.worker_id]
         inst.enqueue(request, now_s)
@@ -384,10 +391,11 @@ class Simulator:
             self._rebalance(now_s)
 
     def _handoff(self, request: SimRequest, source: SimInstance, now_s: float) -> None:
-        router = self.policy.assignment
-        assert isinstance(router, DecodeRouter)
+        """``request``'s prefill ended on a prefill-only worker: its decode phase is
+        placed (:meth:`Pools.place_decode`) and its KV cache sent there."""
+        assert self._pools is not None
         kv_tokens = request.prompt_tokens + request.generated_at_join
-        placement = router.route_decode(
+        placement = self._pools.place_decode(
             request.view, kv_tokens, self._cluster(now_s), self._context()
         )
         target = self.by_id[placement.worker_id]
@@ -442,8 +450,10 @@ class Simulator:
         snapshot = RebalanceSnapshot(
             cluster=cluster, queued=tuple(queued), recent_slo_violation_rate=rate
         )
-        for plan in rebalancer.plan(snapshot, self._context()):
-            self._migrate(plan, now_s)
+        pools = self._pools
+        for part in (snapshot,) if pools is None else pools.rebalance(snapshot):
+            for plan in rebalancer.plan(part, self._context()):
+                self._migrate(plan, now_s)
 
     def _migrate(self, plan: MigrationPlan, now_s: float) -> None:
         source = self.by_id[plan.from_worker_id]
@@ -522,7 +532,7 @@ class Simulator:
             if row.prompt_tokens + row.output_tokens > capacity:
                 rejected += 1  # can never fit a worker's KV cache: reported, not simulated
                 continue
-            if admission is not None and admission.admit(view, self._cluster(now_s)) is not None:
+            if admission is not None and admission.admit(view, self._entry(now_s)) is not None:
                 refused += 1  # answered at once, a miss: nothing of it is simulated
                 continue
             pending += 1
