@@ -50,7 +50,7 @@ from services.ingress.calls import (
     RequestDesk,
     status_error,
 )
-from services.ingress.drain import Admission, AdmissionMiddleware
+from services.ingress.drain import HEALTH_PATHS, Admission, AdmissionMiddleware
 from services.ingress.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
@@ -182,7 +182,7 @@ def build_app(
         Route("/v1/models/{model:path}", read.model, methods=["GET"]),
         Route("/v1/apps", read.apps, methods=["GET"]),
         Route("/openapi.json", read.openapi, methods=["GET"]),
-        Route("/healthz", read.healthz, methods=["GET"]),
+        *(Route(path, read.healthz, methods=["GET"]) for path in HEALTH_PATHS),
     ]
     return Starlette(
         routes=routes,

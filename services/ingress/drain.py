@@ -19,8 +19,10 @@ from services.ingress.errors import SERVER_ERROR, ApiError
 RETRY_AFTER_S = 1
 """What ``Retry-After`` says when the ingress cannot take a call now."""
 
-# Probes must see the drain, not a refusal.
-_ALWAYS_ANSWERED = frozenset({"/healthz"})
+HEALTH_PATHS = ("/healthz", "/health")
+"""Where the ingress answers its health: ``/healthz`` (Kubernetes' convention) and
+``/health`` (vLLM's and SGLang's, which benchmark clients such as guidellm probe). Never
+traced, and answered while draining: probes must see the drain, not a refusal."""
 
 
 class Admission:
@@ -80,7 +82,7 @@ class AdmissionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if not self.admission.accepting and scope.get("path") not in _ALWAYS_ANSWERED:
+        if not self.admission.accepting and scope.get("path") not in HEALTH_PATHS:
             refusal = unavailable("this ingress replica is draining; retry on another")
             await refusal.response()(scope, receive, send)
             return

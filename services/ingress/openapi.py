@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 from switchyard.serving import ServingCatalogue
 
+from services.ingress.drain import HEALTH_PATHS
 from services.ingress.openai_schema import ChatBody, CompletionBody, InferBody
 
 _REF = "#/components/schemas/{model}"
@@ -406,15 +407,18 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
                     "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1.")},
                 }
             },
-            "/healthz": {
-                "get": {
-                    "summary": "200 while serving, 503 while draining.",
-                    "security": [],
-                    "responses": {
-                        "200": _json({"type": "object"}, "Serving."),
-                        "503": _json({"type": "object"}, "Draining."),
-                    },
+            **{
+                path: {
+                    "get": {
+                        "summary": "200 while serving, 503 while draining.",
+                        "security": [],
+                        "responses": {
+                            "200": _json({"type": "object"}, "Serving."),
+                            "503": _json({"type": "object"}, "Draining."),
+                        },
+                    }
                 }
+                for path in HEALTH_PATHS
             },
         },
         # Calls under /v1/ need it when the ingress runs with SWITCHYARD_AUTH=api-key.

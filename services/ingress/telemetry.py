@@ -53,13 +53,14 @@ from switchyard import __version__
 from switchyard.telemetry.buckets import SECONDS_BUCKETS
 from switchyard.telemetry.observables import instruments_once
 
+from services.ingress.drain import HEALTH_PATHS
+
 INSTRUMENTATION_NAME = "switchyard.ingress"
 
 """Bucket bounds of ``switchyard.ingress.latency``, seconds."""
 
 UNKNOWN_APP = "unknown"
 
-_UNTRACED_PATHS = frozenset({"/healthz"})
 _KIND_OF_ROUTE = {
     "/v1/completions": "llm",
     "/v1/chat/completions": "llm",
@@ -234,7 +235,7 @@ class HttpTelemetryMiddleware:
         self.instruments = instruments_once(meter_provider, INSTRUMENTATION_NAME, _Instruments)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in _UNTRACED_PATHS:
+        if scope["type"] != "http" or scope.get("path") in HEALTH_PATHS:
             await self.app(scope, receive, send)
             return
         started_s = time.perf_counter()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
+
 from tests.service.ingress_support import (
     CHAT_MAX_PROMPT,
     WINE_FEATURES,
@@ -80,6 +82,7 @@ async def test_openapi_describes_every_endpoint(ingress: Replica) -> None:
         "/v1/apps",
         "/openapi.json",
         "/healthz",
+        "/health",
     }
     schemas = document["components"]["schemas"]
     assert {"CompletionBody", "ChatBody", "InferBody", "SwitchyardOptions", "Error"} <= set(schemas)
@@ -104,7 +107,9 @@ async def test_openapi_describes_every_endpoint(ingress: Replica) -> None:
         assert ref.removeprefix("#/components/schemas/") in schemas, ref
 
 
-async def test_healthz(ingress: Replica) -> None:
-    response = await ingress.client.get("/healthz")
+@pytest.mark.parametrize("path", ["/healthz", "/health"])
+async def test_health_on_kubernetes_and_vllm_routes(ingress: Replica, path: str) -> None:
+    # /health is where vLLM and SGLang answer, and where benchmark clients probe.
+    response = await ingress.client.get(path)
     assert response.status_code == 200
     assert response.json()["status"] == "ok"

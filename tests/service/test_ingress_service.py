@@ -170,9 +170,10 @@ async def test_a_drain_notice_fails_the_health_check_before_calls_are_refused(
     started_s = time.monotonic()
     drain = asyncio.create_task(service.drain())
     await asyncio.sleep(0.05)
-    health = await running.client.get("/healthz")
-    assert health.status_code == 503
-    assert health.json()["status"] == "draining"
+    for path in ("/healthz", "/health"):
+        health = await running.client.get(path)
+        assert health.status_code == 503
+        assert health.json()["status"] == "draining"
     served = await running.client.post("/v1/completions", json=completion_body())
     assert served.status_code == 200, served.text
     assert not drain.done()
