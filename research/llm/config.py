@@ -42,6 +42,10 @@ class SimulationConfig:
     violation_window: int = 100
     """Completions over which the rebalancer's recent SLO-violation rate is measured."""
     seed: int = 0
+    max_batch_slots: int | None = None
+    """The most requests a worker runs at once, in place of its profile's (1: one at a
+    time, the queueing-dominated regime of :mod:`research.llm.regimes`); None: the
+    profile's."""
     chunked_prefill_tokens: int | None = None
     """Chunked prefill (Sarathi-Serve; vLLM's ``enable_chunked_prefill``) with this token
     budget per iteration (``max_num_batched_tokens``): running requests decode one token
@@ -67,6 +71,9 @@ class SimulationConfig:
             raise SimulationError(
                 f"predictor-error must be within [0, 1], got {self.predictor_error}"
             )
+        slots = self.max_batch_slots
+        if slots is not None and (isinstance(slots, bool) or slots < 1):
+            raise SimulationError(f"max-batch-slots must be at least 1, got {slots!r}")
         chunked = self.chunked_prefill_tokens
         if chunked is not None and (isinstance(chunked, bool) or chunked < 1):
             raise SimulationError(

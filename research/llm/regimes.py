@@ -15,9 +15,9 @@ from it, so that a figure can say where it comes from in one word:
 - ``paper-poisson``: the same, with the same requests at Poisson arrival times (see
   :data:`PAPER_POISSON`).
 
-:func:`make_simulator` is the one place a regime's engine change is applied; everything
-else (:func:`simulation_config`, :func:`performance_models`, :func:`load_scale`) is a
-pure function of the regime and the trace rows.
+Everything here (:func:`simulation_config`, :func:`make_simulator`,
+:func:`performance_models`, :func:`load_scale`) is a pure function of the regime and the
+trace rows.
 """
 
 from __future__ import annotations
@@ -235,14 +235,14 @@ def performance_models(r: Regime) -> tuple[PerformanceModel, ...]:
 def simulation_config(
     r: Regime, *, seed: int = 0, predictor_error: float | None = None
 ) -> SimulationConfig:
-    """The :class:`SimulationConfig` of one run of ``r`` (its batch slots are applied by
-    :func:`make_simulator`, which a plain config cannot carry)."""
+    """The :class:`SimulationConfig` of one run of ``r``."""
     return SimulationConfig(
         workers=r.workers,
         profiles=(r.profile,),
         slo_scale=r.slo_scale,
         predictor_error=r.predictor_error if predictor_error is None else predictor_error,
         seed=seed,
+        max_batch_slots=r.max_batch_slots,
     )
 
 
@@ -318,23 +318,8 @@ def regime_trace(r: Regime, trace: str, *, seed: int = 0) -> tuple[TraceRequest,
 def make_simulator(
     r: Regime, policy: LlmPolicy, *, seed: int = 0, predictor_error: float | None = None
 ) -> Simulator:
-    """A simulator of one run of ``policy`` in ``r``.
-
-    The simulator builds its workers from profile names; a regime that changes the
-    engine (``max_batch_slots``) puts its own model on every worker before the run.
-    Only the slots differ from the named profile, and a fresh instance reads nothing
-    but the profile's name and KV capacity, so the result is the same as a simulator
-    built with the model. (A ``max_batch_slots`` field of :class:`SimulationConfig`
-    would make this a plain config; until then this is the one place it is done.)
-    """
-    simulator = Simulator(policy, simulation_config(r, seed=seed, predictor_error=predictor_error))
-    (model,) = performance_models(r)
-    if r.max_batch_slots is not None:
-        for inst in simulator.instances:
-            inst.perf = model
-        simulator.types = {model.name: model}
-        simulator.reference = model
-    return simulator
+    """A simulator of one run of ``policy`` in ``r``."""
+    return Simulator(policy, simulation_config(r, seed=seed, predictor_error=predictor_error))
 
 
 def mean_queueing_share(completed: Sequence[SimRequest]) -> float:

@@ -20,6 +20,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from switchyard.contracts.messages import WorkloadType
@@ -97,6 +98,8 @@ class Simulator:
             models = [performance_model(name) for name in config.profiles]
         except ValueError as exc:
             raise SimulationError(str(exc)) from None
+        if config.max_batch_slots is not None:
+            models = [replace(m, max_batch_slots=config.max_batch_slots) for m in models]
         if len({m.model for m in models}) > 1:
             raise SimulationError(
                 "every profile of one cluster must serve the same model, got "
