@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-disaggregation bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-disaggregation bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-guidellm bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-capacity  every LLM policy's capacity at 90/99 % SLO attainment (Azure, Mooncake; 8-32 workers)"
 	@echo "make bench-chunked   chunked prefill as a simulator option: capacity, TTFT and TPOT with and without"
 	@echo "make bench-disaggregation  prefill/decode disaggregation as a simulator option: capacity, TTFT and TPOT"
+	@echo "make bench-guidellm  guidellm (vLLM's benchmark client) against the stack, beside the load generator"
 	@echo "make bench-paper-regime  the GAPS paper's regime: every policy, the paper's claims side by side"
 	@echo "make bench-estimator  SneakPeek estimation time per 24-request batch (flat, IVF, HNSW)"
 	@echo "make bench-selection  window scheduler overhead (24 requests, 5 applications)"
@@ -183,6 +184,13 @@ bench-recovery: deps
 bench-agreement: deps
 	$(call with_infra,$(BIN)/python -m bench.agreement_bench \
 	  && $(BIN)/python -m bench.agreement_bench --sensitivity)
+
+# A third-party benchmark client: guidellm 0.8.1 (in a cached virtual environment of its
+# own, about 6 GB) and the load generator replay one Poisson plan against the embedded
+# stack; their figures and the stack's own, compared; about 10 minutes. Figures in
+# docs/benchmarks.md, "A third-party benchmark client".
+bench-guidellm: deps
+	$(BIN)/python -m bench.guidellm_bench
 
 # An emulated worker on the local Kafka: wall against modelled time of a burst of
 # requests, streamed and not (does publishing the answers keep up with the model?).
