@@ -72,14 +72,14 @@ def _is_request(envelope: Envelope) -> bool:
     return envelope.header(TYPE_HEADER) in (_REQUEST, _ASSIGNMENT)
 
 
-async def restore_answers(
+async def restore_from_broker(
     bus: Bus,
     ledger: RequestLedger,
     *,
     stopping: asyncio.Event,
     window_s: float = REQUEST_TTL_S,
 ) -> int:
-    """Write back every answer of the last ``window_s`` the answers topic holds, then the
+    """Write back every answer of the last ``window_s`` the answers topic holds, and the
     requests and assignments of that time (see the module docstring), each topic up to
     what it held when this began; returns how many answers were restored."""
     began_s = time.time()

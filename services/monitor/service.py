@@ -48,7 +48,7 @@ from switchyard.telemetry.observables import observe
 
 from services.monitor.heartbeats import HeartbeatRecorder
 from services.monitor.liveness import STRANDED_GRACE_S, Liveness
-from services.monitor.restore import restore_answers
+from services.monitor.restore import restore_from_broker
 from services.monitor.silence import HeardThrough
 from services.monitor.state_loss import StateWatch
 from services.monitor.unclaimed import SWEEP_PERIOD_S, UnclaimedSweep
@@ -123,7 +123,7 @@ class MonitorService(Service):
             ctx.state,
             ctx.logger,
             lambda: losses.add(1),
-            restore=lambda: restore_answers(
+            restore=lambda: restore_from_broker(
                 ctx.bus, RequestLedger(ctx.state), stopping=ctx.stopping
             ),
         )

@@ -215,13 +215,13 @@ class Progress:
         )
         try:
             bar.start()
+            # Adding the task draws the first line.
+            task = bar.add_task(
+                self.label, total=_BAR_STEPS, completed=self._steps(), text=self._text()
+            )
         except (OSError, ValueError):
             self._enabled = False
             return None
-        # Adding the task draws the first line.
-        task = bar.add_task(
-            self.label, total=_BAR_STEPS, completed=self._steps(), text=self._text()
-        )
         self._last_draw_s = self._clock()
         return bar, task
 
