@@ -3,7 +3,8 @@
 Each fault of :data:`loadgen.harness.faults.FAULTS` runs on a fresh stack of service
 processes over a Kafka broker and a Redis of this run's own (never the servers other
 tests share: the broker and Redis faults kill them), during an open-loop replay of
-``--requests`` LLM completions at ``--rate`` per second. What the table reports is
+``--requests`` calls at ``--rate`` per second: LLM completions, and for the estimator's
+row a third of them classification calls. What the table reports is
 defined in :mod:`loadgen.harness.fault_run`. One JSON per fault and ``matrix.md`` (the
 table docs/reliability.md quotes) land in ``--out``; the exit status is 1 when any fault
 lost, doubled or ran twice a request, or refused one that then ran.
@@ -47,6 +48,7 @@ def _markdown(reports: list[FaultReport], config: FaultRunConfig) -> str:
     ]
     lines = [
         f"Each fault during {config.requests:,} LLM completions at {config.rate_rps:g}/s "
+        "(`estimator-kill`: a third of them classification calls on a torch worker) "
         f"(Poisson, emulated workers at time scale {config.time_scale:g}, policy "
         f"`{config.policy}`), on {platform.node()} ({platform.machine()}), "
         f"{time.strftime('%Y-%m-%d')}.",

@@ -40,7 +40,7 @@ from switchyard.errors import StateError
 from switchyard.lifecycle import RequestLedger
 from switchyard.traces import resolve_trace
 
-from loadgen.harness.faults import CUT_WORKER, WORKERS, Fault, FaultContext
+from loadgen.harness.faults import CUT_WORKER, TORCH_WORKER, WORKERS, Fault, FaultContext
 from loadgen.harness.infra import PrivateInfra
 from loadgen.harness.network_cut import NetworkCut
 from loadgen.harness.process_stack import ProcessStack, gather_bounded
@@ -75,6 +75,7 @@ class FaultReport:
     fault: str
     summary: str
     requests: int
+    classification_calls: int
     answered_first_call: int
     refused: int
     unknown_outcome: int
@@ -104,6 +105,7 @@ class FaultReport:
         return {
             "fault": self.fault,
             "requests": self.requests,
+            "classification calls": self.classification_calls,
             "answered first call": self.answered_first_call,
             "refused": self.refused,
             "unknown": self.unknown_outcome,
@@ -152,17 +154,28 @@ async def start_fault_stack(
     for worker in WORKERS:
         prefix_argv = cut.argv_prefix if cut is not None and worker == CUT_WORKER else ()
         stack.start_worker(worker, argv_prefix=prefix_argv)
+    workers = len(WORKERS)
+    if fault.classification_share > 0:
+        stack.start_service("estimator")
+        stack.start_torch_worker(TORCH_WORKER)
+        workers += 1
     stack.start_service("ingress")
-    await stack.wait_ready(workers=len(WORKERS), timeout_s=120.0)
+    await stack.wait_ready(workers=workers, timeout_s=120.0)
     if fault.schedulers > 1:
         await stack.wait_group("scheduler", fault.schedulers)
     return stack, cut
 
 
-def fault_plan(config: FaultRunConfig) -> list[PlannedRequest]:
-    """Poisson arrivals at ``rate_rps`` with conversation-like lengths."""
+def fault_plan(config: FaultRunConfig, classification_share: float = 0.0) -> list[PlannedRequest]:
+    """Poisson arrivals at ``rate_rps`` with conversation-like lengths; with
+    ``classification_share`` above 0, that fraction of them classification calls."""
     spec = f"poisson:rate_rps={config.rate_rps:g},requests={config.requests},seed={config.seed}"
-    return build_plan(resolve_trace(spec), "llm", config.requests, config.seed)
+    trace = resolve_trace(spec)
+    if classification_share <= 0:
+        return build_plan(trace, "llm", config.requests, config.seed)
+    return build_plan(
+        trace, "mixed", config.requests, config.seed, classification_share=classification_share
+    )
 
 
 async def _retry_until_final(
@@ -189,11 +202,21 @@ async def _retry_until_final(
 
 
 def _served(document: dict[str, Any] | None) -> tuple[Any, Any]:
-    """Who served an answer and how long it was: a second run elsewhere differs."""
+    """Who served an answer and what it said (an LLM answer's length, a classification
+    answer's label): a second run elsewhere differs."""
     if not document:
         return None, None
+    if "label" in document:  # a classification answer: its fields at the top
+        return document.get("worker_id"), document.get("label")
     usage = document.get("usage") or {}
     return (document.get("switchyard") or {}).get("worker_id"), usage.get("completion_tokens")
+
+
+def _recorded(record: RequestRecord) -> tuple[Any, Any]:
+    """:func:`_served` of the answer the replay read."""
+    if record.kind == "classification":
+        return record.worker_id, record.label
+    return record.worker_id, record.completion_tokens
 
 
 def _fault_times(
@@ -245,7 +268,7 @@ async def run_fault(
 
 async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> FaultReport:
     stack = ctx.stack
-    plan = fault_plan(config)
+    plan = fault_plan(config, fault.classification_share)
     run_id = new_run_id()
     start_wall_s = time.time()
     began = time.monotonic()
@@ -301,8 +324,7 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
     differ = sorted(
         rid
         for rid, (status, document) in zip(again, second, strict=True)
-        if status != 200
-        or _served(document) != (by_id[rid].worker_id, by_id[rid].completion_tokens)
+        if status != 200 or _served(document) != _recorded(by_id[rid])
     )
 
     # 4. Nothing ran twice (the bus and the ledger, read back).
@@ -312,6 +334,7 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
         fault=fault.name,
         summary=fault.summary,
         requests=len(records),
+        classification_calls=sum(1 for r in records if r.kind == "classification"),
         answered_first_call=sum(1 for r in records if r.outcome == OK),
         refused=len(refused),
         unknown_outcome=len(unanswered) - len(refused),

@@ -7,6 +7,8 @@ stack it runs on (:func:`loadgen.harness.fault_run.start_fault_stack`) is the sa
 every fault: a monitor, a predictor, a rebalancer, one scheduler (two for
 the scheduler faults), three emulated LLM workers and an ingress, each its own process,
 over a broker and a Redis of the run's own (:class:`~loadgen.harness.infra.PrivateInfra`).
+A fault whose replay has classification calls (``classification_share``) also runs the
+estimator and a worker with the real torch models.
 
 A killed service is started again by the harness where a supervisor (compose's
 ``restart``, a Deployment) would do it; a killed worker and a killed scheduler replica
@@ -27,6 +29,10 @@ from loadgen.harness.process_stack import ProcessStack
 from loadgen.harness.recovery import busiest_worker
 
 WORKERS = ("w1", "w2", "w3")
+"""The emulated LLM workers of every fault's stack."""
+TORCH_WORKER = "t1"
+"""The torch worker of a stack with classification calls (not one of :data:`WORKERS`:
+the worker faults pick among those)."""
 CUT_WORKER = "w3"
 """The worker started as a user of its own, the one ``worker-cut`` cuts off."""
 RESTART_AFTER_S = 1.0
@@ -88,6 +94,9 @@ class Fault:
         run: injects it (and heals it); returns the wall times of both.
         env: ``SWITCHYARD_*`` variables of the stack it runs on.
         schedulers: scheduler replicas in that stack.
+        classification_share: the fraction of the replay's calls that are
+            classification calls; above 0 the stack also runs the estimator and
+            :data:`TORCH_WORKER`.
     """
 
     name: str
@@ -95,6 +104,7 @@ class Fault:
     run: FaultRun
     env: Mapping[str, str] = field(default_factory=dict)
     schedulers: int = 1
+    classification_share: float = 0.0
 
 
 async def _worker_kill(ctx: FaultContext) -> tuple[float, float]:
@@ -240,6 +250,12 @@ FAULTS: dict[str, Fault] = {
             "predictor-kill",
             "SIGKILL of the predictor, restarted 1 s later",
             _kill_and_restart("predictor"),
+        ),
+        Fault(
+            "estimator-kill",
+            "SIGKILL of the estimator, restarted 1 s later; a third of the calls classify",
+            _kill_and_restart("estimator"),
+            classification_share=1 / 3,
         ),
         Fault(
             "rebalancer-kill",

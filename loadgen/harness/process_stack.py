@@ -249,6 +249,14 @@ class ProcessStack:
         }
         return self.start_service("worker", name=worker_id, env=own, argv_prefix=argv_prefix)
 
+    def start_torch_worker(
+        self, worker_id: str, env: Mapping[str, str] | None = None
+    ) -> ServiceProcess:
+        """Start a worker running the real torch models (the classification variants
+        and the tiny language model) called ``worker_id`` (also its process name)."""
+        own = {"SWITCHYARD_WORKER_ID": worker_id, "SWITCHYARD_WORKER_BACKEND": "torch"}
+        return self.start_service("worker", name=worker_id, env={**own, **(env or {})})
+
     @property
     def url(self) -> str:
         if self.http_port is None:

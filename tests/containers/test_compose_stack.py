@@ -13,8 +13,10 @@
    removed one drains: what ran on it finishes there, it exits 0, it is recorded drained);
    ``ingress`` scaled to two behind the one port (both take calls) and back to one while
    calls keep coming (none refused);
-5. a worker container SIGKILLed (``docker kill``) mid-replay: every request answered
-   once, none run twice, the dead worker's requests re-assigned;
+5. a worker container SIGKILLed (``docker kill``) mid-replay, and another cut off the
+   network (``docker network disconnect`` past the worker timeout, then ``connect``):
+   every request answered once, none run twice, the victim's requests re-assigned, the
+   cut-off one alive again once back;
 6. the compose file's ``loadgen`` profile; traces of the calls found in Jaeger;
 7. ``docker compose down -v``: no container, network or volume of the project left.
 
@@ -29,31 +31,40 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import docker
 import httpx
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
-from switchyard.contracts.messages import Assignment, Completion, CompletionStatus
-from switchyard.contracts.topics import ANSWERS, WORKER_EVENTS, WORKER_INBOX
+from docker.models.containers import Container
+from switchyard.config import load_settings
+from switchyard.contracts.topics import WORKER_EVENTS
 from switchyard.traces import resolve_trace
 
 from loadgen.harness.process_stack import read_topic
-from loadgen.harness.recovery import third_of_the_way_s
 from loadgen.mixes import build_plan
-from loadgen.replay import replay
 from services.scheduler.windows import SHORT_CIRCUIT_WORKER
+from tests.containers.calls import (
+    LONG_DEADLINE,
+    call_every,
+    complete,
+    completion_status,
+    exits_since,
+    post_completion,
+    request_states,
+    why,
+)
 from tests.containers.stack import (
     AUTH,
     COLLECTOR,
-    COMPOSE_DEMO_API_KEY,
     IMAGES,
     INGRESS,
     JAEGER,
     KAFKA,
+    PROJECT,
     PROMETHEUS,
     Workers,
     build_image,
@@ -68,8 +79,17 @@ from tests.containers.stack import (
     service_of,
     torch_index,
 )
+from tests.containers.worker_faults import (
+    REQUESTS,
+    WorkerFault,
+    WorkerFaultOutcome,
+    replay_with_worker_fault,
+    worker_fault_outcome,
+)
 from tests.support.dashboard import alert_names, panel_queries
 
+WORKER_TIMEOUT_S = load_settings({}).worker_timeout_s
+"""The compose file leaves the worker timeout at its default."""
 # Builds (several minutes cold), start-up and the scenario share the first test's limit.
 pytestmark = pytest.mark.timeout(3600)
 
@@ -84,9 +104,6 @@ SWITCHYARD_SERVICES = {
     "worker-llm-13b",
     "worker-torch",
 }
-T = TypeVar("T")
-LONG_DEADLINE = {"deadline_ms": 120_000}
-"""Calls the tests need answered: a deadline admission control can always meet."""
 
 
 @pytest.fixture(scope="module")
@@ -139,78 +156,6 @@ def workers() -> Iterator[Workers]:
     records = Workers()
     yield records
     records.close()
-
-
-def why() -> str:
-    """The last lines of every service's log, for a failure message."""
-    return compose("logs", "--no-color", "--tail", "25", check=False).stdout[-15000:]
-
-
-def complete(model: str, max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
-    body = {
-        "model": model,
-        "prompt": "Say hello to the containers",
-        "max_tokens": max_tokens,
-        "switchyard": LONG_DEADLINE,
-        **extra,
-    }
-    answer = httpx.post(f"{INGRESS}/v1/completions", json=body, headers=AUTH, timeout=180)
-    assert answer.status_code == 200, (model, answer.status_code, answer.text)
-    document: dict[str, Any] = answer.json()
-    return document
-
-
-def exits_since(client: docker.DockerClient, container: str, since: int) -> list[dict[str, Any]]:
-    """The engine's ``die`` events of ``container`` since ``since`` (epoch seconds)."""
-    return list(
-        client.events(
-            since=since,
-            until=int(time.time()) + 1,
-            decode=True,
-            filters={"type": "container", "event": "die", "container": container},
-        )
-    )
-
-
-def post_completion(model: str) -> int:
-    """A short completion through the published port; its HTTP status."""
-    body = {"model": model, "prompt": "Hello", "max_tokens": 4, "switchyard": LONG_DEADLINE}
-    return httpx.post(f"{INGRESS}/v1/completions", json=body, headers=AUTH, timeout=180).status_code
-
-
-def completion_status(request_id: str) -> tuple[str, int | str]:
-    """A short completion with a client-chosen id; its HTTP status, or what went wrong."""
-    body = {
-        "model": "llama-2-7b",
-        "prompt": "Hello",
-        "max_tokens": 4,
-        "switchyard": {**LONG_DEADLINE, "request_id": request_id},
-    }
-    try:
-        answer = httpx.post(f"{INGRESS}/v1/completions", json=body, headers=AUTH, timeout=120)
-    except httpx.HTTPError as error:
-        return request_id, f"{type(error).__name__}: {error}"
-    return request_id, answer.status_code
-
-
-def request_states(request_ids: list[str]) -> dict[str, Any]:
-    """``GET /v1/requests/{id}`` of each: the recorded state of calls that went wrong."""
-    states: dict[str, Any] = {}
-    for request_id in request_ids[:10]:
-        found = httpx.get(f"{INGRESS}/v1/requests/{request_id}", headers=AUTH, timeout=30)
-        states[request_id] = found.json() if found.status_code == 200 else found.status_code
-    return states
-
-
-def call_every(
-    pool: ThreadPoolExecutor, every_s: float, stop: threading.Event, call: Callable[[], T]
-) -> list[Future[T]]:
-    """Submit ``call`` to the pool every ``every_s`` until ``stop``; the calls' futures."""
-    calls: list[Future[T]] = []
-    while not stop.is_set():
-        calls.append(pool.submit(call))
-        time.sleep(every_s)
-    return calls
 
 
 def test_every_service_is_up_and_every_health_endpoint_answers(
@@ -444,6 +389,22 @@ def test_ingress_replicas_scale_behind_the_one_published_port(stack: docker.Dock
     )
 
 
+async def settled(fault: WorkerFault, details: str) -> tuple[WorkerFaultOutcome, float]:
+    """Assert that every request was answered once and run once, and that the victim's
+    requests moved to other workers unless it had answered them; the outcome, and the
+    seconds from the fault to the monitor's ``WorkerDown``."""
+    statuses = Counter(r.status_code for r in fault.result.records)
+    request_ids = [r.request_id for r in fault.result.records]
+    assert len(request_ids) == len(set(request_ids)) == REQUESTS
+    assert statuses == {200: REQUESTS}, (statuses, details)
+    outcome = await worker_fault_outcome(fault)
+    assert outcome.ran_twice == {}, (outcome.ran_twice, details)
+    assert outcome.detected_at_s is not None, (fault.victim_id, details)
+    missed = outcome.orphans - outcome.reassigned
+    assert missed <= outcome.finished_by_victim, (missed, details)
+    return outcome, outcome.detected_at_s - fault.injected_at_s
+
+
 async def test_a_killed_worker_container_loses_no_request_and_runs_none_twice(
     stack: docker.DockerClient, workers: Workers
 ) -> None:
@@ -451,80 +412,51 @@ async def test_a_killed_worker_container_loses_no_request_and_runs_none_twice(
     # compose file leaves admission control on, and an overloaded stack would refuse
     # some requests (429) instead of queueing them.
     scale("worker-llm", 3)
-    replicas = project_containers(stack, "worker-llm")
-    ids = {c.name: workers.id_of(c) for c in replicas}
-    plan = build_plan(resolve_trace("azure-conv-sample"), "llm", 120, 0)
-    speedup = 2.5
-    task = asyncio.create_task(
-        replay(
-            plan,
-            INGRESS,
-            speedup=speedup,
-            timeout_s=120,
-            progress=False,
-            api_key=COMPOSE_DEMO_API_KEY,
-        )
-    )
-    try:
-        await asyncio.sleep(third_of_the_way_s(plan, speedup))
-        held = {
-            name: int(workers.redis.zcard(f"switchyard:worker:{wid}:assigned"))
-            for name, wid in ids.items()
-        }
-        victim = max(replicas, key=lambda c: held[str(c.name)])
-        killed_at_s = time.time()
-        victim.kill()  # SIGKILL, as `docker kill` sends it
-        result = await task
-    except BaseException:
-        task.cancel()
-        raise
-    killed_id = ids[str(victim.name)]
+    fault = await replay_with_worker_fault(stack, workers, lambda c: c.kill())  # `docker kill`
     details = why()
-    victim.reload()
-
-    statuses = Counter(r.status_code for r in result.records)
-    request_ids = [r.request_id for r in result.records]
-    assert len(request_ids) == len(set(request_ids)) == len(plan)
-    assert statuses == {200: len(plan)}, (statuses, details)
-
-    wanted = set(request_ids)
-    answers, inbox, events = await asyncio.gather(
-        read_topic(KAFKA, "", ANSWERS),
-        read_topic(KAFKA, "", WORKER_INBOX),
-        read_topic(KAFKA, "", WORKER_EVENTS),
-    )
-    runs: dict[str, set[tuple[str, int]]] = {}
-    for record in answers:
-        message = record.message
-        if (
-            isinstance(message, Completion)
-            and message.request_id in wanted
-            and message.status is CompletionStatus.OK
-        ):
-            runs.setdefault(message.request_id, set()).add((message.worker_id, message.epoch))
-    doubled = {rid: seen for rid, seen in runs.items() if len(seen) > 1}
-    assert doubled == {}, (doubled, details)
-    downs = [e.message for e in events if e.message.worker_id == killed_id]
-    assert downs, (killed_id, details)
-    orphans = {o for d in downs for o in d.orphaned_request_ids} & wanted
-    reassigned = {
-        a.message.request.request_id
-        for a in inbox
-        if isinstance(a.message, Assignment)
-        and a.message.request.request_id in orphans
-        and a.message.epoch >= 1
-        and a.message.worker_id != killed_id
-    }
-    # Each was re-assigned to another worker, unless the killed one had finished it
-    # (published its answer) before it died.
-    finished_by_killed = {rid for rid, seen in runs.items() if any(w == killed_id for w, _ in seen)}
-    assert orphans - reassigned <= finished_by_killed, (orphans - reassigned, details)
-    detection_s = min(e.timestamp_ms for e in events if e.message.worker_id == killed_id) / 1000
+    fault.victim.reload()
+    outcome, detection_s = await settled(fault, details)
     print(
-        f"\nkill: {victim.name} ({killed_id}) SIGKILLed; {len(plan)} requests answered once, "
-        f"{len(reassigned)} of {len(orphans)} orphans re-assigned (the others finished before "
-        f"the kill), detected after {detection_s - killed_at_s:.1f} s; "
-        f"the container is {victim.status} now (restart policy unless-stopped)"
+        f"\nkill: {fault.victim.name} ({fault.victim_id}) SIGKILLed holding {fault.held}; "
+        f"{REQUESTS} requests "
+        f"answered once, {len(outcome.reassigned)} of {len(outcome.orphans)} orphans "
+        f"re-assigned (the others finished before the kill), detected after "
+        f"{detection_s:.1f} s; the container is "
+        f"{fault.victim.status} now (restart policy unless-stopped)"
+    )
+
+
+async def test_a_worker_container_cut_off_from_the_network_loses_nothing_and_runs_none_twice(
+    stack: docker.DockerClient, workers: Workers
+) -> None:
+    # The killed worker's replica started again: three live workers, as above.
+    scale("worker-llm", 3)
+    network = stack.networks.get(f"{PROJECT}_default")
+
+    def cut(container: Container) -> None:
+        """``docker network disconnect`` past the worker timeout, then connect again."""
+        network.disconnect(container)
+        time.sleep(WORKER_TIMEOUT_S + 3.0)
+        network.connect(container, aliases=["worker-llm"])
+
+    fault = await replay_with_worker_fault(stack, workers, cut)
+    details = why()
+    # While it was cut off the monitor declared it down and its requests moved; what it
+    # went on running there was refused by the ledger's fence when it came back.
+    outcome, detection_s = await settled(fault, details)
+    # What it held when cut off could not be recorded finished: it moved.
+    assert fault.held > 0, details
+    assert outcome.orphans, (fault.held, details)
+    # Back on the network, it reports again and the monitor records it alive.
+    back = time.monotonic()
+    workers.wait_status(fault.victim_id, "alive", timeout_s=60)
+    print(
+        f"\nnetwork cut: {fault.victim.name} ({fault.victim_id}) holding {fault.held} off the "
+        "network for "
+        f"{WORKER_TIMEOUT_S + 3:g} s; {REQUESTS} requests answered once, "
+        f"{len(outcome.reassigned)} of {len(outcome.orphans)} orphans re-assigned, detected "
+        f"after {detection_s:.1f} s; alive again {time.monotonic() - back:.1f} s after the "
+        "replay"
     )
 
 

@@ -202,6 +202,28 @@ async def test_a_reassignment_moves_the_request_and_fences_the_old_worker(
     assert record.completion == answer
 
 
+async def test_an_old_epochs_answer_after_the_new_one_is_superseded_not_a_duplicate(
+    ledger: RequestLedger, store: StateStore
+) -> None:
+    # A worker cut off from the network ran the request on; it was moved and answered
+    # elsewhere before the old worker's answer got through. Its answer must not pass for
+    # its own earlier write (a "duplicate" after a failed round trip is published).
+    await ledger.accept(request())
+    await ledger.assign(Assign(assignment("w1")))
+    assert await ledger.start_many([Fence("r1", 0, "w1")], now_s=102.0) == ["started"]
+    await ledger.assign(Assign(assignment("w2", epoch=1), 0, "w1"))
+    assert await ledger.start_many([Fence("r1", 1, "w2")], now_s=103.0) == ["started"]
+    assert await ledger.finish_many([completion("w2", epoch=1)]) == ["finished"]
+
+    assert await ledger.finish_many([completion("w1", epoch=0)]) == ["superseded"]
+    # The new run's own answer again is the duplicate.
+    assert await ledger.finish_many([completion("w2", epoch=1)]) == ["duplicate"]
+    record = await ledger.read("r1")
+    assert record is not None
+    assert (record.status, record.worker_id, record.epoch) == ("ok", "w2", 1)
+    assert record.superseded_runs == 1
+
+
 async def test_of_two_racing_reassignments_one_wins(
     make_store: StoreMaker, unique_prefix: str
 ) -> None:

@@ -45,6 +45,7 @@ def infra() -> Iterator[PrivateInfra]:
         "ingress-kill",
         "scheduler-freeze",
         "monitor-kill",
+        "estimator-kill",
         "broker-kill",
         "redis-kill",
         "redis-empty",
@@ -59,6 +60,7 @@ async def test_a_fault_during_a_replay_loses_doubles_and_reruns_nothing(
     report = await run_fault(infra, FAULTS[fault], config, f"t{uuid.uuid4().hex[:8]}", tmp_path)
     detail = json.dumps(report.to_json(), indent=1)[:6000]
     assert report.requests == config.requests, detail
+    assert report.classification_calls > 0 or FAULTS[fault].classification_share == 0, detail
     assert report.lost == [], detail
     assert report.refused_then_run == [], detail
     assert report.answers_differ == [], detail

@@ -198,7 +198,10 @@ START = Script("start", _START_LUA, _start)
 # recent window (how many outcomes cluster:stats keeps in "recent").
 # -> {"finished"} | {"duplicate", status} | {"superseded", epoch, worker}
 # A superseded answer is a run that should not have happened: the record counts it
-# (superseded_runs) and so does cluster:stats (superseded).
+# (superseded_runs) and so does cluster:stats (superseded). The fence comes first: an
+# answer of an earlier epoch is superseded even once the record is final (its new run
+# answered first), so that it is never taken for this run's own answer recorded by an
+# attempt whose reply was lost, and published.
 
 _FINISH_LUA = (
     _FINAL
@@ -206,12 +209,12 @@ _FINISH_LUA = (
 local r = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'worker_id')
 local status, epoch, worker = r[1], r[2] or '0', r[3] or ''
 if status then
-  if final[status] then return {'duplicate', status} end
   if epoch ~= ARGV[3] or (ARGV[4] ~= '' and worker ~= ARGV[4]) then
     redis.call('HINCRBY', KEYS[1], 'superseded_runs', 1)
     redis.call('HINCRBY', KEYS[4], 'superseded', 1)
     return {'superseded', epoch, worker}
   end
+  if final[status] then return {'duplicate', status} end
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[5], 'completion', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
@@ -235,12 +238,12 @@ def _finish(view: ScriptView, keys: Sequence[str], args: Sequence[str]) -> list[
     status, epoch, worker = view.hmget(keys[0], ("status", "epoch", "worker_id"))
     epoch, worker = epoch or "0", worker or ""
     if status is not None:
-        if status in _FINAL_SET:
-            return ["duplicate", status]
         if epoch != args[2] or (args[3] != "" and worker != args[3]):
             view.hincrby(keys[0], "superseded_runs", 1)
             view.hincrby(keys[3], "superseded", 1)
             return ["superseded", epoch, worker]
+        if status in _FINAL_SET:
+            return ["duplicate", status]
     view.hset(keys[0], {"status": args[4], "completion": args[5]})
     view.expire(keys[0], int(args[0]) / 1000.0)
     violated = args[6] == "1"
