@@ -147,8 +147,9 @@ CANCELLED_BY_CLIENT = "client"
 """The ``worker_id`` of the answer a request gets when its client went away first."""
 
 FinishResult = Literal["finished", "duplicate", "superseded"]
-"""``finished``: the answer is recorded. ``duplicate``: an answer was recorded before.
-``superseded``: the request was given to another worker or epoch since: discard it."""
+"""``finished``: the answer is recorded. ``duplicate``: an answer was recorded before,
+and the record still names this answer's epoch (and worker). ``superseded``: the request
+was given to another worker or epoch since, answered or not: discard it."""
 
 
 class RequestLedger:
