@@ -17,8 +17,11 @@
    network (``docker network disconnect`` past the worker timeout, then ``connect``):
    every request answered once, none run twice, the victim's requests re-assigned, the
    cut-off one alive again once back;
-6. the compose file's ``loadgen`` profile; traces of the calls found in Jaeger;
-7. ``docker compose down -v``: no container, network or volume of the project left.
+6. each service, Kafka and Redis crashing in turn (SIGKILL of its container's main
+   process) while calls keep coming: restarted by the restart policy, every call
+   answered once (retried with its id where it failed);
+7. the compose file's ``loadgen`` profile; traces of the calls found in Jaeger;
+8. ``docker compose down -v``: no container, network or volume of the project left.
 
 The steps share one stack (a module fixture) and run in file order.
 """
@@ -46,6 +49,7 @@ from switchyard.traces import resolve_trace
 
 from loadgen.harness.process_stack import read_topic
 from loadgen.mixes import build_plan
+from loadgen.replay import new_run_id
 from services.scheduler.windows import SHORT_CIRCUIT_WORKER
 from tests.containers.calls import (
     LONG_DEADLINE,
@@ -57,6 +61,7 @@ from tests.containers.calls import (
     request_states,
     why,
 )
+from tests.containers.service_crash import answered, crash, wait_restarted
 from tests.containers.stack import (
     AUTH,
     COLLECTOR,
@@ -83,6 +88,7 @@ from tests.containers.worker_faults import (
     REQUESTS,
     WorkerFault,
     WorkerFaultOutcome,
+    ok_runs,
     replay_with_worker_fault,
     worker_fault_outcome,
 )
@@ -457,6 +463,44 @@ async def test_a_worker_container_cut_off_from_the_network_loses_nothing_and_run
         f"{len(outcome.reassigned)} of {len(outcome.orphans)} orphans re-assigned, detected "
         f"after {detection_s:.1f} s; alive again {time.monotonic() - back:.1f} s after the "
         "replay"
+    )
+
+
+CRASH_PLAN = build_plan(
+    resolve_trace("azure-mix-sample"), "mixed", 600, 0, classification_share=0.5
+)
+"""Calls made while a service crashes: short LLM completions and classification calls."""
+
+
+@pytest.mark.parametrize(
+    "service",
+    ["monitor", "scheduler", "estimator", "predictor", "rebalancer", "ingress", "kafka", "redis"],
+)
+async def test_a_crashed_service_is_restarted_and_every_call_is_answered_once(
+    stack: docker.DockerClient, service: str
+) -> None:
+    victim = project_containers(stack, service)[0]
+    run_id = new_run_id()
+    plan = iter(CRASH_PLAN)
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        stop = threading.Event()
+        trickle = pool.submit(call_every, pool, 0.1, stop, lambda: answered(next(plan), run_id))
+        await asyncio.sleep(1.5)
+        restarts = crash(victim)
+        back_s = await asyncio.to_thread(wait_restarted, victim, restarts)
+        await asyncio.sleep(1.5)
+        stop.set()
+        calls = [call.result(timeout=200) for call in trickle.result()]
+    details = why()
+    unanswered = {rid: (status, tries) for rid, status, tries in calls if status != 200}
+    assert unanswered == {}, (unanswered, details)
+    runs = await ok_runs({rid for rid, _, _ in calls})
+    ran_twice = {rid: seen for rid, seen in runs.items() if len(seen) > 1}
+    assert ran_twice == {}, (ran_twice, details)
+    retried = sum(1 for _, _, tries in calls if tries > 1)
+    print(
+        f"\n{service} crashed (SIGKILL of its main process): restarted and healthy after "
+        f"{back_s:.1f} s; {len(calls)} calls answered once ({retried} after a retry)"
     )
 
 

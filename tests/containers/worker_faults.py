@@ -107,22 +107,28 @@ class WorkerFaultOutcome:
     """The broker's time of the first ``WorkerDown``."""
 
 
-async def worker_fault_outcome(fault: WorkerFault) -> WorkerFaultOutcome:
-    """What became of the replay's requests, by the ids the client knows them by (the
-    topics carry them scoped to the compose file's demo tenant)."""
-    wanted = {r.request_id for r in fault.result.records}
-    answers, inbox, events = await asyncio.gather(
-        read_topic(KAFKA, "", ANSWERS),
-        read_topic(KAFKA, "", WORKER_INBOX),
-        read_topic(KAFKA, "", WORKER_EVENTS),
-    )
+async def ok_runs(request_ids: set[str]) -> dict[str, set[tuple[str, int]]]:
+    """Request -> the ``(worker, epoch)`` pairs that answered it ``ok`` on the answers
+    topic, by the ids the client knows (the topics carry them scoped to the compose
+    file's demo tenant)."""
     runs: dict[str, set[tuple[str, int]]] = {}
-    for record in answers:
+    for record in await read_topic(KAFKA, "", ANSWERS):
         message = record.message
         if isinstance(message, Completion) and message.status is CompletionStatus.OK:
             rid = public_request_id(message.request_id)
-            if rid in wanted:
+            if rid in request_ids:
                 runs.setdefault(rid, set()).add((message.worker_id, message.epoch))
+    return runs
+
+
+async def worker_fault_outcome(fault: WorkerFault) -> WorkerFaultOutcome:
+    """What became of the replay's requests (by the ids the client knows)."""
+    wanted = {r.request_id for r in fault.result.records}
+    runs, inbox, events = await asyncio.gather(
+        ok_runs(wanted),
+        read_topic(KAFKA, "", WORKER_INBOX),
+        read_topic(KAFKA, "", WORKER_EVENTS),
+    )
     down_records = [
         e
         for e in events
