@@ -7,7 +7,8 @@ tests share: the broker and Redis faults kill them), during an open-loop replay 
 row a third of them classification calls. What the table reports is
 defined in :mod:`loadgen.harness.fault_run`. One JSON per fault and ``matrix.md`` (the
 table docs/reliability.md quotes) land in ``--out``; the exit status is 1 when any fault
-lost, doubled or ran twice a request, or refused one that then ran.
+lost a request, answered one by two runs, ran one twice that no worker held when it
+was declared down, or refused one that then ran.
 
     python -m bench.fault_matrix                            # all, 10,000 requests each
     python -m bench.fault_matrix --faults worker-cut,redis-kill --requests 2000
@@ -41,15 +42,16 @@ def _markdown(reports: list[FaultReport], config: FaultRunConfig) -> str:
         "lost",
         "refused, then ran",
         "retry answered differently",
-        "ran twice",
+        "answered by two runs",
+        "ran twice (held when declared down)",
         "longest stall",
         "longest wait",
         "recovery",
     ]
     lines = [
-        f"Each fault during {config.requests:,} LLM completions at {config.rate_rps:g}/s "
-        "(`estimator-kill`: a third of them classification calls on a torch worker) "
-        f"(Poisson, emulated workers at time scale {config.time_scale:g}, policy "
+        f"Each fault during {config.requests:,} calls at {config.rate_rps:g}/s (LLM "
+        "completions; in the `estimator-kill` row a third of them classification calls on "
+        f"a torch worker; Poisson, emulated workers at time scale {config.time_scale:g}, policy "
         f"`{config.policy}`), on {platform.node()} ({platform.machine()}), "
         f"{time.strftime('%Y-%m-%d')}.",
         "",
@@ -66,7 +68,8 @@ def _markdown(reports: list[FaultReport], config: FaultRunConfig) -> str:
             str(len(r.lost)),
             str(len(r.refused_then_run)),
             f"{len(r.answers_differ)} of {r.answered_retries}",
-            str(len(r.ran_twice)),
+            str(len(r.answered_by_two_runs)),
+            f"{len(r.ran_twice)} ({len(r.ran_twice_held)})",
             "-" if r.stall_s is None else f"{r.stall_s:.1f} s",
             "-" if r.longest_wait_s is None else f"{r.longest_wait_s:.1f} s",
             "-" if r.recovery_s is None else f"{r.recovery_s:.1f} s",

@@ -14,8 +14,11 @@ third of the way in (:mod:`loadgen.harness.faults`), and when the replay is over
 3. retries ``retry_answered`` calls that were answered: each must get the same answer
    again (``answers_differ``) and must not run again;
 4. reads the bus and the ledger (:func:`loadgen.harness.recovery.analyse`): a request
-   answered ``ok`` from two ``(worker, epoch)`` pairs, or whose record counts a
-   superseded run, *ran twice*.
+   answered ``ok`` from two ``(worker, epoch)`` pairs (*answered by two runs*: never
+   allowed), or whose record counts a superseded run (a run whose answer was refused),
+   *ran twice*. Of those, *ran twice, held* were held by a worker when it was declared
+   down: a frozen or cut-off worker may run on what it held (the fence refuses its
+   answer, it cannot stop the run), so the fault itself allows them, and nothing else.
 
 Times: ``stall_s`` is the longest stretch, from the fault on, in which the client got
 no 200 at all; ``longest_wait_s`` the longest a call sent from the fault on waited for
@@ -86,6 +89,8 @@ class FaultReport:
     refused_then_run: list[str]
     answers_differ: list[str]
     ran_twice: list[str]
+    ran_twice_held: list[str]
+    answered_by_two_runs: list[str]
     answered_retries: int
     injected_at_s: float
     healed_at_s: float
@@ -98,8 +103,15 @@ class FaultReport:
 
     @property
     def clean(self) -> bool:
-        """Nothing lost, doubled, run twice or falsely refused."""
-        return not (self.lost or self.refused_then_run or self.answers_differ or self.ran_twice)
+        """Nothing lost, answered twice or falsely refused, and nothing run twice but what
+        a worker held when it was declared down (see the module docstring)."""
+        return not (
+            self.lost
+            or self.refused_then_run
+            or self.answers_differ
+            or self.answered_by_two_runs
+            or set(self.ran_twice) - set(self.ran_twice_held)
+        )
 
     def summary_row(self) -> dict[str, Any]:
         return {
@@ -113,6 +125,7 @@ class FaultReport:
             "refused then run": len(self.refused_then_run),
             "answers differ": len(self.answers_differ),
             "ran twice": len(self.ran_twice),
+            "of them held when declared down": len(self.ran_twice_held),
             "stall s": None if self.stall_s is None else round(self.stall_s, 2),
             "longest wait s": None
             if self.longest_wait_s is None
@@ -345,6 +358,8 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
         refused_then_run=refused_then_run,
         answers_differ=differ,
         ran_twice=report.runs_doubled,
+        ran_twice_held=sorted(set(report.runs_doubled) & set(report.held_when_declared_down)),
+        answered_by_two_runs=report.answered_by_two_runs,
         answered_retries=len(again),
         injected_at_s=injected_at_s,
         healed_at_s=healed_at_s,

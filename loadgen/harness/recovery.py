@@ -11,9 +11,11 @@ Definitions (wall seconds, one machine's clock):
 - *answers doubled*: a request id the client got more than one answer for (the replay
   sends each once, so this counts ids that appear twice among the answers);
 - *runs doubled*: a request with ``ok`` answers from more than one ``(worker, epoch)``
-  on the answers topic, or whose record counts a superseded run (a worker ran it after
-  it had been given to another, and its answer was refused): it ran twice (the client
-  still gets one answer);
+  on the answers topic (*answered by two runs*), or whose record counts a superseded run
+  (a *stale run*: a worker ran it to the end after it had been given to another, and
+  its answer was refused): it ran twice (the client still gets one answer);
+- *held when declared down*: the requests a ``WorkerDown`` of the replay listed (a
+  frozen or cut-off worker still holds them, and may run them on);
 - *detection*: from the kill to the broker's timestamp of the ``WorkerDown``;
 - *re-assignment*: from the kill to the ``assigned_at_s`` of the last orphan's
   re-assignment (its record's assignment with ``epoch >= 1``);
@@ -50,6 +52,9 @@ class RecoveryReport:
     failures: list[tuple[str, int | None, str, str | None]]
     answers_doubled: list[str]
     runs_doubled: list[str]
+    answered_by_two_runs: list[str]
+    stale_runs: list[str]
+    held_when_declared_down: list[str]
     completions: int
     completion_redeliveries: int
     killed: str | None
@@ -201,9 +206,16 @@ async def analyse(
     request_records = dict(
         zip(ids, await gather_bounded([ledger.read(rid) for rid in ids]), strict=True)
     )
-    runs_doubled, redeliveries = _doubled_runs(completions, wanted)
+    two_runs, redeliveries = _doubled_runs(completions, wanted)
     superseded = {rid for rid, rec in request_records.items() if rec and rec.superseded_runs}
-    runs_doubled = sorted(set(runs_doubled) | superseded)
+    runs_doubled = sorted(set(two_runs) | superseded)
+    held_when_down = {
+        rid
+        for e in events
+        if isinstance(e.message, WorkerDown)
+        for rid in e.message.orphaned_request_ids
+        if rid in wanted
+    }
     conflicts = _assignment_conflicts(assignments, wanted)
     records_per_decision = Counter(
         a.message.message_id for a in assignments if a.message.request.request_id in wanted
@@ -221,6 +233,9 @@ async def analyse(
         failures=failures,
         answers_doubled=answers_doubled,
         runs_doubled=runs_doubled,
+        answered_by_two_runs=sorted(two_runs),
+        stale_runs=sorted(superseded),
+        held_when_declared_down=sorted(held_when_down),
         completions=sum(1 for c in completions if c.message.request_id in wanted),
         completion_redeliveries=redeliveries,
         killed=killed,

@@ -9,7 +9,10 @@ Routines:
   trip a batch), migrations too.
 - ``engine_routine``: runs the backend's steps while there is work; what it reports goes
   through :class:`~services.worker.reporting.Reporter` (spans, output chunks,
-  observations) to the :class:`~services.worker.answers.AnswerOutbox`.
+  observations) to the :class:`~services.worker.answers.AnswerOutbox`. After the worker
+  was out of touch for the worker timeout (frozen, cut off), it first checks what it
+  holds against the ledger and stops what was given to another
+  (:mod:`services.worker.touch`).
 - ``answers_routine``: the outbox's flush: answers recorded in the ledger in batches, then
   published to the asking replica's partition of ``switchyard.answers``.
 - ``heartbeat_routine``: a heartbeat every interval (and the observations gathered since
@@ -68,12 +71,15 @@ from services.worker.model_cache import ModelCache
 from services.worker.queue import LocalQueue
 from services.worker.reporting import Reporter
 from services.worker.telemetry import WorkerMetrics
+from services.worker.touch import Touch, drop_superseded
 
 M = TypeVar("M", bound=Message)
 
 _INBOX_BATCH = 256
 _INBOX_WAIT_S = 0.2
 _PUBLISH_ATTEMPTS = 8
+CHECK_RETRY_S = 0.2
+"""How often an out-of-touch worker tries again to read its holdings' records."""
 
 
 class WorkerService(Service):
@@ -120,6 +126,7 @@ class WorkerService(Service):
         self.reporter = Reporter(
             self.holdings, lambda: self.backend, ctx.bus, self.outbox, self.metrics, ctx.telemetry
         )
+        self.touch = Touch(ctx.settings.worker_timeout_s)
         self.inbox: Inbox[Assignment | Migration] = Inbox(ctx, WORKER_INBOX, self.worker_id)
         self._inbox_sub: Subscription[Assignment | Migration] | None = None
         self._reading: Subscription[Assignment | Migration] | None = None
@@ -249,6 +256,9 @@ class WorkerService(Service):
             draining = stopping.is_set()
             if draining and not backend.has_running():
                 return
+            if self.touch.needs_check() and holdings.held and not await self._check_holdings():
+                await asyncio.sleep(CHECK_RETRY_S)  # out of touch: run nothing meanwhile
+                continue
             holdings.wake.clear()  # before looking, so a wake-up during the step is kept
             stepped = await backend.step(
                 holdings.queue, self.reporter, admit=not draining, wake=holdings.wake
@@ -260,6 +270,21 @@ class WorkerService(Service):
             now_s = time.time()
             next_s = holdings.queue.next_ready_s(now_s)
             await self._wait_for_work(None if next_s is None else max(0.0, next_s - now_s))
+
+    async def _check_holdings(self) -> bool:
+        """What this worker holds checked against the ledger after it was out of touch
+        (:mod:`services.worker.touch`); False when the ledger could not be read."""
+        try:
+            await drop_superseded(
+                self.holdings, self.backend, self.ledger, lambda _: self.metrics.superseded()
+            )
+        except Exception as exc:
+            if not is_retriable(exc):
+                raise
+            self.ctx.logger.warning("out of touch, and the ledger cannot be read: %s", exc)
+            return False
+        self.touch.checked()
+        return True
 
     async def heartbeat_routine(self) -> None:
         """A heartbeat every interval, and one at once when a stop is asked for; once
@@ -278,6 +303,7 @@ class WorkerService(Service):
             # here, so one taken after it would never run).
             draining = stopping.is_set() and (intake is None or intake.done())
             await self._publish(HEARTBEATS, self.heartbeat(draining=draining))
+            self.touch.heard()
             await self._publish_observations()
             if draining:
                 await asyncio.wait([engine], timeout=interval_s)

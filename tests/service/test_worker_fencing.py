@@ -12,14 +12,22 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
-from switchyard.contracts.messages import Completion, CompletionStatus, LLMResult, RequestTimeline
+from switchyard.contracts.messages import (
+    Assignment,
+    Completion,
+    CompletionStatus,
+    LLMResult,
+    RequestTimeline,
+)
 from switchyard.errors import StateError
 from switchyard.lifecycle import Assign, Fence, RequestLedger
 from switchyard.perf import performance_model
+from switchyard.runtime.service import ServiceContext
 from switchyard.state import keys
 
 from services.worker.backends.emulated_llm import EmulatedLlmBackend
 from services.worker.service import WorkerService
+from services.worker.touch import Touch
 from tests.service.worker_support import (
     MODEL,
     PROFILE,
@@ -50,6 +58,37 @@ def _counted(reader: InMemoryMetricReader, name: str, worker_id: str) -> int:
                     if (point.attributes or {}).get("worker_id") == worker_id:
                         total += int(point.value)
     return total
+
+
+async def _slow_worker(
+    stack: Stack, worker_id: str
+) -> tuple[ServiceContext, WorkerService, InMemoryMetricReader]:
+    """A second worker on the stack's bus and store, its emulation at time scale 10 (a
+    long request runs for about half a second), started; its context and metrics."""
+    metrics = InMemoryMetricReader()
+    ctx = _context(stack.bus, stack.state, metrics=metrics, worker_id=worker_id)
+    worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=10.0))
+    await _start(worker)
+    return ctx, worker, metrics
+
+
+async def _stop(ctx: ServiceContext, worker: WorkerService) -> None:
+    ctx.stopping.set()
+    await worker.cancel_routines()
+    ctx.telemetry.shutdown()
+
+
+async def _move(stack: Stack, ran: Assignment, to_worker_id: str) -> Assignment:
+    """Re-assign ``ran`` (epoch 0) to ``to_worker_id`` at epoch 1, as after a WorkerDown;
+    the new assignment."""
+    again = ran.model_copy(
+        update={"worker_id": to_worker_id, "epoch": 1, "assigned_at_s": time.time()}
+    )
+    moved = await RequestLedger(stack.state).assign(
+        Assign(again, replaces_epoch=0, replaces_worker=ran.worker_id)
+    )
+    assert moved.result == "assigned"
+    return again
 
 
 async def test_a_duplicate_or_stale_assignment_runs_once(stack: Stack) -> None:
@@ -153,34 +192,21 @@ async def test_an_assignment_its_record_shows_superseded_or_answered_does_not_ru
 async def test_an_answer_of_a_request_given_to_another_worker_meanwhile_is_discarded(
     stack: Stack,
 ) -> None:
-    # A slower emulation (time scale 10): the request runs for about half a second, and
-    # meanwhile this worker is declared dead and the request re-assigned to w2.
-    bus = stack.bus
-    metrics = InMemoryMetricReader()
-    ctx = _context(bus, stack.state, metrics=metrics, worker_id="cut-off")
-    worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=10.0))
-    await _start(worker)
-    ledger = RequestLedger(stack.state)
+    # The request runs for about half a second, and meanwhile this worker is declared
+    # dead and the request re-assigned to w2.
+    ctx, worker, metrics = await _slow_worker(stack, "cut-off")
     try:
         async with stack.answers("t-cut-off") as answers:
             ran = _llm("taken-away", output=400, stream=True, worker_id="cut-off")
             await _record(stack.state, ran)
             await _send(worker, ran)
             await _chunk(answers)  # running now
-            again = ran.model_copy(
-                update={"worker_id": "w2", "epoch": 1, "assigned_at_s": time.time()}
-            )
-            reassigned = await ledger.assign(
-                Assign(again, replaces_epoch=0, replaces_worker="cut-off")
-            )
-            assert reassigned.result == "assigned"
+            await _move(stack, ran, "w2")
             ctx.stopping.set()
             await worker.drain()  # what ran has finished, its answer recorded or discarded
             after = [d.message for d in await drain_for(answers, 0.1)]
     finally:
-        ctx.stopping.set()
-        await worker.cancel_routines()
-        ctx.telemetry.shutdown()
+        await _stop(ctx, worker)
     # Its answer was never sent, and the record still shows w2's assignment, with the run
     # that should not have happened counted.
     assert not [m for m in after if isinstance(m, Completion)]
@@ -193,35 +219,57 @@ async def test_an_answer_of_a_request_given_to_another_worker_meanwhile_is_disca
     assert _counted(metrics, "switchyard.worker.superseded", "cut-off") == 1
 
 
+async def test_a_worker_back_in_touch_stops_what_was_given_to_another_meanwhile(
+    stack: Stack,
+) -> None:
+    # As above, but the worker was out of touch for longer than the worker timeout (its
+    # clock says so): before its next step it reads its holdings' records and stops the
+    # request given to w2, so that it neither finishes nor answers it.
+    ctx, worker, metrics = await _slow_worker(stack, "was-frozen")
+    clock = [time.monotonic()]
+    worker.touch = Touch(ctx.settings.worker_timeout_s, lambda: clock[0])
+    try:
+        async with stack.answers("t-was-frozen") as answers:
+            ran = _llm("taken-away", output=400, stream=True, worker_id="was-frozen")
+            kept = _llm("still-mine", output=400, stream=True, worker_id="was-frozen")
+            for assignment in (ran, kept):
+                await _record(stack.state, assignment)
+                await _send(worker, assignment)
+            await _chunk(answers)  # running now
+            await _move(stack, ran, "w2")
+            clock[0] += ctx.settings.worker_timeout_s + 1.0  # out of touch
+            done = await _completion(answers)
+            later = [d.message for d in await drain_for(answers, 0.1)]
+    finally:
+        await _stop(ctx, worker)
+    assert (done.request_id, done.status) == ("still-mine", CompletionStatus.OK)
+    assert not [m for m in later if isinstance(m, Completion)]
+    assert "taken-away" not in worker.holdings.held
+    record = await _read(stack.state, "taken-away")
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "w2", 1)
+    assert record.superseded_runs == 0  # stopped, not run to the end
+    assert _counted(metrics, "switchyard.worker.superseded", "was-frozen") == 1
+
+
 async def test_a_request_given_back_to_the_worker_that_runs_it_is_answered_once(
     stack: Stack,
 ) -> None:
     # The worker was declared dead while it ran the request (a slow heartbeat), and the
     # scheduler gave the request back to the same worker at epoch 1. The run in progress
     # is the run of epoch 1: it goes on, and its answer is recorded and sent.
-    metrics = InMemoryMetricReader()
-    ctx = _context(stack.bus, stack.state, metrics=metrics, worker_id="revived")
-    worker = WorkerService(ctx, EmulatedLlmBackend(performance_model(PROFILE), time_scale=10.0))
-    await _start(worker)
-    ledger = RequestLedger(stack.state)
+    ctx, worker, metrics = await _slow_worker(stack, "revived")
     try:
         async with stack.answers("t-revived") as answers:
             ran = _llm("given-back", output=200, stream=True, worker_id="revived")
             await _record(stack.state, ran)
             await _send(worker, ran)
             await _chunk(answers)  # running now
-            again = ran.model_copy(update={"epoch": 1, "assigned_at_s": time.time()})
-            reassigned = await ledger.assign(
-                Assign(again, replaces_epoch=0, replaces_worker="revived")
-            )
-            assert reassigned.result == "assigned"
+            again = await _move(stack, ran, "revived")
             await _send(worker, again)
             done = await _completion(answers)
             later = [d.message for d in await drain_for(answers, 0.3)]
     finally:
-        ctx.stopping.set()
-        await worker.cancel_routines()
-        ctx.telemetry.shutdown()
+        await _stop(ctx, worker)
     assert (done.request_id, done.epoch, done.status) == ("given-back", 1, CompletionStatus.OK)
     assert not [m for m in later if isinstance(m, Completion)]  # answered once
     record = await _read(stack.state, "given-back")

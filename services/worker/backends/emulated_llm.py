@@ -246,8 +246,15 @@ class EmulatedLlmBackend:
             pass
         finally:
             self._interrupt = None
-        elapsed_s = max(0.0, loop.time() - start) * self.time_scale  # modelled
-        done = min(steps, self.perf.steps_within(size, kv_tokens, elapsed_s) + 1)
+        elapsed_wall_s = max(0.0, loop.time() - start)
+        planned_wall_s = self.wall_s(self.perf.decode_steps_s(size, kv_tokens, steps))
+        if elapsed_wall_s - planned_wall_s > STALL_WALL_S:
+            # The process was stopped meanwhile (SIGSTOP, a paused machine): an engine
+            # that is stopped launches no further step, so only the one in progress ran.
+            done = 1
+        else:
+            elapsed_s = elapsed_wall_s * self.time_scale  # modelled
+            done = min(steps, self.perf.steps_within(size, kv_tokens, elapsed_s) + 1)
         modelled_s = self.perf.decode_steps_s(size, kv_tokens, done)
         self.modelled_now_s += modelled_s
         self.iterations += 1
@@ -366,6 +373,9 @@ STEP_QUANTUM_WALL_S = 0.002
 GROUP_MAX_WALL_S = 0.05
 """The most wall time one group of decode steps may take otherwise: it bounds how stale
 the generated-token counts a heartbeat reports can be."""
+STALL_WALL_S = 1.0
+"""A group of decode steps that wakes this much later than planned was stopped, not
+late: the stop is not counted as progress."""
 _MAX_LAG_S = 0.05
 """An iteration this far behind its pace target restarts the pacing instead of racing to
 catch up (the loop was busy elsewhere, or the time scale asks for sleeps shorter than the
