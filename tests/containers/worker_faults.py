@@ -94,11 +94,10 @@ class WorkerFaultOutcome:
 
     ran_twice: dict[str, set[tuple[str, int]]]
     """Request -> the ``(worker, epoch)`` pairs that answered it ``ok``, where several."""
-    downs: list[WorkerDown]
-    """The monitor's ``WorkerDown`` events of the victim since the fault (a worker id
-    outlives its container's restart, so an earlier fault's may be on the topic)."""
     orphans: set[str]
-    """The replay's requests those events listed."""
+    """The replay's requests the monitor's ``WorkerDown`` events of the victim listed,
+    since the fault (a worker id outlives its container's restart, so an earlier fault's
+    may be on the topic)."""
     reassigned: set[str]
     """Orphans assigned again (epoch 1 or more) to another worker."""
     finished_by_victim: set[str]
@@ -136,8 +135,12 @@ async def worker_fault_outcome(fault: WorkerFault) -> WorkerFaultOutcome:
         and e.message.worker_id == fault.victim_id
         and e.timestamp_ms >= fault.injected_at_s * 1000
     ]
-    downs = [e.message for e in down_records if isinstance(e.message, WorkerDown)]
-    orphans = {public_request_id(o) for d in downs for o in d.orphaned_request_ids} & wanted
+    orphans = {
+        public_request_id(o)
+        for e in down_records
+        if isinstance(e.message, WorkerDown)  # narrowed above; for the type checker
+        for o in e.message.orphaned_request_ids
+    } & wanted
     reassigned = {
         rid
         for a in inbox
@@ -149,7 +152,6 @@ async def worker_fault_outcome(fault: WorkerFault) -> WorkerFaultOutcome:
     first_down_ms = min((e.timestamp_ms for e in down_records), default=None)
     return WorkerFaultOutcome(
         ran_twice={rid: seen for rid, seen in runs.items() if len(seen) > 1},
-        downs=downs,
         orphans=orphans,
         reassigned=reassigned,
         finished_by_victim={
