@@ -36,8 +36,16 @@ LLM rows become POST {target}/v1/completions (model from --app-map, max_tokens t
 row's generated tokens, switchyard.prompt_tokens its context tokens); classification
 requests are POST {target}/v1/apps/{app}/infer with held-out rows of the bundled
 datasets (digits, fraud-like, wine-dominant; needs scikit-learn).
-Multi-model pipelines are not served over HTTP yet: --mix multimodel is refused
-(simulate them with `switchyard multimodel`)."""
+
+--mix multimodel takes no --trace: it replays the requests of the bundled Alibaba
+GenAI LoRA sample as pipeline calls, POST {target}/v1/apps/{pipeline}/infer with
+{"request_id", "exec_scale", "input"}, to the pipelines of the stack's alibaba-lora
+catalogue (start the stack with SWITCHYARD_PIPELINE_CATALOGUE=alibaba-lora). Its
+arrival times are the multi-model simulator's (trace time / 1000): with emulated
+workers at SWITCHYARD_WORKER_TIME_SCALE=T, pass --speedup T so the offered load
+matches the simulator's. --seed draws which calls go to the multi-stage pipelines
+(0, the default, is the draw the catalogue is built with; every seed calls only the
+catalogue's pipelines)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,10 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument(
         "--trace",
-        required=True,
+        default=None,
         metavar="PATH_OR_NAME",
         help="an Azure-format CSV path or a trace name (azure-conv-sample, azure-code-sample, "
-        "azure-mix-sample, azure-conv, ..., poisson:..., see below)",
+        "azure-mix-sample, azure-conv, ..., poisson:..., see below); required, except "
+        "with --mix multimodel, which replays the bundled Alibaba LoRA sample",
     )
     replay.add_argument(
         "--target", required=True, metavar="URL", help="the ingress base URL, e.g. http://127.0.0.1:8000"
@@ -83,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--limit", type=int, default=None, metavar="N", help="the first N rows")
     replay.add_argument(
         "--mix", default="llm",
-        help="llm (default), classification, or mixed; multimodel is not served over HTTP yet",
+        help="llm (default), classification, mixed, or multimodel (pipeline calls of the "
+        "bundled Alibaba LoRA sample; arrivals in simulator seconds: --speedup the workers' "
+        "time scale)",
     )  # fmt: skip
     replay.add_argument(
         "--classification-share", type=float, default=None, metavar="F",
@@ -96,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     replay.add_argument(
         "--seed", type=int, default=0,
-        help="seeds the mix, the classification rows and synthetic traces (default 0)",
+        help="seeds the mix, the classification rows, synthetic traces and which multimodel "
+        "calls go to multi-stage pipelines (default 0)",
     )  # fmt: skip
     replay.add_argument(
         "--timeout-s", type=float, default=120.0, metavar="S",
@@ -127,6 +139,20 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise ValueError("--classification-share applies only with --mix mixed")
         if not (math.isfinite(share) and 0.0 <= share <= 1.0):
             raise ValueError(f"--classification-share must be within [0, 1], got {share:g}")
+
+
+def _check_trace(args: argparse.Namespace) -> None:
+    """``--trace`` is required by the mixes of a trace and refused by ``multimodel``."""
+    if args.mix == "multimodel":
+        if args.trace is not None:
+            raise ValueError(
+                "--trace: --mix multimodel replays the bundled Alibaba LoRA sample "
+                "(the stack's alibaba-lora catalogue) and takes no trace; drop --trace"
+            )
+        if args.app_map is not None:
+            raise ValueError("--app-map applies to LLM rows; --mix multimodel sends none")
+    elif args.trace is None:
+        raise ValueError(f"--trace is required with --mix {args.mix}")
 
 
 def _raise_file_limit() -> None:
@@ -191,7 +217,13 @@ def replay_command(args: argparse.Namespace) -> int:
     from switchyard.runtime import loop as event_loop
     from switchyard.traces import resolve_trace
 
-    from loadgen.mixes import build_plan, check_mix_name, parse_app_map
+    from loadgen.mixes import (
+        MULTIMODEL_CATALOGUE,
+        build_plan,
+        check_mix_name,
+        multimodel_plan,
+        parse_app_map,
+    )
     from loadgen.replay_report import report_document, write_json, write_report
     from loadgen.replay_summary import per_app_summaries, summarize
     from loadgen.replay_target import normalise_target
@@ -199,27 +231,42 @@ def replay_command(args: argparse.Namespace) -> int:
 
     # Every argument is checked before the trace is read: a typo fails at once.
     check_mix_name(args.mix)
+    _check_trace(args)
     _check_numbers(args)
     app_map = parse_app_map(args.app_map)
     args.target = normalise_target(args.target)
     share = 0.5 if args.classification_share is None else args.classification_share
-    trace = resolve_trace(args.trace, seed=args.seed)
-    plan = build_plan(
-        trace, args.mix, args.limit, args.seed, classification_share=share, app_map=app_map
-    )
+    config: dict[str, Any]
+    if args.mix == "multimodel":
+        from switchyard.traces.alibaba import LORA_SAMPLE
+
+        plan = multimodel_plan(args.limit, args.seed)
+        config = {
+            "trace": "alibaba-lora-sample",
+            "trace_source": str(LORA_SAMPLE),
+            "mix": args.mix,
+            "limit": args.limit,
+            "seed": args.seed,
+            "pipeline_catalogue": MULTIMODEL_CATALOGUE,
+        }
+    else:
+        trace = resolve_trace(args.trace, seed=args.seed)
+        plan = build_plan(
+            trace, args.mix, args.limit, args.seed, classification_share=share, app_map=app_map
+        )
+        config = {
+            "trace": trace.name,
+            "trace_source": trace.source,
+            "mix": args.mix,
+            "limit": args.limit,
+            "seed": args.seed,
+            "app_map": {workload.value: app for workload, app in app_map.items()},
+        }
+    if args.mix == "mixed":
+        config["classification_share"] = share
     _raise_file_limit()
     result = event_loop.run(_run_replay(args, plan))
 
-    config: dict[str, Any] = {
-        "trace": trace.name,
-        "trace_source": trace.source,
-        "mix": args.mix,
-        "limit": args.limit,
-        "seed": args.seed,
-        "app_map": {workload.value: app for workload, app in app_map.items()},
-    }
-    if args.mix == "mixed":
-        config["classification_share"] = share
     summary = summarize(result.records, result.duration_s)
     per_app = per_app_summaries(result.records, result.duration_s)
     shown = {

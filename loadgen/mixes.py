@@ -15,14 +15,31 @@ one per row, at the row's arrival time:
 - ``mixed``: a seeded ``classification_share`` of the rows (exactly
   ``round(share * rows)``, chosen uniformly) are classification, the rest LLM.
 
-Multi-model pipelines are not served over HTTP yet, so ``multimodel`` is refused with a
-:class:`PlanError` that says so. Everything random is drawn from one
-``numpy.random.Generator`` seeded with ``seed``: one trace, mix and seed give one plan.
+Everything random is drawn from one ``numpy.random.Generator`` seeded with ``seed``:
+one trace, mix and seed give one plan.
+
+``multimodel`` takes no trace: :func:`multimodel_plan` replays the requests of the
+Alibaba GenAI LoRA trace's bundled sample, as
+:func:`switchyard.multimodel.alibaba.lora_workload` builds them with
+:data:`~switchyard.serving.pipelines.ALIBABA_LORA_OPTIONS`, the options the live stack's
+``alibaba-lora`` catalogue is built with (``SWITCHYARD_PIPELINE_CATALOGUE=alibaba-lora``),
+so every pipeline name is one the stack serves. Each request is a ``pipeline`` call,
+``POST /v1/apps/{pipeline}/infer`` with ``{"request_id", "exec_scale", "input"}``: the
+row's execution time over its model's mean, and a short prompt. ``seed`` replaces the
+options' seed (0), which only draws which requests go to the multi-stage pipelines
+(``M-upscale``, ``M-full``): the catalogue is the same for every seed.
+
+Time: ``arrival_s`` is the workload's, trace time already compressed 1000x: seconds of
+the multi-model simulator, whose models run at their catalogue times (``load_s``,
+``exec_s`` in model seconds). Emulated workers run ``SWITCHYARD_WORKER_TIME_SCALE`` (T)
+times faster than model time, so replay with ``--speedup T`` for the offered load, in
+requests per model second, to be the simulator's.
 
 Example::
 
     from switchyard.traces import resolve_trace
     plan = build_plan(resolve_trace("azure-conv-sample"), "mixed", limit=200, seed=1)
+    pipelines = multimodel_plan(limit=100)
 """
 
 from __future__ import annotations
@@ -40,23 +57,33 @@ __all__ = [
     "CLASSIFICATION_APPS",
     "DEFAULT_APP_MAP",
     "MIX_NAMES",
+    "MULTIMODEL_CATALOGUE",
+    "PIPELINE_PROMPT",
     "PlanError",
     "PlannedRequest",
     "RequestKind",
     "build_plan",
     "check_mix_name",
+    "multimodel_plan",
     "parse_app_map",
 ]
 
-RequestKind = Literal["llm", "classification"]
+RequestKind = Literal["llm", "classification", "pipeline"]
 
-MIX_NAMES: tuple[str, ...] = ("llm", "classification", "mixed")
-"""The mixes :func:`build_plan` accepts."""
+MIX_NAMES: tuple[str, ...] = ("llm", "classification", "mixed", "multimodel")
+"""The mixes: the first three are plans of a trace (:func:`build_plan`), ``multimodel``
+the plan of the bundled LoRA sample (:func:`multimodel_plan`)."""
 
-MULTIMODEL_MESSAGE = (
-    "--mix multimodel: multi-model pipelines are not served over HTTP yet; "
-    "simulate them with `switchyard multimodel` instead"
-)
+TRACE_MIXES: tuple[str, ...] = ("llm", "classification", "mixed")
+"""The mixes :func:`build_plan` makes from a trace."""
+
+MULTIMODEL_CATALOGUE = "alibaba-lora"
+"""The pipeline catalogue (``SWITCHYARD_PIPELINE_CATALOGUE``) the ``multimodel`` plan's
+pipelines belong to: the stack replayed against must serve it."""
+
+PIPELINE_PROMPT = "a watercolour lighthouse on a cliff at dusk"
+"""The ``input`` of every pipeline call: the trace has no prompts, and the stack's
+emulated workers need none."""
 
 CLASSIFICATION_APPS: tuple[str, ...] = ("digits", "fraud-like", "wine-dominant")
 """The classification applications a plan draws from (the bundled datasets)."""
@@ -83,16 +110,18 @@ class PlannedRequest:
         index: position in the plan (0-based); the request id is ``<run id>-<index>``.
         arrival_s: seconds after the trace's first row at which it is due (before the
             speedup divides it).
-        kind: ``"llm"`` or ``"classification"``.
-        app: the OpenAI ``model`` (LLM) or the classification application.
+        kind: ``"llm"``, ``"classification"`` or ``"pipeline"``.
+        app: the OpenAI ``model`` (LLM), the classification application or the pipeline.
         workload: the trace row's workload (``code``, ``conversation``, ``other``), or
-            ``classification`` for a classification request.
+            ``classification`` or ``pipeline`` for those kinds.
         prompt_tokens: the trace row's prompt length (LLM; None for classification).
         max_tokens: the trace row's output length (LLM; None for classification).
         features: the feature vector (classification; empty for LLM).
         true_label: the dataset label of the features (classification; else None).
         prefix_blocks: the trace row's prompt block ids (LLM, when the trace has them,
             as the Mooncake format does; sent so that prefix caches see shared prefixes).
+        exec_scale: a pipeline call's execution time over its model's mean (pipeline;
+            else None).
     """
 
     index: int
@@ -105,6 +134,7 @@ class PlannedRequest:
     features: tuple[float, ...] = ()
     true_label: int | None = None
     prefix_blocks: tuple[int, ...] = ()
+    exec_scale: float | None = None
 
     @property
     def path(self) -> str:
@@ -136,17 +166,21 @@ class PlannedRequest:
                 "stream": False,
                 "switchyard": options,
             }
+        if self.kind == "pipeline":
+            return {
+                "request_id": request_id,
+                "exec_scale": 1.0 if self.exec_scale is None else self.exec_scale,
+                "input": PIPELINE_PROMPT,
+            }
         return {"features": list(self.features), "request_id": request_id}
 
 
 def check_mix_name(mix: str) -> str:
-    """``mix`` when :func:`build_plan` accepts it.
+    """``mix`` when it is one of :data:`MIX_NAMES`.
 
     Raises:
-        PlanError: ``multimodel`` (not served over HTTP yet), or an unknown name.
+        PlanError: an unknown name.
     """
-    if mix == "multimodel":
-        raise PlanError(MULTIMODEL_MESSAGE)
     if mix not in MIX_NAMES:
         raise PlanError(f"--mix: unknown mix {mix!r}; choose one of {', '.join(MIX_NAMES)}")
     return mix
@@ -254,10 +288,16 @@ def build_plan(
         The plan: ``index`` 0..n-1 in arrival order, ``arrival_s`` from the trace.
 
     Raises:
-        PlanError: ``multimodel`` or an unknown mix, a limit below 1, a share outside
-            [0, 1], no classification application, or missing scikit-learn.
+        PlanError: an unknown mix or ``multimodel`` (which takes no trace: use
+            :func:`multimodel_plan`), a limit below 1, a share outside [0, 1], no
+            classification application, or missing scikit-learn.
     """
     check_mix_name(mix)
+    if mix not in TRACE_MIXES:
+        raise PlanError(
+            f"--mix {mix} replays the bundled Alibaba LoRA sample, not a trace "
+            "(loadgen.mixes.multimodel_plan)"
+        )
     if limit is not None:
         if limit < 1:
             raise PlanError(f"--limit must be at least 1, got {limit}")
@@ -309,3 +349,48 @@ def build_plan(
                 )
             )
     return plan
+
+
+def multimodel_plan(limit: int | None = None, seed: int = 0) -> list[PlannedRequest]:
+    """The ``multimodel`` plan: one pipeline call per request of the Alibaba LoRA sample's
+    workload (see the module documentation), in arrival order.
+
+    Args:
+        limit: keep the first ``limit`` requests of the whole workload (the same
+            requests, to the same pipelines, as a replay of all of it begins with).
+        seed: draws which requests go to the multi-stage pipelines (0: the simulator's
+            and the stack's ``alibaba-lora`` default).
+
+    Returns:
+        The plan: ``index`` 0..n-1 in arrival order, ``arrival_s`` the workload's
+        (simulator seconds: replay at ``--speedup`` the workers' time scale).
+
+    Raises:
+        PlanError: a limit below 1, or a bundled sample that cannot be read.
+    """
+    if limit is not None and limit < 1:
+        raise PlanError(f"--limit must be at least 1, got {limit}")
+    from switchyard.multimodel.alibaba import lora_workload
+    from switchyard.serving.pipelines import ALIBABA_LORA_OPTIONS
+    from switchyard.traces.alibaba import LORA_SAMPLE
+
+    options = {**ALIBABA_LORA_OPTIONS, "seed": seed}
+    try:
+        workload = lora_workload(LORA_SAMPLE, **options)
+    except ValueError as exc:  # TraceFileError included: a damaged installation
+        raise PlanError(f"--mix multimodel: the bundled LoRA sample: {exc}") from None
+    # Sorted here although the workload already is: the replay's schedule relies on it.
+    requests = sorted(workload.requests, key=lambda request: request.arrival_s)
+    if limit is not None:
+        requests = requests[:limit]
+    return [
+        PlannedRequest(
+            index=index,
+            arrival_s=request.arrival_s,
+            kind="pipeline",
+            app=request.pipeline,
+            workload="pipeline",
+            exec_scale=request.exec_scale,
+        )
+        for index, request in enumerate(requests)
+    ]

@@ -5,6 +5,13 @@ ingress's contract that is missing, null or of the wrong type, only leaves that 
 out; ``outcome`` is always given. A 2xx answer is ``ok``; a 429 or 503 is ``rejected``
 (never retried; a numeric Retry-After is kept); any other status is ``http_error``. An
 answer without a timeline is simply left out of the latency breakdown.
+
+A pipeline call's answer (``"object": "pipeline.result"``) gives its SLO verdict as
+``slo_s`` and ``met_slo``: ``met_slo`` is kept as ``deadline_met``, so the summary judges
+pipeline calls as it judges the others, and ``slo_s`` (a duration, not a time) as
+``slo_s``. Its ``latency_s`` (the ingress's) is ``server_latency_s`` and its ``stages``
+are kept whole (:func:`~loadgen.replay_records.read_stages`); it has no timeline. A
+failed stage answers an OpenAI error naming the stage, read as any error.
 """
 
 from __future__ import annotations
@@ -14,7 +21,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from loadgen.replay_records import HTTP_ERROR, OK, REJECTED, read_number, read_timeline
+from loadgen.replay_records import (
+    HTTP_ERROR,
+    OK,
+    REJECTED,
+    read_number,
+    read_stages,
+    read_timeline,
+)
 
 __all__ = [
     "EMULATED_HEADER",
@@ -65,8 +79,9 @@ def parse_answer(
     timeline is kept but never enters the breakdown, which takes 2xx answers only).
 
     Args:
-        kind: ``llm`` (OpenAI completion with a ``switchyard`` object) or
-            ``classification`` (the fields at the top level).
+        kind: ``llm`` (OpenAI completion with a ``switchyard`` object),
+            ``classification`` (the fields at the top level) or ``pipeline`` (a
+            ``pipeline.result``, its fields at the top level).
         status_code: the HTTP status.
         content: the raw body.
         headers: the response headers (``httpx.Headers``, or a dict with lower-case keys).
@@ -109,6 +124,12 @@ def parse_answer(
         if isinstance(usage, Mapping):
             fields["completion_tokens"] = _integer(usage.get("completion_tokens"))
         fields["server_status"] = _text(meta.get("status"))
+    elif kind == "pipeline":
+        meta = body
+        fields["slo_s"] = read_number(body.get("slo_s"))
+        fields["deadline_met"] = _flag(body.get("met_slo"))
+        fields["server_latency_s"] = read_number(body.get("latency_s"))
+        fields["stages"] = read_stages(body.get("stages"))
     else:
         meta = body
         fields["label"] = _integer(body.get("label"))
@@ -121,6 +142,7 @@ def parse_answer(
         emulated = str(headers[EMULATED_HEADER]).strip().lower() == "true"
     fields["emulated"] = emulated
     fields["deadline_s"] = read_number(meta.get("deadline_s"))
-    fields["deadline_met"] = _flag(meta.get("deadline_met"))
+    if "deadline_met" not in fields:  # a pipeline's is its met_slo, read above
+        fields["deadline_met"] = _flag(meta.get("deadline_met"))
     fields["timeline"] = read_timeline(meta.get("timeline"))
     return {key: value for key, value in fields.items() if value is not None}

@@ -4,9 +4,10 @@ One :class:`RequestRecord` per planned request, its ``outcome`` one of :data:`OU
 a :class:`ReplayResult` holds them in plan order with the run's settings and the
 generator's own CPU cost. Both are frozen. A record round-trips through JSON
 (:meth:`RequestRecord.to_json`, :meth:`RequestRecord.from_json`), NaN and infinity
-becoming null. :func:`read_number` and :func:`read_timeline` are the tolerant readers a
-saved record and an ingress answer (:mod:`loadgen.replay_answers`) are both read with:
-anything that is not a finite number is dropped, never an error.
+becoming null. :func:`read_number`, :func:`read_timeline` and :func:`read_stages` are the
+tolerant readers a saved record and an ingress answer (:mod:`loadgen.replay_answers`) are
+both read with: anything that is not a finite number (or, in a stage, a text) is
+dropped, never an error.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "ReplayResult",
     "RequestRecord",
     "read_number",
+    "read_stages",
     "read_timeline",
 ]
 
@@ -58,9 +60,9 @@ class RequestRecord:
     Attributes:
         index: the request's position in the plan.
         request_id: ``<run id>-<index>``.
-        kind: ``llm`` or ``classification``.
-        app: the OpenAI model or classification application.
-        workload: the trace row's workload, or ``classification``.
+        kind: ``llm``, ``classification`` or ``pipeline``.
+        app: the OpenAI model, classification application or pipeline.
+        workload: the trace row's workload, or ``classification`` or ``pipeline``.
         arrival_s: the trace arrival (seconds after the trace's first row).
         scheduled_s: when it was due: ``(arrival_s - first arrival) / speedup``.
         sent_s: when it actually went out (None: never sent).
@@ -78,11 +80,19 @@ class RequestRecord:
         worker_id, worker_type, variant: who served it.
         emulated: whether the worker was a performance model (None: not said).
         deadline_s: the request's deadline as the server states it.
-        deadline_met: whether the server met it (None: not said).
+        deadline_met: whether the server met it (None: not said); for a pipeline call,
+            the answer's ``met_slo``.
         timeline: the server's ``arrival_s``, ``assigned_s``, ``started_s``,
             ``first_token_s``, ``finished_s`` (numbers only; None when absent).
         label, class_name: a classification answer's prediction.
         true_label: the dataset label of a classification request's features.
+        exec_scale: what a pipeline call asked its stages' execution times scaled by.
+        slo_s: a pipeline answer's ``slo_s``, the pipeline's objective in seconds from
+            the call's arrival (a duration, where ``deadline_s`` is a time).
+        server_latency_s: a pipeline answer's ``latency_s``, the call's time at the
+            ingress.
+        stages: a pipeline answer's ``stages``, each with its text fields (``stage``,
+            ``model``, ``worker_id``, ``status``) and finite numbers (its timings).
     """
 
     index: int
@@ -115,6 +125,10 @@ class RequestRecord:
     label: int | None = None
     class_name: str | None = None
     true_label: int | None = None
+    exec_scale: float | None = None
+    slo_s: float | None = None
+    server_latency_s: float | None = None
+    stages: tuple[Mapping[str, str | float], ...] | None = None
 
     @property
     def answered_ok(self) -> bool:
@@ -130,6 +144,7 @@ class RequestRecord:
         """The record as a JSON-ready dict (NaN and infinity become None)."""
         data = asdict(self)
         data["timeline"] = dict(self.timeline) if self.timeline is not None else None
+        data["stages"] = [dict(stage) for stage in self.stages] if self.stages else None
         return {key: _json_number(value) for key, value in data.items()}
 
     @classmethod
@@ -143,6 +158,7 @@ class RequestRecord:
         kwargs = {key: value for key, value in data.items() if key in names}
         timeline = kwargs.get("timeline")
         kwargs["timeline"] = read_timeline(timeline) if timeline is not None else None
+        kwargs["stages"] = read_stages(kwargs.get("stages"))
         return cls(**kwargs)
 
 
@@ -151,6 +167,8 @@ def _json_number(value: Any) -> Any:
         return None
     if isinstance(value, dict):
         return {key: _json_number(inner) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [_json_number(inner) for inner in value]
     return value
 
 
@@ -221,3 +239,23 @@ def read_timeline(value: Any) -> dict[str, float] | None:
     numbers = {str(key): read_number(inner) for key, inner in value.items()}
     kept = {key: number for key, number in numbers.items() if number is not None}
     return kept or None
+
+
+def read_stages(value: Any) -> tuple[dict[str, str | float], ...] | None:
+    """The stages of a pipeline answer: of each mapping in the list ``value``, its text
+    fields and finite numbers by key (nested values, nulls and booleans are dropped);
+    None when ``value`` is not a list or holds no mapping."""
+    if not isinstance(value, list | tuple):
+        return None
+    stages: list[dict[str, str | float]] = []
+    for item in value:
+        if not isinstance(item, Mapping):
+            continue
+        stage: dict[str, str | float] = {}
+        for key, inner in item.items():
+            if isinstance(inner, str):
+                stage[str(key)] = inner
+            elif (number := read_number(inner)) is not None:
+                stage[str(key)] = number
+        stages.append(stage)
+    return tuple(stages) or None

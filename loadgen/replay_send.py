@@ -73,6 +73,7 @@ class ReplayRun:
             "prompt_tokens": request.prompt_tokens,
             "max_tokens": request.max_tokens,
             "true_label": request.true_label,
+            "exec_scale": request.exec_scale,
         }
 
     async def send(self, request: PlannedRequest, payload: bytes, scheduled_s: float) -> None:

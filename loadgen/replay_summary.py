@@ -15,19 +15,20 @@ Definitions (also in ``docs``-facing help):
   answers; **timeouts** and **transport_errors**: no answer at all.
 - **latency**: client end-to-end latency (send to whole answer read) of 2xx answers.
   TTFT and TPOT below are the server's (answers are read whole).
-- **SLO violation**: a 2xx answer with ``deadline_met`` false, or any request that got
-  no 2xx answer (error, rejection, timeout, transport error). A 2xx answer that does not
-  say whether its deadline was met is not judged (``deadline_unknown``); the rate is
-  violations over judged requests. Requests cancelled by a stop are not judged.
+- **SLO violation**: a 2xx answer with ``deadline_met`` false (for a pipeline call, the
+  answer's ``met_slo`` false), or any request that got no 2xx answer (error, rejection,
+  timeout, transport error). A 2xx answer that does not say whether its deadline was
+  met is not judged (``deadline_unknown``); the rate is violations over judged
+  requests. Requests cancelled by a stop are not judged.
 - **goodput_rps**: 2xx answers with ``deadline_met`` true per second of replay (from
   the start to the last answer); **throughput_rps** counts every 2xx answer.
-- **breakdown** (2xx answers carrying a server timeline; each component over the
-  answers that have both of its fields): scheduling = ``assigned_s - arrival_s``,
-  queueing = ``started_s - assigned_s``, execution = ``finished_s - started_s``,
-  overhead = client latency - execution (the control plane, the network and the
-  worker's own queue), control plane = client latency - (``finished_s -
-  assigned_s``) (what the request spent anywhere but at its worker: the ingress, the
-  bus, the scheduler, the answer's way back).
+- **breakdown** (2xx answers carrying a server timeline, which pipeline calls lack; each
+  component over the answers that have both of its fields): scheduling =
+  ``assigned_s - arrival_s``, queueing = ``started_s - assigned_s``, execution =
+  ``finished_s - started_s``, overhead = client latency - execution (the control
+  plane, the network and the worker's own queue), control plane = client latency -
+  (``finished_s - assigned_s``) (what the request spent anywhere but at its worker: the
+  ingress, the bus, the scheduler, the answer's way back).
 - **TTFT and TPOT** (LLM 2xx answers whose server timeline has ``first_token_s`` and
   ``finished_s``): TTFT = ``first_token_s - arrival_s`` at the server (the client's own
   wait adds the ingress and the network), TPOT = ``(finished_s - first_token_s) /

@@ -2,10 +2,10 @@
 
 :func:`format_report` takes the :class:`~loadgen.replay_summary.Summary` of the whole
 replay and one per application and returns the text: the emulated-worker note, one row
-per application (and one for all), the errors by status, SLO and goodput, the latency
-breakdown, the send lag and the generator's own CPU; a send lag P99 above
-:data:`LAG_WARNING_S` adds a warning. Seconds are shown to about three significant
-digits, an undefined figure as ``-``.
+per application (and one for all; a pipeline call's application is its pipeline), the
+errors by status, SLO and goodput, the latency breakdown, the send lag and the
+generator's own CPU; a send lag P99 above :data:`LAG_WARNING_S` adds a warning. Seconds
+are shown to about three significant digits, an undefined figure as ``-``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,16 @@ from loadgen.replay_summary import Summary
 __all__ = [
     "EMULATED_NOTE",
     "LAG_WARNING_S",
+    "MULTIMODEL_NOTE",
     "format_report",
 ]
 
 EMULATED_NOTE = "latencies of emulated workers are a performance model's output, not measurements"
+MULTIMODEL_NOTE = (
+    "pipeline calls of the alibaba-lora catalogue; arrivals are the simulator's seconds: "
+    "the offered load is the simulator's when --speedup is the workers' time scale; SLO "
+    "as each answer's met_slo"
+)
 LAG_WARNING_S = 0.05
 """A send lag P99 above this is reported as the generator falling behind its schedule."""
 
@@ -105,6 +111,8 @@ def format_report(
         f"{key} {config[key]}" for key in ("trace", "mix", "target", "speedup") if key in config
     )
     out.append(f"replay{': ' + what if what else ''}")
+    if config.get("mix") == "multimodel":
+        out.append(MULTIMODEL_NOTE)
     share = summary.emulated_share
     if share is None:
         out.append(f"emulated workers: no 2xx answer ({EMULATED_NOTE})")

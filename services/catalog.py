@@ -17,6 +17,7 @@ SERVICE_NAMES: tuple[str, ...] = (
     "estimator",
     "scheduler",
     "rebalancer",
+    "placement",
     "worker",
 )
 
@@ -61,6 +62,12 @@ def _rebalancer() -> ServiceFactory:
     return create
 
 
+def _placement() -> ServiceFactory:
+    from services.placement import create
+
+    return create
+
+
 def _worker() -> ServiceFactory:
     from services.worker import create
 
@@ -74,6 +81,7 @@ _FACTORIES: dict[str, Callable[[], ServiceFactory]] = {
     "estimator": _estimator,
     "scheduler": _scheduler,
     "rebalancer": _rebalancer,
+    "placement": _placement,
     "worker": _worker,
 }
 

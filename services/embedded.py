@@ -53,8 +53,16 @@ DEFAULT_LLM_WORKERS: tuple[str, ...] = (
 )
 """The emulated LLM workers of the default embedded stack (performance profiles)."""
 
-_CONTROL_SERVICES = ("monitor", "predictor", "estimator", "scheduler", "rebalancer", "ingress")
-_TAKES_CATALOGUE = frozenset({"ingress", "estimator", "scheduler", "worker"})
+_CONTROL_SERVICES = (
+    "monitor",
+    "predictor",
+    "estimator",
+    "scheduler",
+    "rebalancer",
+    "placement",
+    "ingress",
+)
+_TAKES_CATALOGUE = frozenset({"ingress", "estimator", "scheduler", "worker", "placement"})
 
 
 class EmbeddedStartError(RuntimeError):
@@ -69,15 +77,19 @@ class EmbeddedPlan:
         llm_workers: one emulated LLM worker per performance profile named.
         torch_workers: workers running the real torch models (classification variants
             and the tiny language model).
+        model_workers: ``emulated-models`` workers serving pipeline stages (each of
+            the base settings' resource vector), placed by the placement service
+            (``switchyard up --embedded`` starts 2).
         http_port: the ingress HTTP API's port (0: a free one).
     """
 
     llm_workers: tuple[str, ...] = DEFAULT_LLM_WORKERS
     torch_workers: int = 1
+    model_workers: int = 0
     http_port: int = 8080
 
     def worker_settings(self, base: Settings) -> list[Settings]:
-        """The settings of every worker, ids ``llm-0``.., ``torch-0``.."""
+        """The settings of every worker, ids ``llm-0``.., ``torch-0``.., ``models-0``.."""
         workers = [
             base.model_copy(
                 update={
@@ -98,6 +110,16 @@ class EmbeddedPlan:
                 }
             )
             for index in range(self.torch_workers)
+        ]
+        workers += [
+            base.model_copy(
+                update={
+                    "worker_id": f"models-{index}",
+                    "instance_id": f"models-{index}",
+                    "worker_backend": "emulated-models",
+                }
+            )
+            for index in range(self.model_workers)
         ]
         return workers
 
@@ -176,11 +198,9 @@ class EmbeddedStack:
         if self._telemetry is None:
             self._telemetry = configure_telemetry("switchyard-embedded", self.settings)
         if self.catalogue is None:
-            from switchyard.serving.artifacts import load_catalogue
+            from switchyard.serving.artifacts import settings_catalogue
 
-            self.catalogue = await asyncio.to_thread(
-                load_catalogue, self.settings.registry, self.settings.cache_dir
-            )
+            self.catalogue = await asyncio.to_thread(settings_catalogue, self.settings)
         for worker_settings in self.plan.worker_settings(self.settings):
             self._launch("worker", worker_settings)
         for name in _CONTROL_SERVICES:

@@ -79,6 +79,13 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="workers running the real torch models (default 1)",
     )
+    parser.add_argument(
+        "--model-workers",
+        type=_positive_int,
+        default=2,
+        help="emulated-models workers serving pipeline stages, placed by the placement "
+        "service (default 2; each of SWITCHYARD_WORKER_CPU_CORES, _GPUS, _HOST_MEM_GIB)",
+    )
 
 
 def run_up(settings: Settings, args: argparse.Namespace) -> int:
@@ -97,7 +104,12 @@ def run_up(settings: Settings, args: argparse.Namespace) -> int:
             return 2
     if args.host:
         settings = settings.model_copy(update={"http_host": args.host})
-    plan = EmbeddedPlan(llm_workers=profiles, torch_workers=args.torch_workers, http_port=args.port)
+    plan = EmbeddedPlan(
+        llm_workers=profiles,
+        torch_workers=args.torch_workers,
+        model_workers=args.model_workers,
+        http_port=args.port,
+    )
     return run(
         run_embedded(settings, plan, over_settings_transports=args.transports == "configured")
     )

@@ -21,8 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.multimodel.model import ResourceVector, WorkerSpec
+from switchyard.traces.alibaba import (
+    SHARED_ALIBABA_DIR,
+    TraceFileError,
+    alibaba_trace_dir,
+    alibaba_trace_file,
+)
 from switchyard.traces.azure import BUNDLED_DIR
-from switchyard.traces.sources import REPOSITORY_ROOT
+from switchyard.traces.sources import TRACE_DIR_ENV
 
 __all__ = [
     "ALIBABA_NODE_FILE",
@@ -45,10 +51,7 @@ __all__ = [
     "synthetic_cluster",
 ]
 
-TRACE_DIR_ENV = "SWITCHYARD_TRACE_DIR"
 BUNDLED_DATA_DIR = BUNDLED_DIR
-# Next to the repository, not in it, as for the Azure traces (switchyard/traces/sources.py).
-SHARED_ALIBABA_DIR = REPOSITORY_ROOT.parent / "shared" / "traces" / "alibaba"
 ALIBABA_NODE_FILE = "gpu-v2023_openb_node_list_all_node.csv"
 ALIBABA_NODE_SAMPLE = BUNDLED_DATA_DIR / "alibaba_node_sample.csv"
 
@@ -95,10 +98,6 @@ FAST_TYPE = _WorkerType("V100M32", ResourceVector(32.0, 4.0, 128.0), GPU_SPEEDS[
 capacity as the slow one, so the two types differ in speed only."""
 
 
-class TraceFileError(ValueError):
-    """An Alibaba trace file that is missing or malformed; the message is one line."""
-
-
 @dataclass(frozen=True, slots=True)
 class AlibabaNode:
     """One row of the node list."""
@@ -113,36 +112,6 @@ class AlibabaNode:
 def gpu_speed(gpu_type: str) -> float:
     """The relative speed of ``gpu_type`` (:data:`GPU_SPEEDS`, else :data:`DEFAULT_SPEED`)."""
     return GPU_SPEEDS.get(gpu_type, DEFAULT_SPEED)
-
-
-def alibaba_trace_dir() -> Path | None:
-    """Where the full Alibaba traces are read from, or None when only the samples exist."""
-    configured = os.environ.get(TRACE_DIR_ENV, "").strip()
-    if configured:
-        return Path(configured) / "alibaba"
-    if SHARED_ALIBABA_DIR.is_dir():
-        return SHARED_ALIBABA_DIR
-    return None
-
-
-def alibaba_trace_file(file_name: str, sample: Path) -> Path:
-    """The full trace ``file_name`` when a trace directory is found, else ``sample``.
-
-    Raises:
-        TraceFileError: when a trace directory is configured or present but lacks the
-            file (a run asked for the full trace must not quietly use the sample).
-    """
-    directory = alibaba_trace_dir()
-    if directory is None:
-        return sample
-    path = directory / file_name
-    if not path.is_file():
-        raise TraceFileError(
-            f"Alibaba trace {path} not found (looked in ${TRACE_DIR_ENV}/alibaba, else "
-            f"{SHARED_ALIBABA_DIR}); put {file_name} there or pass the bundled sample "
-            f"{sample}"
-        )
-    return path
 
 
 def read_alibaba_nodes(path: str | os.PathLike[str]) -> tuple[AlibabaNode, ...]:

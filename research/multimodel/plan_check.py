@@ -1,10 +1,14 @@
-"""The multi-model simulator's check of a placement plan before it is carried out."""
+"""The multi-model simulator's check of a placement plan before it is carried out: the
+library's :func:`~switchyard.multimodel.plan_check.plan_problem` (the live placement
+service runs the same check) over the simulator's workers, raised as a
+:class:`PlanError`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from switchyard.multimodel.model import ModelSpec, ResourceVector
+from switchyard.multimodel.model import ModelSpec
+from switchyard.multimodel.plan_check import WorkerRoom, plan_problem
 from switchyard.multimodel.snapshot import PlacementPlan
 
 from research.multimodel.errors import PlanError
@@ -23,45 +27,16 @@ def check_plan(
     Raises:
         PlanError: naming the worker, the models and the capacity.
     """
-    free: dict[str, ResourceVector] = {}
-    placed: dict[str, set[str]] = {}
-    evicted: dict[str, list[str]] = {}
-    for worker_id, model in plan.evict:
-        worker = by_id.get(worker_id)
-        if worker is None:
-            raise PlanError(f"plan evicts {model!r} from unknown worker {worker_id!r}")
-        names = placed.setdefault(worker_id, set(worker.replicas))
-        if model not in names:
-            raise PlanError(
-                f"plan evicts {model!r} from worker {worker_id}, which does not hold it"
-            )
-        names.discard(model)
-        evicted.setdefault(worker_id, []).append(model)
-        free[worker_id] = free.get(worker_id, worker.free_vec) + worker.replicas[model].resources
-    loads: dict[str, list[str]] = {}
-    for worker_id, model in plan.load:
-        worker = by_id.get(worker_id)
-        if worker is None:
-            raise PlanError(f"plan loads {model!r} onto unknown worker {worker_id!r}")
-        spec = models.get(model)
-        if spec is None:
-            raise PlanError(f"plan loads unknown model {model!r} onto worker {worker_id}")
-        names = placed.setdefault(worker_id, set(worker.replicas))
-        if model in names:
-            raise PlanError(f"plan loads {model!r} onto worker {worker_id}, which already holds it")
-        names.add(model)
-        loads.setdefault(worker_id, []).append(model)
-        room = free.get(worker_id, worker.free_vec)
-        if not spec.resources.fits_in(room):
-            gone = evicted.get(worker_id, [])
-            after = f" after evicting {', '.join(gone)}" if gone else ""
-            raise PlanError(
-                f"plan overflows worker {worker_id}: loading {', '.join(loads[worker_id])} "
-                f"does not fit in its capacity {_vec(worker.cap)}{after} "
-                f"({model} needs {_vec(spec.resources)}, {_vec(room)} free)"
-            )
-        free[worker_id] = room - spec.resources
-
-
-def _vec(v: ResourceVector) -> str:
-    return f"[cpu {v.cpu:g}, gpu {v.gpu:g}, mem {v.mem_gib:g} GiB]"
+    named = {worker_id for worker_id, _ in plan.evict} | {worker_id for worker_id, _ in plan.load}
+    rooms = {
+        worker_id: WorkerRoom(
+            capacity=worker.cap,
+            free=worker.free_vec,
+            held={model: replica.resources for model, replica in worker.replicas.items()},
+        )
+        for worker_id in named
+        if (worker := by_id.get(worker_id)) is not None
+    }
+    problem = plan_problem(plan, rooms, models)
+    if problem is not None:
+        raise PlanError(problem)

@@ -1,5 +1,5 @@
-"""The ingress HTTP API: OpenAI-compatible completions, classification inference, request
-status, the catalogue, and its OpenAPI document.
+"""The ingress HTTP API: OpenAI-compatible completions, classification inference,
+pipeline calls, request status, the catalogue, and its OpenAPI document.
 
 :func:`build_app` makes the Starlette app from its collaborators only (the catalogue, a
 publisher, the answer registry and the state store), so tests drive it in process with
@@ -7,7 +7,10 @@ publisher, the answer registry and the state store), so tests drive it in proces
 validate a call (:mod:`services.ingress.body`, :mod:`services.ingress.openai_schema`),
 hand its request to the :class:`~services.ingress.calls.RequestDesk` (admission, the
 request ledger, publishing, waiting for the answer) and shape the answer
-(:mod:`services.ingress.responses`, :mod:`services.ingress.streaming`).
+(:mod:`services.ingress.responses`, :mod:`services.ingress.streaming`). A call to
+``/v1/apps/{app}/infer`` naming a pipeline goes to the
+:class:`~services.ingress.pipelines.PipelineCoordinator`, which runs its stages through
+the same desk.
 
 Every call but the probes runs inside a SERVER span (:mod:`services.ingress.telemetry`),
 so the request is published in the call's trace. Metrics are served on the health port
@@ -67,6 +70,7 @@ from services.ingress.openai_schema import (
     SwitchyardOptions,
     parse,
 )
+from services.ingress.pipelines import PipelineCoordinator, PipelineOptions
 from services.ingress.quotas import Quotas
 from services.ingress.read_api import ReadApi
 from services.ingress.responses import (
@@ -102,9 +106,10 @@ class ApiOptions:
             for them before finishing from the answer's text.
         poll_interval_s: how often a retry of a request that another replica is serving
             polls the request's record for its answer.
-        llm_time_scale: emulated LLM workers run this many times faster than real
-            (``SWITCHYARD_WORKER_TIME_SCALE``); an LLM application's SLO is divided by it,
-            so that a default deadline means the same in compressed time.
+        llm_time_scale: emulated workers run this many times faster than real
+            (``SWITCHYARD_WORKER_TIME_SCALE``); an LLM application's SLO, and a
+            pipeline's (model seconds), are divided by it, so that a default deadline
+            means the same in compressed time.
     """
 
     max_body_bytes: int = 1_048_576
@@ -171,8 +176,18 @@ def build_app(
         decisions=decisions,
     )
     drain = admission if admission is not None else Admission()
-    api = _Api(catalogue, desk, options, clock)
-    read = ReadApi(catalogue, desk.ledger, desk.answers, drain)
+    pipelines = PipelineCoordinator(
+        desk,
+        PipelineOptions(
+            max_body_bytes=options.max_body_bytes,
+            answer_timeout_s=options.answer_timeout_s,
+            time_scale=options.llm_time_scale,
+        ),
+        clock=clock,
+        tracer_provider=telemetry.tracer_provider if telemetry is not None else None,
+    )
+    api = _Api(catalogue, desk, options, clock, pipelines)
+    read = ReadApi(catalogue, desk.ledger, desk.answers, drain, time_scale=options.llm_time_scale)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -193,6 +208,7 @@ def build_app(
                 routes=list(routes),
                 tracer_provider=telemetry.tracer_provider if telemetry is not None else None,
                 meter_provider=telemetry.meter_provider if telemetry is not None else None,
+                pipelines=catalogue.pipelines,
             ),
             Middleware(AdmissionMiddleware, admission=drain),
             Middleware(TenantMiddleware, keys=keys, quotas=quotas, clock=clock),
@@ -251,8 +267,10 @@ class _Api:
         desk: RequestDesk,
         options: ApiOptions,
         clock: Callable[[], float],
+        pipelines: PipelineCoordinator,
     ) -> None:
         self.catalogue = catalogue
+        self.pipelines = pipelines
         self.desk = desk
         self.answers = desk.answers
         self.ledger = desk.ledger
@@ -456,14 +474,21 @@ class _Api:
     # -- classification ------------------------------------------------------------------
 
     async def infer(self, request: Request) -> Response:
-        """``POST /v1/apps/{app}/infer``."""
+        """``POST /v1/apps/{app}/infer``: a classification application, or a pipeline."""
         arrival_s = self.clock()
         name = request.path_params["app"]
+        if name not in self.catalogue.classification and name in self.catalogue.pipelines:
+            return await self.pipelines.infer(request, self.catalogue.pipeline(name))
         try:
             app = self.catalogue.classification_application(name)
         except UnknownServedApplicationError as exc:
+            pipelines = ", ".join(sorted(self.catalogue.pipelines)) or "none"
             raise ApiError(
-                404, str(exc), type_=NOT_FOUND, param="app", code="app_not_found"
+                404,
+                f"{exc}; pipelines: {pipelines}",
+                type_=NOT_FOUND,
+                param="app",
+                code="app_not_found",
             ) from None
         if (telemetry := call_record(request.scope)) is not None:
             telemetry.app = app.name

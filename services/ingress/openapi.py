@@ -14,6 +14,7 @@ from switchyard.serving import ServingCatalogue
 
 from services.ingress.drain import HEALTH_PATHS
 from services.ingress.openai_schema import ChatBody, CompletionBody, InferBody
+from services.ingress.pipeline_body import PipelineBody
 
 _REF = "#/components/schemas/{model}"
 
@@ -122,6 +123,58 @@ _CLASSIFICATION = {
     },
 }
 
+_PIPELINE_STAGE = {
+    "type": "object",
+    "description": "One stage of a pipeline call: who served it, how, and when (epoch "
+    "seconds; latency_s from the stage's arrival to its finish, execution_s from its start "
+    "to its finish). Its request id is the call's id, a dot and the stage's name.",
+    "properties": {
+        "stage": _STRING,
+        "model": _STRING,
+        "request_id": _STRING,
+        "status": {"type": "string", "enum": ["ok", "failed", "expired", "cancelled"]},
+        "worker_id": _STRING,
+        "worker_type": _STRING,
+        "emulated": _BOOLEAN,
+        **{
+            name: _nullable(_NUMBER)
+            for name in (
+                "arrival_s",
+                "assigned_s",
+                "started_s",
+                "finished_s",
+                "latency_s",
+                "execution_s",
+            )
+        },
+    },
+    "required": ["stage", "model", "request_id", "status", "worker_id"],
+}
+
+_PIPELINE_ANSWER = {
+    "type": "object",
+    "description": "A pipeline call's answer once every stage finished ok. output: the "
+    "outputs of the stages nothing runs after, by stage name. latency_s: from the call's "
+    "arrival to its last stage's finish; slo_s: the pipeline's SLO as the call is judged "
+    "by (the catalogue's model seconds over SWITCHYARD_WORKER_TIME_SCALE), both wall "
+    "seconds; met_slo: the last stage finished by deadline_s (epoch seconds). emulated: "
+    "some stage's latency is a performance model's output (header X-Switchyard-Emulated).",
+    "properties": {
+        "id": _STRING,
+        "object": {"const": "pipeline.result"},
+        "created": _INTEGER,
+        "app": _STRING,
+        "output": {"type": "object", "additionalProperties": _STRING},
+        "stages": {"type": "array", "items": _ref("PipelineStage")},
+        "latency_s": _NUMBER,
+        "slo_s": _NUMBER,
+        "deadline_s": _NUMBER,
+        "met_slo": _BOOLEAN,
+        "emulated": _BOOLEAN,
+    },
+    "required": ["id", "object", "app", "output", "stages", "latency_s", "slo_s", "met_slo"],
+}
+
 _STATUS = {
     "type": "object",
     "properties": {
@@ -199,6 +252,33 @@ _APP_LIST = {
                 },
             },
         },
+        "pipelines": {
+            "type": "array",
+            "description": "The pipeline applications: slo_s in model seconds, deadline_ms "
+            "the wall-clock deadline a call gets; stages in order, each with the stages "
+            "it runs after.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": _STRING,
+                    "kind": {"const": "pipeline"},
+                    "slo_s": _NUMBER,
+                    "deadline_ms": _NUMBER,
+                    "models": {"type": "array", "items": _STRING},
+                    "stages": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "name": _STRING,
+                                "model": _STRING,
+                                "after": {"type": "array", "items": _STRING},
+                            },
+                        },
+                    },
+                },
+            },
+        },
     },
 }
 
@@ -234,7 +314,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         415: "Content-Type is not JSON.",
         429: "Admission control: no worker can finish it before its deadline, or the "
         "tenant's rate limit or concurrency quota; see Retry-After and x-ratelimit-*.",
-        502: "The worker failed (or cancelled) the request.",
+        502: "The worker failed (or cancelled) the request (for a pipeline: one of its "
+        "stages; the message names it, its model and the reason).",
         503: "Could not queue the request, or draining; see Retry-After.",
         504: "Expired before being served, or no answer within the answer timeout "
         "(poll GET /v1/requests/{id}).",
@@ -278,6 +359,8 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
         "Usage": _USAGE,
         "Completion": _COMPLETION,
         "ClassificationAnswer": _CLASSIFICATION,
+        "PipelineStage": _PIPELINE_STAGE,
+        "PipelineAnswer": _PIPELINE_ANSWER,
         "RequestStatus": _STATUS,
         "Error": _ERROR,
         "Model": _MODEL,
@@ -286,9 +369,11 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
     }
     models = ", ".join(sorted(catalogue.llm)) or "none"
     apps = ", ".join(sorted(catalogue.classification)) or "none"
+    pipelines = ", ".join(sorted(catalogue.pipelines)) or "none"
     completion_body = _body_schema(CompletionBody, components)
     chat_body = _body_schema(ChatBody, components)
     infer_body = _body_schema(InferBody, components)
+    pipeline_body = _body_schema(PipelineBody, components)
     # The served names, so that a client (or a fuzzer) knows them; another gets 404.
     for body in ("CompletionBody", "ChatBody"):
         components[body]["properties"]["model"]["enum"] = sorted(catalogue.llm)
@@ -341,22 +426,37 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
             },
             "/v1/apps/{app}/infer": {
                 "post": {
-                    "summary": f"Classify one feature vector. Applications: {apps}.",
+                    "summary": f"Classify one feature vector (InferBody; classification "
+                    f"applications: {apps}), or run a pipeline of model stages on one input "
+                    f"(PipelineBody, which takes no other field; pipelines: {pipelines}). "
+                    "A pipeline's stages each become a request '{id}.{stage}' "
+                    "(GET /v1/requests/{id}.{stage}); a retry with the same request_id runs "
+                    "no stage twice. The deadline and priority headers apply to "
+                    "classification only.",
                     "parameters": [
                         {
                             "name": "app",
                             "in": "path",
                             "required": True,
-                            "schema": {"type": "string", "enum": sorted(catalogue.classification)},
+                            "schema": {
+                                "type": "string",
+                                "enum": sorted({*catalogue.classification, *catalogue.pipelines}),
+                            },
                         },
                         *_HEADERS,
                     ],
                     "requestBody": {
                         "required": True,
-                        "content": {"application/json": {"schema": infer_body}},
+                        "content": {
+                            "application/json": {"schema": {"anyOf": [infer_body, pipeline_body]}}
+                        },
                     },
                     "responses": {
-                        "200": _json(_ref("ClassificationAnswer"), "The label."),
+                        "200": _json(
+                            {"anyOf": [_ref("ClassificationAnswer"), _ref("PipelineAnswer")]},
+                            "The label (a classification application) or the pipeline's "
+                            "outputs (a pipeline).",
+                        ),
                         **_errors(*_POST_ERRORS),
                     },
                 }
@@ -393,7 +493,7 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
             },
             "/v1/apps": {
                 "get": {
-                    "summary": "The classification applications.",
+                    "summary": "The classification applications and the pipelines.",
                     "responses": {
                         "200": _json(_ref("AppList"), "The applications."),
                         **_errors(401),

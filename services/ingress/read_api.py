@@ -29,11 +29,16 @@ class ReadApi:
         ledger: RequestLedger,
         answers: AnswerRegistry,
         admission: Admission,
+        *,
+        time_scale: float = 1.0,
     ) -> None:
         self.catalogue = catalogue
         self.ledger = ledger
         self.answers = answers
         self.admission = admission
+        self.time_scale = time_scale
+        """Emulated workers' speed-up (``SWITCHYARD_WORKER_TIME_SCALE``): a pipeline's
+        SLO in model seconds over it is the wall time its calls are judged by."""
         self._openapi: dict[str, Any] | None = None
 
     async def request_status(self, request: Request) -> Response:
@@ -109,7 +114,9 @@ class ReadApi:
         return JSONResponse(_model_object(app))
 
     async def apps(self, request: Request) -> Response:
-        """``GET /v1/apps``: the classification applications."""
+        """``GET /v1/apps``: the classification applications (``data``) and the pipelines
+        (``pipelines``: their stages in order, each with the stages it runs after, and
+        their SLO in model seconds and as the wall-clock deadline a call gets)."""
         data = [
             {
                 "name": app.name,
@@ -120,7 +127,21 @@ class ReadApi:
             }
             for app in sorted(self.catalogue.classification.values(), key=lambda a: a.name)
         ]
-        return JSONResponse({"object": "list", "data": data})
+        pipelines = [
+            {
+                "name": pipeline.name,
+                "kind": "pipeline",
+                "slo_s": pipeline.slo_s,
+                "deadline_ms": pipeline.slo_s / self.time_scale * 1000.0,
+                "models": list(pipeline.models()),
+                "stages": [
+                    {"name": stage.name, "model": stage.model, "after": list(stage.after)}
+                    for stage in pipeline.stages
+                ],
+            }
+            for pipeline in sorted(self.catalogue.pipelines.values(), key=lambda p: p.name)
+        ]
+        return JSONResponse({"object": "list", "data": data, "pipelines": pipelines})
 
     async def openapi(self, request: Request) -> Response:
         """``GET /openapi.json``."""

@@ -12,7 +12,8 @@ For the inference endpoints it also records (attributes low-cardinality: an ``ap
 catalogue name or ``unknown``, never a request id):
 
 * ``switchyard.ingress.requests`` (counter): calls by ``app``, ``kind`` (``llm`` |
-  ``classification``), ``outcome``, ``status_class`` (``2xx`` …) and ``deadline``
+  ``classification`` | ``pipeline``: ``/v1/apps/{app}/infer`` naming a pipeline),
+  ``outcome``, ``status_class`` (``2xx`` …) and ``deadline``
   (``met``, ``missed``: answered after its deadline or expired, ``none``: no deadline
   judged, a refusal included), so SLO attainment and goodput per application are one
   query each;
@@ -82,7 +83,8 @@ class CallRecord:
     """What the handlers tell the middleware about one call.
 
     Attributes:
-        kind: ``llm`` or ``classification`` (from the route).
+        kind: ``llm``, ``classification`` or ``pipeline`` (from the route, and for
+            ``/v1/apps/{app}/infer`` whether ``app`` names a pipeline).
         app: the served application's catalogue name once validated, else ``unknown``.
         error_code: the ``code`` of the :class:`~services.ingress.errors.ApiError`
             answered, if one was.
@@ -218,6 +220,8 @@ class HttpTelemetryMiddleware:
     Args:
         app: the app to wrap.
         routes: the app's routes, to name spans by route template.
+        pipelines: the pipeline applications' names: a call to one is of kind
+            ``pipeline``.
         tracer_provider: where spans go; None: the process-wide provider.
         meter_provider: where metrics go; None: the process-wide provider.
     """
@@ -228,9 +232,11 @@ class HttpTelemetryMiddleware:
         routes: list[BaseRoute],
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        pipelines: Iterable[str] = (),
     ) -> None:
         self.app = app
         self.routes = routes
+        self.pipelines = frozenset(pipelines)
         self.tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
         self.instruments = instruments_once(meter_provider, INSTRUMENTATION_NAME, _Instruments)
 
@@ -240,7 +246,7 @@ class HttpTelemetryMiddleware:
             return
         started_s = time.perf_counter()
         method = str(scope.get("method", "GET"))
-        route = self._route(scope)
+        route, params = self._route(scope)
         headers = _headers(scope)
         span = self.tracer.start_span(
             f"{method} {route}" if route else method,
@@ -250,6 +256,8 @@ class HttpTelemetryMiddleware:
         if span.is_recording():
             span.set_attributes(_request_attributes(scope, method, route, headers))
         kind = _KIND_OF_ROUTE.get(route or "") if method == "POST" else None
+        if kind == "classification" and params.get("app") in self.pipelines:
+            kind = "pipeline"
         record: CallRecord | None = None
         if kind is not None:
             record = CallRecord(kind)
@@ -299,13 +307,18 @@ class HttpTelemetryMiddleware:
         if record.token_slo_met is not None:
             instruments.token_slo[record.app, "met" if record.token_slo_met else "missed"] += 1
 
-    def _route(self, scope: Scope) -> str | None:
+    def _route(self, scope: Scope) -> tuple[str | None, dict[str, Any]]:
+        """The template of the route ``scope`` matches, and its path parameters."""
         for route in self.routes:
-            match, _ = route.matches(scope)
+            match, child = route.matches(scope)
             if match is not Match.NONE:
                 path = getattr(route, "path", None)
-                return path if isinstance(path, str) else None
-        return None
+                params = child.get("path_params")
+                return (
+                    path if isinstance(path, str) else None,
+                    params if isinstance(params, dict) else {},
+                )
+        return None, {}
 
 
 def _headers(scope: Scope) -> dict[str, str]:

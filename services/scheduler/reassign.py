@@ -15,6 +15,10 @@ each request, and a request that finished, moved or was re-assigned meanwhile is
 alone. A draining or drained worker's request that it took in (its record shows it
 ``running`` there) and did not list as waiting ran, or runs, there: it is not run again.
 
+An LLM request is placed again with the LLM policy, a classification request in a
+window of its own, a pipeline stage routed again by the placement policy's router
+(:mod:`services.scheduler.stages`; held there until a worker holds its model).
+
 A re-assignment continues the request's trace: it is decided inside a
 ``scheduler reassign`` span in the trace its record keeps, linked to the WorkerDown's.
 """
@@ -31,12 +35,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind, Tracer
 from switchyard.bus import Delivery
 from switchyard.cluster import read_assigned
-from switchyard.contracts.messages import InferenceRequest, LLMPayload, WorkerDown
+from switchyard.contracts.messages import InferenceRequest, LLMPayload, StagePayload, WorkerDown
 from switchyard.lifecycle import RequestLedger, RequestRecord, RequestStatus
 from switchyard.runtime import ServiceContext
 from switchyard.telemetry import context_from_carrier
 
 from services.scheduler.outbox import DecisionOutbox, FlushReport, Origin
+from services.scheduler.stages import StageRouting
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,7 @@ class Decider(Protocol):
     ctx: ServiceContext
     ledger: RequestLedger
     tracer: Tracer
+    stages: StageRouting
 
     def forget_worker(self, worker_id: str) -> None: ...
 
@@ -110,15 +116,27 @@ class Reassigner:
             spans.append(span)
             origin = trace.set_span_in_context(span)
             request = previous.request
+            # A live worker may take it again: the message was lost, not the worker.
+            exclude = frozenset() if unclaimed else frozenset({event.worker_id})
             if isinstance(request.payload, LLMPayload):
                 scheduler.place_llm(
                     request,
                     time.time(),
                     epoch,
-                    # A live worker may take it again: the message was lost, not the worker.
-                    frozenset() if unclaimed else frozenset({event.worker_id}),
+                    exclude,
                     outbox,
                     origin,
+                    replaces_worker=event.worker_id,
+                )
+            elif isinstance(request.payload, StagePayload):
+                # Routed again (or held until a worker holds its model), never a window.
+                scheduler.stages.place(
+                    request,
+                    time.time(),
+                    outbox,
+                    origin,
+                    epoch=epoch,
+                    exclude=exclude,
                     replaces_worker=event.worker_id,
                 )
             else:

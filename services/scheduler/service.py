@@ -21,6 +21,9 @@ Routines:
 - ``cluster``: reads the monitor's worker records every ``min(0.1 s, heartbeat interval
   / 2)``, and the predictor's published model every
   ``SWITCHYARD_PREDICTOR_PUBLISH_INTERVAL_S``.
+- ``stages``: consumes ``switchyard.stage-requests`` (pipeline stages) in batches (group
+  ``scheduler-stages``) and routes each with the placement policy's router, holding
+  those whose model no worker holds yet (:mod:`services.scheduler.stages`).
 - ``worker-events``: on a :class:`WorkerDown`, re-assigns the dead worker's unfinished
   requests (:mod:`services.scheduler.reassign`).
 
@@ -62,6 +65,7 @@ from switchyard.contracts.messages import (
     Heartbeat,
     InferenceRequest,
     LLMPayload,
+    StagePayload,
 )
 from switchyard.contracts.topics import (
     CLASSIFICATION_REQUESTS,
@@ -70,6 +74,7 @@ from switchyard.contracts.topics import (
     WORKER_EVENTS,
 )
 from switchyard.lifecycle import RequestLedger
+from switchyard.multimodel.policy_registry import MultiModelPolicy, make_multimodel_policy
 from switchyard.policies.base import DecisionContext, NoWorkerError
 from switchyard.policies.registry import LlmPolicy, make_llm_policy
 from switchyard.runtime import Service, ServiceContext
@@ -85,6 +90,7 @@ from switchyard.telemetry.observables import observe
 from services.scheduler.hints import HintBook
 from services.scheduler.outbox import DecisionOutbox, FlushReport, Origin, trace_of
 from services.scheduler.reassign import Reassigner
+from services.scheduler.stages import StagePlacer, StageRouting
 from services.scheduler.windows import (
     decide_window,
     failed_answer,
@@ -120,6 +126,7 @@ class SchedulerService(Service):
         catalogue: ServingCatalogue,
         llm_policy: LlmPolicy,
         window_scheduler: WindowScheduler,
+        placement: MultiModelPolicy | None = None,
     ) -> None:
         super().__init__(ctx)
         self.catalogue = catalogue
@@ -145,6 +152,13 @@ class SchedulerService(Service):
         self.failed_unplaced = 0
         self.cluster_ready = asyncio.Event()
         self.reassigner = Reassigner(self)
+        # One policy object for the service's life: its router routes every stage.
+        placement = placement or make_multimodel_policy(ctx.settings.placement_policy)
+        self.stages = StageRouting(
+            self,
+            StagePlacer(placement.router, catalogue.models, catalogue.pipelines, seed + 2),
+            placement.name,
+        )
         tracer = trace.get_tracer(_SCOPE, __version__, ctx.telemetry.tracer_provider)
         self.tracer = tracer
         meter = ctx.telemetry.meter_provider.get_meter(_SCOPE, __version__)
@@ -178,11 +192,14 @@ class SchedulerService(Service):
         return self.reassigner.reassigned
 
     def _observe_unplaced(self) -> Iterable[Observation]:
-        return [Observation(len(self._unplaced), {"replica": self.ctx.settings.instance_id})]
+        waiting = len(self._unplaced) + len(self.stages.held)
+        return [Observation(waiting, {"replica": self.ctx.settings.instance_id})]
 
     def _kind(self, assignment: Assignment) -> str:
         if assignment.epoch > 0:
             return "reassign"
+        if isinstance(assignment.request.payload, StagePayload):
+            return "stage"
         return "window" if assignment.policy == self.window_scheduler.name else "llm"
 
     def count(self, report: FlushReport) -> None:
@@ -205,6 +222,7 @@ class SchedulerService(Service):
     def forget_worker(self, worker_id: str) -> None:
         """Choose ``worker_id`` no more (it died or drains) until its heartbeats return."""
         self.placer.mark_down(worker_id)
+        self.stages.placer.mark_down(worker_id)
         self._classification_workers.pop(worker_id, None)
 
     async def flush(self, outbox: DecisionOutbox) -> FlushReport:
@@ -222,6 +240,12 @@ class SchedulerService(Service):
         self.spawn_routine("worker-events", self._worker_events_routine)
         self.spawn_routine("decide", self._decide_routine)
         self.spawn_routine("windows", self._windows_routine)
+        self.spawn_routine("stages", self.stages.routine)
+
+    async def drain(self) -> None:
+        await super().drain()
+        # Held stages were consumed and committed: hand them to another replica.
+        await self.stages.hand_back()
 
     # -- estimates -----------------------------------------------------------------------
 
@@ -252,12 +276,14 @@ class SchedulerService(Service):
             await self._refresh_cluster()
             if self._unplaced:
                 await self._retry_unplaced()
+            await self.stages.on_cluster_read()
 
     async def _refresh_cluster(self) -> None:
         now_s = time.time()
         view = await self._cluster.read(now_s)
         timeout_s = self.ctx.settings.worker_timeout_s
         self.placer.observe_cluster(view, timeout_s)
+        self.stages.placer.observe_cluster(view, timeout_s)
         classification: dict[str, Heartbeat] = {}
         for record in view.workers:
             heartbeat = record.heartbeat
@@ -284,7 +310,7 @@ class SchedulerService(Service):
                 batch = await sub.next_batch(_BATCH, timeout_s=_BATCH_WAIT_S)
                 if batch:
                     await sub.handle_batch(
-                        batch, partial(self._decide_batch, sub), on_dead_letter=self._refuse
+                        batch, partial(self._decide_batch, sub), on_dead_letter=self.refuse
                     )
 
     async def _windows_routine(self) -> None:
@@ -298,7 +324,7 @@ class SchedulerService(Service):
                     await sub.handle_batch(
                         batch,
                         partial(self._decide_window_batch, sub),
-                        on_dead_letter=self._refuse,
+                        on_dead_letter=self.refuse,
                     )
 
     async def _decide_batch(
@@ -330,7 +356,7 @@ class SchedulerService(Service):
             )
         await self.flush(outbox)
 
-    async def _refuse(self, delivery: Delivery[InferenceRequest], reason: str) -> None:
+    async def refuse(self, delivery: Delivery[InferenceRequest], reason: str) -> None:
         """Answer a request that could not be decided (dead-lettered with ``reason``), so
         that its client hears why instead of waiting for its timeout."""
         request = delivery.message
@@ -361,10 +387,10 @@ class SchedulerService(Service):
         assignment = placed.assignment(
             request, self.llm_policy.name, epoch=epoch, assigned_at_s=time.time()
         )
-        self._assign(outbox, assignment, origin, replaces_worker)
+        self.assign(outbox, assignment, origin, replaces_worker)
         return True
 
-    def _assign(
+    def assign(
         self,
         outbox: DecisionOutbox,
         assignment: Assignment,
@@ -437,7 +463,7 @@ class SchedulerService(Service):
                 deadline_s=planned.request.deadline_s,
                 assigned_at_s=assigned_at_s,
             )
-            self._assign(
+            self.assign(
                 outbox, assignment, origins.get(planned.request.request_id), replaces_worker
             )
         by_id = {request.request_id: request for request in requests}

@@ -4,8 +4,10 @@ A worker holds a local queue (:mod:`services.worker.queue`), batches requests of
 model (:mod:`services.worker.batching`), keeps models in a memory-budgeted cache
 (:mod:`services.worker.model_cache`), and runs them through one backend interface
 (:mod:`services.worker.backends`): the emulated LLM (modelled time of a named GPU and
-model, labelled as emulation) or real torch models (classification variants and the tiny
-language model). :mod:`services.worker.service` is the shell over the bus.
+model, labelled as emulation), real torch models (classification variants and the tiny
+language model), or the emulated multi-model node serving pipeline stages of the models
+the placement service places on it (:mod:`services.worker.placement`, labelled as
+emulation). :mod:`services.worker.service` is the shell over the bus.
 
 Importing this package does not import torch.
 """
@@ -23,6 +25,6 @@ __all__ = ["WorkerService", "create"]
 
 async def create(ctx: ServiceContext, catalogue: ServingCatalogue | None = None) -> Service:
     """A worker for ``ctx``, its backend built from ``ctx.settings`` (and ``catalogue``,
-    loaded when a torch worker is not given one)."""
+    loaded when a torch or emulated-models worker is not given one)."""
     backend = await build_backend_for(ctx.settings, catalogue)
     return WorkerService(ctx, backend)

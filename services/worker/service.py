@@ -6,7 +6,8 @@ Routines:
   (leased at start, named in every heartbeat, so the scheduler and the rebalancer send
   there and no other worker fetches this one's messages), in batches: assignments go
   through :class:`~services.worker.intake.Intake` (fenced in the request ledger, one round
-  trip a batch), migrations too.
+  trip a batch), migrations too; placement orders go to :mod:`services.worker.placement`
+  (an ``emulated-models`` worker unloads, draining first, then loads).
 - ``engine_routine``: runs the backend's steps while there is work; what it reports goes
   through :class:`~services.worker.reporting.Reporter` (spans, output chunks,
   observations) to the :class:`~services.worker.answers.AnswerOutbox`. After the worker
@@ -51,6 +52,7 @@ from switchyard.contracts.messages import (
     Assignment,
     Heartbeat,
     Migration,
+    PlacementOrder,
     ServiceObservations,
 )
 from switchyard.contracts.topics import HEARTBEATS, OBSERVATIONS, WORKER_INBOX, Topic
@@ -68,12 +70,14 @@ from services.worker.heartbeat import HeartbeatFacts, build_heartbeat
 from services.worker.holdings import Holdings
 from services.worker.intake import Intake
 from services.worker.model_cache import ModelCache
+from services.worker.placement import carry_out, placement_of
 from services.worker.queue import LocalQueue
 from services.worker.reporting import Reporter
 from services.worker.telemetry import WorkerMetrics
 from services.worker.touch import Touch, drop_superseded
 
 M = TypeVar("M", bound=Message)
+InboxMessage = Assignment | Migration | PlacementOrder
 
 _INBOX_BATCH = 256
 _INBOX_WAIT_S = 0.2
@@ -127,9 +131,9 @@ class WorkerService(Service):
             self.holdings, lambda: self.backend, ctx.bus, self.outbox, self.metrics, ctx.telemetry
         )
         self.touch = Touch(ctx.settings.worker_timeout_s)
-        self.inbox: Inbox[Assignment | Migration] = Inbox(ctx, WORKER_INBOX, self.worker_id)
-        self._inbox_sub: Subscription[Assignment | Migration] | None = None
-        self._reading: Subscription[Assignment | Migration] | None = None
+        self.inbox: Inbox[InboxMessage] = Inbox(ctx, WORKER_INBOX, self.worker_id)
+        self._inbox_sub: Subscription[InboxMessage] | None = None
+        self._reading: Subscription[InboxMessage] | None = None
         """The inbox subscription the inbox routine reads now (its progress is in every
         heartbeat)."""
 
@@ -150,6 +154,9 @@ class WorkerService(Service):
     def _swaps(self) -> int | None:
         if self._backend is None:
             return None
+        placement = placement_of(self._backend)
+        if placement is not None:
+            return placement.loads_total
         cache = getattr(self._backend, "cache", None)
         return cache.swap_in_count if isinstance(cache, ModelCache) else 0
 
@@ -198,7 +205,8 @@ class WorkerService(Service):
     # -- routines ---------------------------------------------------------------------------
 
     async def inbox_routine(self) -> None:
-        """Take this worker's assignments and migrations, a batch at a time."""
+        """Take this worker's assignments, migrations and placement orders, a batch at a
+        time."""
         generation = self.inbox.generation
         # The one opened at start, or, after a restart of this routine, a new one.
         sub, self._inbox_sub = (
@@ -223,8 +231,8 @@ class WorkerService(Service):
 
     async def _take_batch(
         self,
-        sub: Subscription[Assignment | Migration],
-        batch: Sequence[Delivery[Assignment | Migration]],
+        sub: Subscription[InboxMessage],
+        batch: Sequence[Delivery[InboxMessage]],
     ) -> None:
         assignments: list[tuple[Assignment, Context | None]] = []
         for delivery in batch:
@@ -239,9 +247,15 @@ class WorkerService(Service):
                 assignments = []
                 with sub.handling(delivery):
                     await self.intake.migrate(message)
+            elif isinstance(message, PlacementOrder):
+                # In order too: an unload drains the stages taken in before it.
+                await self.intake.take(assignments)
+                assignments = []
+                with sub.handling(delivery):
+                    carry_out(message, placement_of(self.backend), self.holdings)
         await self.intake.take(assignments)
 
-    async def _refuse(self, delivery: Delivery[Assignment | Migration], reason: str) -> None:
+    async def _refuse(self, delivery: Delivery[InboxMessage], reason: str) -> None:
         message = delivery.message
         if isinstance(message, Assignment) and message.worker_id == self.worker_id:
             self.intake.refuse(message, f"the worker could not take this request ({reason})")

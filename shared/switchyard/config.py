@@ -390,18 +390,63 @@ class Settings(BaseModel):
     rebalance_interval_s: float = Field(
         default=1.0, gt=0, le=600, description="How often the rebalancer looks for moves."
     )
+    placement_policy: str = Field(
+        default="adaptive-balanced",
+        description=(
+            "Multi-model placement policy (a name from `switchyard multimodel`): the "
+            "placement service's loads and unloads and the scheduler's stage routing."
+        ),
+    )
+    pipeline_catalogue: Literal["txt2img", "alibaba-lora"] = Field(
+        default="txt2img",
+        description=(
+            "The pipelines served when the registry declares none: txt2img (two "
+            "text-to-image pipelines) or alibaba-lora (the Alibaba LoRA trace sample's "
+            "catalogue, which `python -m loadgen replay --mix multimodel` replays)."
+        ),
+    )
+    placement_update_hz: float = Field(
+        default=1.0,
+        gt=0,
+        le=100,
+        description="Placement rounds per wall second (the policy's update frequency).",
+    )
 
     # -- worker ---------------------------------------------------------------------------
     worker_id: str | None = Field(
         default=None, description="This worker's id; unset: the instance id."
     )
-    worker_backend: Literal["emulated-llm", "torch"] = Field(
+    worker_backend: Literal["emulated-llm", "torch", "emulated-models"] = Field(
         default="emulated-llm",
         description=(
             "emulated-llm: spends the time the performance model gives for worker_profile "
             "(an emulation, labelled so in every completion); torch: runs the real "
-            "classification variants and the tiny torch language model."
+            "classification variants and the tiny torch language model; emulated-models: "
+            "serves pipeline stages of the catalogue's multi-model models, loading and "
+            "unloading them as the placement service orders, each load and stage taking "
+            "the catalogue's load_s and exec_s (an emulation, labelled so)."
         ),
+    )
+    worker_cpu_cores: float = Field(
+        default=16.0, ge=0, le=4096, description="An emulated-models worker's CPU cores."
+    )
+    worker_gpus: float = Field(
+        default=2.0,
+        ge=0,
+        le=64,
+        description="An emulated-models worker's GPUs (its GPU memory and compute share).",
+    )
+    worker_host_mem_gib: float = Field(
+        default=128.0, ge=0, le=65536, description="An emulated-models worker's host memory."
+    )
+    worker_speed: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="An emulated-models worker's speed: service times are exec_s / speed.",
+    )
+    worker_gpu_type: str = Field(
+        default="a100", description="The GPU type an emulated-models worker reports."
     )
     worker_profile: str = Field(
         default="a100-80gb/llama-2-7b",

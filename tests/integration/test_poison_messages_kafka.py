@@ -27,7 +27,9 @@ async def test_no_message_through_kafka_stops_a_service(
     )
     stack = EmbeddedStack(
         settings,
-        EmbeddedPlan(llm_workers=("a100-80gb/llama-2-7b",), torch_workers=1, http_port=0),
+        EmbeddedPlan(
+            llm_workers=("a100-80gb/llama-2-7b",), torch_workers=1, model_workers=1, http_port=0
+        ),
         over_settings_transports=True,
     )
     await stack.start()

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
-from switchyard.contracts.messages import Assignment, Heartbeat, Migration
+from switchyard.contracts.messages import Assignment, Heartbeat, Migration, PlacementOrder
 from switchyard.contracts.topics import HEARTBEATS, REQUESTS, WORKER_EVENTS, WORKER_INBOX
 from switchyard.lifecycle import RequestLedger
 from switchyard.traces import resolve_trace
@@ -366,7 +366,9 @@ async def test_an_answer_outlives_the_ingress_replica_that_took_the_call(
     assert sent == [request_id]
 
 
-def _assignments(inbox: list[Record[Assignment | Migration]]) -> list[Record[Assignment]]:
+def _assignments(
+    inbox: list[Record[Assignment | Migration | PlacementOrder]],
+) -> list[Record[Assignment]]:
     """The assignments among the worker inbox's records (migrations left out)."""
     return [
         Record(r.message, r.partition, r.offset, r.timestamp_ms)

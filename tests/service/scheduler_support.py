@@ -23,6 +23,7 @@ from switchyard.contracts.messages import (
     InferenceRequest,
     LLMPayload,
     Migration,
+    PlacementOrder,
     WorkerDown,
 )
 from switchyard.contracts.topics import WORKER_EVENTS, WORKER_INBOX, requests_topic
@@ -69,7 +70,7 @@ class Stack:
         self.partitions: dict[str, int] = {}
         self.services: list[SchedulerService] = []
         self._client: Bus | None = None
-        self._inbox: Subscription[Assignment | Migration] | None = None
+        self._inbox: Subscription[Assignment | Migration | PlacementOrder] | None = None
 
     # -- workers, as the monitor records them -------------------------------------------
 
@@ -179,7 +180,7 @@ class Stack:
             got += await self.assignments(1)
         return got
 
-    async def sent_meanwhile(self) -> list[Assignment | Migration]:
+    async def sent_meanwhile(self) -> list[Assignment | Migration | PlacementOrder]:
         """What was sent to the workers and not read yet (everything awaited so far has
         reached the broker)."""
         assert self._inbox is not None

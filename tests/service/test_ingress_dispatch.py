@@ -22,6 +22,7 @@ from switchyard.contracts.messages import (
     InferenceRequest,
     LLMPayload,
     Migration,
+    PlacementOrder,
 )
 from switchyard.contracts.topics import CLASSIFICATION_REQUESTS, REQUESTS, WORKER_INBOX
 from switchyard.lifecycle import Assign, Fence, RequestLedger, RequestStatus
@@ -57,7 +58,7 @@ class Setup:
     bus: Bus
     state: MemoryStateStore
     dispatcher: DirectDispatcher
-    inbox: Subscription[Assignment | Migration]
+    inbox: Subscription[Assignment | Migration | PlacementOrder]
     requests: Subscription[InferenceRequest]
 
     @property

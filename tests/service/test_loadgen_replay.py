@@ -1,10 +1,12 @@
 """The replay engine and ``python -m loadgen replay`` against a fake ingress.
 
 The fake implements the ingress's contract: OpenAI completions with a ``switchyard``
-object, classification answers, a 404 error body for an unknown model or application,
-a 429 with Retry-After for chosen requests, and a slow model for the timeout and
-open-loop cases. Engine tests talk to it in-process (``httpx.ASGITransport``); the
-timeout, CLI and Ctrl-C tests serve it with uvicorn on a free port.
+object, classification answers, pipeline results (the ``alibaba-lora`` catalogue's
+pipelines), a 404 error body for an unknown model or
+application, a 429 with Retry-After for chosen requests, and a slow model for the
+timeout and open-loop cases. Engine tests talk to it in-process
+(``httpx.ASGITransport``); the timeout, CLI and Ctrl-C tests serve it with uvicorn on a
+free port.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from switchyard.serving.pipelines import pipeline_catalogue
 
 from loadgen.__main__ import main
-from loadgen.mixes import PlannedRequest
+from loadgen.mixes import PIPELINE_PROMPT, PlannedRequest
 from loadgen.replay import replay
 from loadgen.replay_records import (
     CANCELLED,
@@ -47,6 +50,7 @@ from loadgen.replay_records import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KNOWN_MODELS = {"llama-2-7b", "llama-2-13b", "slow-model"}
 KNOWN_APPS = {"digits", "fraud-like", "wine-dominant"}
+KNOWN_PIPELINES = set(pipeline_catalogue("alibaba-lora")[1])
 
 
 def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Any:
@@ -119,6 +123,8 @@ class FakeIngress:
         body = await request.json()
         app = request.path_params["app"]
         self.received.append((f"/v1/apps/{app}/infer", body))
+        if "exec_scale" in body:
+            return self.pipeline(app, body)
         if app not in KNOWN_APPS:
             return error(404, f"unknown application {app!r}", "not_found")
         if self._rejected(body["request_id"]):
@@ -136,6 +142,28 @@ class FakeIngress:
                 "deadline_s": 1.0,
                 "deadline_met": True,
                 # no timeline: left out of the breakdown
+            }
+        )
+
+    def pipeline(self, app: str, body: dict[str, Any]) -> Any:
+        """A pipeline call: met its SLO when ``exec_scale`` is at most 1."""
+        request_id = body["request_id"]
+        if app not in KNOWN_PIPELINES:
+            return error(404, f"unknown application {app!r}", "not_found")
+        if self._rejected(request_id):
+            return error(503, "no worker", "unavailable", {"Retry-After": "1"})
+        stage = {"stage": "generate", "model": app.split("-")[0], "worker_id": "worker-2"}
+        return JSONResponse(
+            {
+                "id": request_id,
+                "object": "pipeline.result",
+                "app": app,
+                "output": {"generate": "image"},
+                "stages": [stage],
+                "latency_s": 1.0,
+                "slo_s": 8.0,
+                "met_slo": body["exec_scale"] <= 1.0,
+                "emulated": True,
             }
         )
 
@@ -405,7 +433,7 @@ def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
         (["--speedup", "fast"], ["--speedup", "'fast'"]),
         (["--limit", "0"], ["--limit", "at least 1"]),
         (["--timeout-s", "0"], ["--timeout-s"]),
-        (["--mix", "multimodel"], ["multimodel", "not served over HTTP yet"]),
+        (["--mix", "multimodel"], ["--trace", "multimodel", "takes no trace"]),
         (["--mix", "everything"], ["unknown mix"]),
         (["--classification-share", "0.2"], ["--classification-share", "--mix mixed"]),
         (["--mix", "mixed", "--classification-share", "2"], ["within [0, 1]"]),
@@ -440,10 +468,11 @@ def test_a_malformed_target_is_one_line_and_exit_2(capsys: pytest.CaptureFixture
     assert_one_line_error(code, err, "--target", "localhost:8000")
 
 
-def test_help_says_multimodel_is_not_served(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_says_how_to_replay_multimodel(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--help"]) == 0
     out, _ = capsys.readouterr()
-    assert "not served over HTTP yet" in out
+    assert "SWITCHYARD_PIPELINE_CATALOGUE=alibaba-lora" in out
+    assert "--speedup T" in out
     assert "--classification-share" in out
 
 
@@ -487,6 +516,41 @@ def test_the_command_replays_and_writes_json_and_a_report(
     assert (report / "index.html").exists()
     assert (report / "latency_cdf.png").exists()
     assert json.loads((report / "replay.json").read_text())["summary"]["sent"] == 40
+
+
+def test_the_command_replays_the_multimodel_mix_as_pipeline_calls(
+    served: tuple[FakeIngress, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake, url = served
+    out_json = tmp_path / "replay.json"
+
+    code, out, err = run_cli(
+        capsys,
+        "--mix", "multimodel", "--target", url, "--speedup", "1000", "--limit", "30",
+        "--json", str(out_json),
+    )  # fmt: skip
+
+    assert code == 0, err
+    assert len(fake.received) == 30
+    assert {path.split("/")[3] for path, _ in fake.received} <= KNOWN_PIPELINES
+    for _, body in fake.received:
+        assert set(body) == {"request_id", "exec_scale", "input"}
+        assert body["input"] == PIPELINE_PROMPT
+    document = json.loads(out_json.read_text())
+    assert document["config"]["mix"] == "multimodel"
+    assert document["config"]["pipeline_catalogue"] == "alibaba-lora"
+    summary = document["summary"]
+    assert summary["sent"] == 30
+    assert summary["rejected"] == 1  # request 1
+    assert summary["answered_ok"] == 29
+    # Every call is judged: 29 by their met_slo, the rejection as a miss.
+    assert summary["slo_judged"] == 30
+    requests = document["requests"]
+    missed = [r for r in requests if r["outcome"] != "ok" or r["exec_scale"] > 1.0]
+    assert summary["slo_violations"] == len(missed)
+    assert set(document["per_app"]) <= KNOWN_PIPELINES
+    assert {r["kind"] for r in document["requests"]} == {"pipeline"}
+    assert "pipeline calls of the alibaba-lora catalogue" in out
 
 
 def test_ctrl_c_stops_sending_and_still_prints_the_report() -> None:

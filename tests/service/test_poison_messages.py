@@ -21,7 +21,9 @@ async def stack() -> AsyncIterator[EmbeddedStack]:
     settings = load_settings(
         {}, worker_time_scale=50.0, log_level="ERROR", heartbeat_interval_s=0.2
     )
-    plan = EmbeddedPlan(llm_workers=("a100-80gb/llama-2-7b",), torch_workers=1, http_port=0)
+    plan = EmbeddedPlan(
+        llm_workers=("a100-80gb/llama-2-7b",), torch_workers=1, model_workers=1, http_port=0
+    )
     embedded = EmbeddedStack(settings, plan)
     await embedded.start()
     yield embedded

@@ -12,7 +12,12 @@ from collections.abc import Sequence
 
 import pytest
 from switchyard.bus import Bus, Envelope, Subscription
-from switchyard.contracts.messages import Assignment, CompletionStatus, Migration
+from switchyard.contracts.messages import (
+    Assignment,
+    CompletionStatus,
+    Migration,
+    PlacementOrder,
+)
 from switchyard.contracts.topics import WORKER_INBOX
 from switchyard.lifecycle import scripts
 from switchyard.perf import performance_model
@@ -37,7 +42,7 @@ from tests.service.worker_support import (
     stack_fixture,  # noqa: F401 (the ``stack`` fixture)
 )
 
-Inboxes = Subscription[Assignment | Migration]
+Inboxes = Subscription[Assignment | Migration | PlacementOrder]
 
 
 async def _elsewhere(worker: WorkerService) -> int:
@@ -56,7 +61,7 @@ def _inbox_of(bus: Bus, worker_id: str, partition: int, group: str) -> Inboxes:
     return bus.subscribe(WORKER_INBOX, group=group, partitions=[partition], record_filter=addressed)
 
 
-async def _next_in_inbox(subscription: Inboxes) -> Assignment | Migration:
+async def _next_in_inbox(subscription: Inboxes) -> Assignment | Migration | PlacementOrder:
     delivery = await subscription.next_within(WAIT_S)
     assert delivery is not None, f"nothing on {subscription.topic.name} within {WAIT_S} s"
     return delivery.message

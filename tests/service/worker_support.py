@@ -30,6 +30,7 @@ from switchyard.contracts.messages import (
     LLMPayload,
     Migration,
     OutputChunk,
+    PlacementOrder,
 )
 from switchyard.contracts.topics import ANSWERS, HEARTBEATS, WORKER_INBOX
 from switchyard.lifecycle import Assign, RequestLedger, RequestRecord
@@ -170,7 +171,7 @@ async def _record(state: MemoryStateStore, assignment: Assignment) -> None:
     assert outcome.result == "assigned", outcome
 
 
-async def _send(worker: WorkerService, message: Assignment | Migration) -> None:
+async def _send(worker: WorkerService, message: Assignment | Migration | PlacementOrder) -> None:
     """Send ``message`` to ``worker``'s inbox partition (as the scheduler and the
     rebalancer do)."""
     await worker.ctx.bus.publish(WORKER_INBOX, message, partition=worker.inbox.partition)

@@ -19,9 +19,11 @@ from switchyard.contracts.messages import (
     LLMPayload,
     Migration,
     OutputChunk,
+    PlacementOrder,
     RequestTimeline,
     ServiceObservation,
     ServiceObservations,
+    StagePayload,
     WorkerDown,
     WorkloadType,
 )
@@ -32,6 +34,7 @@ from switchyard.contracts.topics import (
     HEARTBEATS,
     OBSERVATIONS,
     REQUESTS,
+    STAGE_REQUESTS,
     WORKER_EVENTS,
     WORKER_INBOX,
     Topic,
@@ -39,10 +42,21 @@ from switchyard.contracts.topics import (
 
 from services.embedded import EmbeddedStack
 
-SERVICES = ("ingress", "monitor", "predictor", "estimator", "scheduler", "rebalancer", "worker")
+SERVICES = (
+    "ingress",
+    "monitor",
+    "predictor",
+    "estimator",
+    "scheduler",
+    "rebalancer",
+    "placement",
+    "worker",
+)
 
 
-def _request(request_id: str, payload: LLMPayload | ClassificationPayload, app: str) -> Any:
+def _request(
+    request_id: str, payload: LLMPayload | ClassificationPayload | StagePayload, app: str
+) -> Any:
     arrival_s = time.time() - 3600.0
     return InferenceRequest(
         request_id=request_id,
@@ -66,10 +80,34 @@ def _nonsense() -> list[tuple[Topic[Any], Any]]:
         "completions",
     )
     wrong_length = _request("poison-cls", ClassificationPayload(features=[3.4e38] * 3), "digits")
+    unknown_stage = _request(
+        "poison-stage.encode",
+        StagePayload(pipeline="no-such-pipeline", stage="encode", model="no-such-model"),
+        "no-such-pipeline",
+    )
+    huge_stage = _request(
+        "poison-huge-stage.generate",
+        StagePayload(pipeline="txt2img", stage="generate", model="sd15-base", exec_scale=1000),
+        "txt2img",
+    )
     return [
         (REQUESTS, unknown_llm),
         (REQUESTS, real_model_huge),
         (CLASSIFICATION_REQUESTS, wrong_length),
+        (STAGE_REQUESTS, unknown_stage),
+        (STAGE_REQUESTS, huge_stage),
+        (
+            # To an LLM worker, which places no models, and of models that do not exist.
+            WORKER_INBOX,
+            PlacementOrder(
+                worker_id="llm-0",
+                load=["no-such-model", "sd15-base"],
+                unload=["never-loaded"],
+                policy="poison",
+                plan_id="poison-plan",
+                decided_at_s=now_s,
+            ),
+        ),
         (
             WORKER_INBOX,
             Assignment(
@@ -151,6 +189,7 @@ async def poison_every_topic(stack: EmbeddedStack) -> None:
     keyed_topics = (
         REQUESTS,
         CLASSIFICATION_REQUESTS,
+        STAGE_REQUESTS,
         ESTIMATES,
         OBSERVATIONS,
         HEARTBEATS,
@@ -194,6 +233,9 @@ async def assert_every_service_serves(stack: EmbeddedStack, settle_s: float) -> 
         digits = await client.post("/v1/apps/digits/infer", json={"features": [0.0] * 64})
         assert digits.status_code == 200, digits.text
         assert digits.json()["status"] == "ok"
+        pipeline = await client.post("/v1/apps/txt2img/infer", json={"input": "a lighthouse"})
+        assert pipeline.status_code == 200, pipeline.text
+        assert set(pipeline.json()["output"]) == {"check"}
         health = await client.get("/healthz")
         assert health.status_code == 200
     for name in SERVICES:

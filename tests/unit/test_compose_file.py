@@ -14,7 +14,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_PORTS = {9092, 9093, 6379}
 """Kafka (client and controller) and Redis of deploy/local/infra.sh and `make test`."""
-REGISTRY_READERS = {"ingress", "estimator", "scheduler", "worker-torch"}
+REGISTRY_READERS = {
+    "ingress",
+    "estimator",
+    "scheduler",
+    "placement",
+    "worker-models",
+    "worker-torch",
+}
 
 
 def _services() -> dict[str, Any]:

@@ -19,8 +19,14 @@ from switchyard.contracts import (
     InferenceRequest,
     LLMPayload,
     RequestTimeline,
+    StagePayload,
 )
-from switchyard.contracts.topics import CLASSIFICATION_REQUESTS, REQUESTS, requests_topic
+from switchyard.contracts.topics import (
+    CLASSIFICATION_REQUESTS,
+    REQUESTS,
+    STAGE_REQUESTS,
+    requests_topic,
+)
 from switchyard.errors import DecodeError
 
 
@@ -53,7 +59,7 @@ def test_topics_have_unique_names_and_each_message_type_one_topic() -> None:
     assert len(set(names)) == len(names)
     # Requests travel on one topic per kind; every other message type on one topic.
     types = [m.MESSAGE_TYPE for t in ALL_TOPICS for m in t.message_types]
-    assert Counter(types) == dict.fromkeys(types, 1) | {"inference-request": 2}
+    assert Counter(types) == dict.fromkeys(types, 1) | {"inference-request": 3}
 
 
 def test_a_request_goes_to_the_topic_of_its_kind() -> None:
@@ -61,6 +67,10 @@ def test_a_request_goes_to_the_topic_of_its_kind() -> None:
     classification = llm.model_copy(update={"payload": ClassificationPayload(features=[1.0])})
     assert requests_topic(llm) is REQUESTS
     assert requests_topic(classification) is CLASSIFICATION_REQUESTS
+    stage = llm.model_copy(
+        update={"payload": StagePayload(pipeline="txt2img", stage="encode", model="m")}
+    )
+    assert requests_topic(stage) is STAGE_REQUESTS
 
 
 def test_encode_then_decode_is_identity_with_describing_headers() -> None:

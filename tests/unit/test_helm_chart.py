@@ -449,7 +449,11 @@ def test_lag_triggers_name_groups_and_topics_the_services_consume(
     consumed = _consumed()
     everywhere = set().union(*consumed.values())
     prefix = ALL_OPTIONS["config"]["SWITCHYARD_TOPIC_PREFIX"]
-    requests_topics = {topics.REQUESTS.name, topics.CLASSIFICATION_REQUESTS.name}
+    requests_topics = {
+        topics.REQUESTS.name,
+        topics.CLASSIFICATION_REQUESTS.name,
+        topics.STAGE_REQUESTS.name,
+    }
     for scaled in of_kind(full, "ScaledObject"):
         name = component(scaled)
         pairs = set()

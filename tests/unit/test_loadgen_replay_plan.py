@@ -172,7 +172,7 @@ def test_app_map_defaults_and_overrides() -> None:
 @pytest.mark.parametrize(
     ("mix", "limit", "share", "fragment"),
     [
-        ("multimodel", None, 0.5, "not served over HTTP yet"),
+        ("multimodel", None, 0.5, "not a trace"),
         ("chaos", None, 0.5, "unknown mix"),
         ("llm", 0, 0.5, "--limit"),
         ("mixed", None, 1.5, "--classification-share"),

@@ -275,12 +275,12 @@ def test_lora_sample_popularity_exec_scale_and_arrivals() -> None:
 
 def test_lora_top_models_and_pipeline_share() -> None:
     workload = lora_workload(LORA_SAMPLE, models=5, pipeline_share=0.3, seed=1)
-    base = {r.pipeline.split("+")[0] for r in workload.requests}
+    base = {r.pipeline.split("-")[0] for r in workload.requests}
     assert len(base) == 5
-    multi = sum("+" in r.pipeline for r in workload.requests)
+    multi = sum("-" in r.pipeline for r in workload.requests)
     assert multi == round(0.3 * len(workload.requests))
     check_pipelines(workload.models, workload.pipelines)
-    full = next(p for name, p in workload.pipelines.items() if name.endswith("+full"))
+    full = next(p for name, p in workload.pipelines.items() if name.endswith("-full"))
     assert [s.after for s in full.stages] == [(), ("encode",), ("generate",), ("generate",)]
     short = lora_workload(LORA_SAMPLE, max_requests=50, time_scale=10)
     assert len(short.requests) == 50

@@ -4,6 +4,9 @@
   time a performance model gives for a named GPU and model; an emulation, labelled so.
 - ``torch`` (:class:`StaticBatchBackend` over the classifier and tiny-LM runners): real
   models, on CPU or CUDA.
+- ``emulated-models`` (:class:`EmulatedModelsBackend`): pipeline stages of the
+  catalogue's multi-model models, on the models the placement service places here,
+  spending their modelled load and service times; an emulation, labelled so.
 
 Importing this package does not import torch: the tiny language model's module is
 imported by :func:`build_backend` only when a torch backend is asked for.
@@ -15,6 +18,7 @@ import asyncio
 import dataclasses
 
 from switchyard.config import Settings
+from switchyard.multimodel.model import ResourceVector
 from switchyard.perf import performance_model
 from switchyard.serving import ServingCatalogue
 
@@ -28,12 +32,14 @@ from services.worker.backends.base import (
     WorkSpec,
 )
 from services.worker.backends.emulated_llm import EmulatedLlmBackend
+from services.worker.backends.emulated_models import EmulatedModelsBackend
 from services.worker.backends.static import StaticBatchBackend, StaticRunner
 
 __all__ = [
     "Backend",
     "BackendLoad",
     "EmulatedLlmBackend",
+    "EmulatedModelsBackend",
     "ExecutionSink",
     "Preemption",
     "Result",
@@ -43,6 +49,7 @@ __all__ = [
     "WorkSpec",
     "build_backend",
     "build_backend_for",
+    "build_emulated_models_backend",
     "build_torch_backend",
 ]
 
@@ -65,12 +72,30 @@ def build_torch_backend(settings: Settings, catalogue: ServingCatalogue) -> Stat
     )
 
 
+def build_emulated_models_backend(
+    settings: Settings, catalogue: ServingCatalogue
+) -> EmulatedModelsBackend:
+    """The emulated-models backend: ``catalogue.models`` on a worker of
+    ``settings.worker_cpu_cores``, ``worker_gpus`` and ``worker_host_mem_gib``, at
+    ``worker_speed``, reporting ``worker_gpu_type``."""
+    return EmulatedModelsBackend(
+        settings.worker_id or settings.instance_id,
+        catalogue.models,
+        ResourceVector(
+            settings.worker_cpu_cores, settings.worker_gpus, settings.worker_host_mem_gib
+        ),
+        speed=settings.worker_speed,
+        gpu_type=settings.worker_gpu_type,
+        time_scale=settings.worker_time_scale,
+    )
+
+
 def build_backend(settings: Settings, catalogue: ServingCatalogue | None) -> Backend:
     """The backend ``settings.worker_backend`` names.
 
     Raises:
         UnknownProfileError: an emulated backend's ``worker_profile`` is not a profile.
-        ValueError: a torch backend without a catalogue.
+        ValueError: a torch or emulated-models backend without a catalogue.
     """
     if settings.worker_backend == "emulated-llm":
         perf = performance_model(settings.worker_profile)
@@ -80,15 +105,21 @@ def build_backend(settings: Settings, catalogue: ServingCatalogue | None) -> Bac
             perf = dataclasses.replace(perf, max_batch_slots=slots)
         return EmulatedLlmBackend(perf, time_scale=settings.worker_time_scale)
     if catalogue is None:
-        raise ValueError("a torch worker needs the serving catalogue")
+        raise ValueError(f"a {settings.worker_backend} worker needs the serving catalogue")
+    if settings.worker_backend == "emulated-models":
+        return build_emulated_models_backend(settings, catalogue)
     return build_torch_backend(settings, catalogue)
 
 
 async def build_backend_for(settings: Settings, catalogue: ServingCatalogue | None) -> Backend:
     """The backend ``settings`` ask for, built off the event loop (importing torch and
-    reading the registry take a while). A torch backend without ``catalogue`` loads it
-    (``SWITCHYARD_REGISTRY``, or the default registry in the cache); an emulated one
-    needs none: it serves its profile's model."""
+    reading the registry take a while). A torch or emulated-models backend without
+    ``catalogue`` loads it (``SWITCHYARD_REGISTRY``, or the default registry in the
+    cache); an emulated LLM needs none: it serves its profile's model."""
+    if settings.worker_backend == "emulated-models" and catalogue is None:
+        from switchyard.serving.artifacts import settings_catalogue
+
+        catalogue = await asyncio.to_thread(settings_catalogue, settings)
     if settings.worker_backend == "torch" and catalogue is None:
         from switchyard.serving.artifacts import load_catalogue
 

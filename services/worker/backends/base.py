@@ -27,13 +27,15 @@ from switchyard.contracts.messages import (
     Assignment,
     ClassificationResult,
     LLMResult,
+    PlacedModel,
     ResourceVector,
+    StageResult,
 )
 from switchyard.errors import SwitchyardError
 
 from services.worker.queue import BatchKey, LocalQueue, WorkItem
 
-Result = LLMResult | ClassificationResult
+Result = LLMResult | ClassificationResult | StageResult
 
 
 class UnsupportedWorkError(SwitchyardError):
@@ -75,6 +77,9 @@ class BackendLoad:
 
     ``running`` pairs each running item with the wall seconds it still needs;
     ``waiting_s`` is the estimate of the waiting items given to :meth:`Backend.load`.
+    ``placed``, ``speed`` and ``gpu_type`` are a multi-model worker's (``emulated-models``):
+    the models placed on it, its service-time divisor and its GPU type; other backends
+    leave the defaults (nothing placed).
     """
 
     running: Sequence[tuple[WorkItem, float]]
@@ -88,6 +93,9 @@ class BackendLoad:
     capacity: ResourceVector = field(default_factory=ResourceVector)
     free: ResourceVector = field(default_factory=ResourceVector)
     kv_cache_free_bytes: int | None = None
+    placed: Sequence[PlacedModel] = ()
+    speed: float = 1.0
+    gpu_type: str | None = None
 
     @property
     def queued_work_s(self) -> float:

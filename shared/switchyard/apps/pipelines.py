@@ -27,6 +27,7 @@ __all__ = [
     "catalogue_from_registry",
     "check_pipelines",
     "check_placeable",
+    "registry_catalogue",
 ]
 
 
@@ -131,6 +132,16 @@ def catalogue_from_registry(
     Raises:
         UnplaceableModelError: for a model that fits on no worker.
     """
+    models, pipelines = registry_catalogue(registry)
+    check_placeable(models, workers)
+    return models, pipelines
+
+
+def registry_catalogue(
+    registry: Registry,
+) -> tuple[dict[str, ModelSpec], dict[str, PipelineSpec]]:
+    """The registry's models and pipelines as contract types, keyed by name (file order),
+    with no cluster to check them against (the live stack's workers come and go)."""
     models = {
         name: ModelSpec(
             name=name,
@@ -153,5 +164,4 @@ def catalogue_from_registry(
         )
         for entry in registry.pipelines
     }
-    check_placeable(models, workers)
     return models, pipelines

@@ -27,6 +27,9 @@ from switchyard.contracts.fields import NonNegativeFiniteFloat as NonNegativeFin
 from switchyard.contracts.fields import Part as Part
 from switchyard.contracts.fields import WorkerTypeName as WorkerTypeName
 from switchyard.contracts.fields import WorkloadType as WorkloadType
+from switchyard.contracts.placement_messages import PlacedModel as PlacedModel
+from switchyard.contracts.placement_messages import PlacedState as PlacedState
+from switchyard.contracts.placement_messages import PlacementOrder as PlacementOrder
 from switchyard.contracts.prediction_messages import CalibrationSettings as CalibrationSettings
 from switchyard.contracts.prediction_messages import LinearKeyWeights as LinearKeyWeights
 from switchyard.contracts.prediction_messages import LinearModelPart as LinearModelPart
@@ -45,6 +48,7 @@ from switchyard.contracts.prediction_messages import (
 class RequestKind(StrEnum):
     LLM = "llm"
     CLASSIFICATION = "classification"
+    STAGE = "stage"
 
 
 class LLMPayload(Part):
@@ -81,7 +85,25 @@ class ClassificationPayload(Part):
     features: Annotated[list[Float32], Field(min_length=1, max_length=1_000_000)]
 
 
-Payload = Annotated[LLMPayload | ClassificationPayload, Field(discriminator="kind")]
+class StagePayload(Part):
+    """One stage of a pipeline request: run ``model`` once on the outputs of the stages
+    it runs after (``inputs``, by stage name; the intermediate results travel here)."""
+
+    kind: Literal[RequestKind.STAGE] = RequestKind.STAGE
+    pipeline: Identifier
+    stage: Identifier
+    model: Identifier
+    exec_scale: Annotated[float, Field(gt=0, le=1000)] = Field(
+        default=1.0,
+        description="This request's service time relative to the model's mean (a trace "
+        "row's execution time over its model's mean).",
+    )
+    inputs: Annotated[
+        dict[Identifier, Annotated[str, Field(max_length=4096)]], Field(max_length=64)
+    ] = Field(default_factory=dict)
+
+
+Payload = Annotated[LLMPayload | ClassificationPayload | StagePayload, Field(discriminator="kind")]
 
 
 class InferenceRequest(Message):
@@ -232,7 +254,16 @@ class ClassificationResult(Part):
     probabilities: list[NonNegativeFloat] = Field(default_factory=list)
 
 
-Result = Annotated[LLMResult | ClassificationResult, Field(discriminator="kind")]
+class StageResult(Part):
+    """What one pipeline stage produced: ``output`` is handed to the stages after it.
+    From an emulated worker it is a placeholder naming the model and the request."""
+
+    kind: Literal[RequestKind.STAGE] = RequestKind.STAGE
+    model: Identifier
+    output: str = Field(default="", max_length=4096)
+
+
+Result = Annotated[LLMResult | ClassificationResult | StageResult, Field(discriminator="kind")]
 
 
 class Completion(Message):
@@ -345,6 +376,16 @@ class Heartbeat(Message):
     free: ResourceVector = Field(default_factory=ResourceVector)
     kv_cache_free_bytes: NonNegativeInt | None = None
     emulated: bool = False
+    placed: list[PlacedModel] = Field(
+        default_factory=list,
+        description="The multi-model catalogue's models placed on this worker (an "
+        "emulated-models worker), loading, ready or draining; what placement decides on.",
+    )
+    speed: Annotated[float, Field(gt=0)] = Field(
+        default=1.0,
+        description="Service-time divisor relative to the reference GPU (placement).",
+    )
+    gpu_type: Identifier | None = None
     inbox_partition: NonNegativeInt | None = Field(
         default=None,
         description="The partition of switchyard.worker-inbox this worker reads: where "

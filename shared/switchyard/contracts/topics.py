@@ -21,7 +21,9 @@ from switchyard.contracts.messages import (
     InferenceRequest,
     Migration,
     OutputChunk,
+    PlacementOrder,
     ServiceObservations,
+    StagePayload,
     WorkerDown,
 )
 
@@ -88,14 +90,22 @@ CLASSIFICATION_REQUESTS: Topic[InferenceRequest] = Topic(
     lambda m: m.request_id,
     "Accepted classification requests (ingress -> scheduler, sneakpeek).",
 )
+STAGE_REQUESTS: Topic[InferenceRequest] = Topic(
+    "switchyard.stage-requests",
+    InferenceRequest,
+    lambda m: m.request_id,
+    "Ready stages of pipeline requests (ingress -> scheduler).",
+)
 
 
 def requests_topic(request: InferenceRequest) -> Topic[InferenceRequest]:
     """Where an accepted request goes: LLM and classification requests travel apart, so
     SneakPeek never fetches an LLM request and the scheduler decides each kind in a
-    loop of its own."""
+    loop of its own (pipeline stages in a third)."""
     if isinstance(request.payload, ClassificationPayload):
         return CLASSIFICATION_REQUESTS
+    if isinstance(request.payload, StagePayload):
+        return STAGE_REQUESTS
     return REQUESTS
 
 
@@ -107,16 +117,16 @@ ESTIMATES: Topic[AccuracyEstimate] = Topic(
 )
 
 
-def _inbox_key(message: Assignment | Migration) -> str:
-    return message.worker_id if isinstance(message, Assignment) else message.from_worker_id
+def _inbox_key(message: Assignment | Migration | PlacementOrder) -> str:
+    return message.from_worker_id if isinstance(message, Migration) else message.worker_id
 
 
-WORKER_INBOX: Topic[Assignment | Migration] = Topic(
+WORKER_INBOX: Topic[Assignment | Migration | PlacementOrder] = Topic(
     "switchyard.worker-inbox",
-    (Assignment, Migration),
+    (Assignment, Migration, PlacementOrder),
     _inbox_key,
-    "Assignments (scheduler, a migrating worker) and migrations (rebalancer), each on its "
-    "worker's own partition.",
+    "Assignments (scheduler, a migrating worker), migrations (rebalancer) and placement "
+    "orders (placement), each on its worker's own partition.",
     addressed=True,
 )
 
@@ -161,6 +171,7 @@ DEAD_LETTERS: Topic[DeadLetter] = Topic(
 ALL_TOPICS: tuple[Topic[Any], ...] = (
     REQUESTS,
     CLASSIFICATION_REQUESTS,
+    STAGE_REQUESTS,
     ESTIMATES,
     WORKER_INBOX,
     ANSWERS,

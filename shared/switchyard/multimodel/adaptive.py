@@ -304,7 +304,12 @@ class _Search:
                     target = self._pick_member(model, cls, -1)
                     if target is None:
                         continue
-                    delta += self._balance_delta(model, s0 + a_new * speed, -1, target)
+                    # A model's first replica is never vetoed by the balance term: on
+                    # idle workers one replica of a trickle of demand moves the load CoV
+                    # from 0 to its maximum (CoV ignores how small the loads are), which
+                    # would leave its stages waiting for good.
+                    if c0 > 0.0:
+                        delta += self._balance_delta(model, s0 + a_new * speed, -1, target)
                 if delta + cfg.hysteresis < 0.0:
                     found.append(_Candidate(delta + cfg.hysteresis, delta, 0, model, -1, cls))
         for index in list(self.work.holders.get(model, ())):

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from switchyard.apps.registry_file import REGISTRY_FILE, load_registry, save_registry
+from switchyard.config import Settings
 from switchyard.errors import ConfigError
 from switchyard.serving.catalogue import ServingCatalogue
 
@@ -59,8 +60,11 @@ def ensure_default_registry(cache_dir: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load_catalogue(registry: str | None, cache_dir: str) -> ServingCatalogue:
-    """The catalogue of ``registry`` (a file), or of the default registry when None.
+def load_catalogue(
+    registry: str | None, cache_dir: str, *, pipeline_catalogue: str = "txt2img"
+) -> ServingCatalogue:
+    """The catalogue of ``registry`` (a file), or of the default registry when None;
+    ``pipeline_catalogue`` names the pipelines served when the registry declares none.
 
     Raises:
         ConfigError: the file is missing or invalid (one line naming the file and field).
@@ -74,4 +78,14 @@ def load_catalogue(registry: str | None, cache_dir: str) -> ServingCatalogue:
         loaded = load_registry(path)
     except RegistryError as exc:
         raise ConfigError(str(exc)) from None
-    return ServingCatalogue.from_registry(loaded, path.parent)
+    return ServingCatalogue.from_registry(
+        loaded, path.parent, pipeline_catalogue=pipeline_catalogue
+    )
+
+
+def settings_catalogue(settings: Settings) -> ServingCatalogue:
+    """The catalogue ``settings`` name: :func:`load_catalogue` of its registry, cache
+    folder and pipeline catalogue (what every service loads at start)."""
+    return load_catalogue(
+        settings.registry, settings.cache_dir, pipeline_catalogue=settings.pipeline_catalogue
+    )

@@ -15,9 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
+from switchyard.apps.pipelines import registry_catalogue
 from switchyard.apps.registry import Application, LlmApplicationEntry, Registry
 from switchyard.contracts.messages import WorkloadType
+from switchyard.multimodel.model import ModelSpec, PipelineSpec
+from switchyard.serving.pipelines import (
+    DEFAULT_PIPELINE_MODELS,
+    DEFAULT_PIPELINES,
+    pipeline_catalogue,
+)
 from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
 TINY_LM_MODEL = "tiny-lm"
@@ -155,13 +163,22 @@ class ServingCatalogue:
     classification: Mapping[str, ClassificationApplication]
     registry_dir: Path | None = None
     _registry: Registry | None = field(default=None, repr=False, compare=False)
+    models: Mapping[str, ModelSpec] = field(default_factory=lambda: DEFAULT_PIPELINE_MODELS)
+    """The multi-model catalogue's models (the stages' models), by name."""
+    pipelines: Mapping[str, PipelineSpec] = field(default_factory=lambda: DEFAULT_PIPELINES)
+    """Pipeline applications by name (``POST /v1/apps/{app}/infer``)."""
 
     @classmethod
     def from_registry(
-        cls, registry: Registry, registry_dir: Path | None = None
+        cls,
+        registry: Registry,
+        registry_dir: Path | None = None,
+        *,
+        pipeline_catalogue: str = "txt2img",
     ) -> ServingCatalogue:
         """The catalogue of ``registry``; :data:`DEFAULT_LLM_APPLICATIONS` when it has no
-        LLM applications."""
+        LLM applications, and the named ``pipeline_catalogue``
+        (:mod:`switchyard.serving.pipelines`) when it has no pipelines."""
         llm_apps = (
             tuple(LlmApplication.from_entry(entry) for entry in registry.llm_applications)
             or DEFAULT_LLM_APPLICATIONS
@@ -176,6 +193,7 @@ class ServingCatalogue:
             ),
             registry_dir=registry_dir,
             _registry=registry,
+            **_pipeline_catalogue(registry, pipeline_catalogue),
         )
 
     @property
@@ -210,6 +228,30 @@ class ServingCatalogue:
                 f"unknown application {name!r}; classification applications: {known}"
             ) from None
 
+    def pipeline(self, name: str) -> PipelineSpec:
+        """The pipeline application ``name``.
+
+        Raises:
+            UnknownServedApplicationError: naming the known pipelines.
+        """
+        try:
+            return self.pipelines[name]
+        except KeyError:
+            known = ", ".join(sorted(self.pipelines)) or "none"
+            raise UnknownServedApplicationError(
+                f"unknown application {name!r}; pipelines: {known}"
+            ) from None
+
     def llm_models(self) -> frozenset[str]:
         """Every served LLM model name (``llama-2-7b``, ``tiny-lm``, ...)."""
         return frozenset(app.model for app in self.llm.values())
+
+
+def _pipeline_catalogue(registry: Registry, name: str) -> dict[str, Any]:
+    """``models`` and ``pipelines``: the registry's when it declares pipelines, else
+    the named catalogue's."""
+    if registry.pipelines:
+        models, pipelines = registry_catalogue(registry)
+        return {"models": MappingProxyType(models), "pipelines": MappingProxyType(pipelines)}
+    named_models, named_pipelines = pipeline_catalogue(name)
+    return {"models": named_models, "pipelines": named_pipelines}

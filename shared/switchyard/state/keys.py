@@ -29,6 +29,11 @@ key                            type        owner (writes) -- readers
 ``lease:{topic}:{partition}``  string      :mod:`switchyard.state.leases` (partition
                                            leases of addressed topics)
 ``lease:rebalancer``           string      the rebalancer replica that runs rounds
+``lease:placement``            string      the placement replica that runs rounds
+``placement:demand``           hash        the scheduler's stage routing (stages per
+                                           model, counted) -- placement
+``placement:waiting:{inst}``   hash        one scheduler replica's stages with no
+                                           worker holding their model -- placement
 ``claim:worker-down:{id}:..``  string      monitor (one WorkerDown per death)
 ``state:generation``           string      monitor (written once the answers are restored;
                                            gone = the store lost its data) -- the ledger's
@@ -78,6 +83,23 @@ name their id meanwhile."""
 
 REBALANCER_LEASE = "lease:rebalancer"
 """String with a time to live: the rebalancer replica that runs rounds."""
+
+
+PLACEMENT_LEASE = "lease:placement"
+"""String with a time to live: the placement replica that runs rounds."""
+
+PLACEMENT_DEMAND = "placement:demand"
+"""Hash: model -> stages routed for it so far (decimal text, only ever incremented by
+the scheduler's stage routing); the placement service turns it into a rate."""
+
+PLACEMENT_WAITING_TTL_S = 10.0
+"""Life of a ``placement:waiting:{instance}`` hash not rewritten (its scheduler gone)."""
+
+
+def placement_waiting(instance: str) -> str:
+    """Hash: model -> stages the scheduler replica ``instance`` holds because no worker
+    holds their model (rewritten whole as it changes, with a time to live)."""
+    return f"placement:waiting:{instance}"
 
 
 def service(member: str) -> str:

@@ -88,7 +88,8 @@ become `worker-NAME`.
   (list "predictor" "core" false)
   (list "estimator" "ml" true)
   (list "scheduler" "core" true)
-  (list "rebalancer" "core" false) -}}
+  (list "rebalancer" "core" false)
+  (list "placement" "core" true) -}}
 {{- range $fixed -}}
 {{- $name := index . 0 -}}
 {{- $spec := deepCopy (index $.Values $name) -}}
