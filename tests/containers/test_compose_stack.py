@@ -106,8 +106,10 @@ SWITCHYARD_SERVICES = {
     "estimator",
     "scheduler",
     "rebalancer",
+    "placement",
     "worker-llm",
     "worker-llm-13b",
+    "worker-models",
     "worker-torch",
 }
 
@@ -261,6 +263,27 @@ def test_classification_calls_run_on_the_torch_worker(stack: docker.DockerClient
             assert any(worker.startswith(h) for h in torch_hosts), (worker, torch_hosts)
             ran_on_torch[planned.app] += 1
     assert set(ran_on_torch) == {"digits", "fraud-like", "wine-dominant"}, ran_on_torch
+
+
+def test_a_pipeline_runs_its_stages_on_the_models_the_placement_service_loads(
+    stack: docker.DockerClient,
+) -> None:
+    """Nothing is placed at start: the first calls wait for the placement service to load
+    the models (the catalogue's load times, at the file's time scale of 1), then every
+    stage runs on a worker-models container."""
+    hosts = {hostname_of(c) for c in project_containers(stack, "worker-models")}
+    answer = httpx.post(
+        f"{INGRESS}/v1/apps/txt2img-hd/infer",
+        json={"input": "a lighthouse at dusk"},
+        headers=AUTH,
+        timeout=180,
+    )
+    assert answer.status_code == 200, (answer.text, why())
+    body = answer.json()
+    assert set(body["output"]) == {"upscale", "check"}
+    assert [s["stage"] for s in body["stages"]][:2] == ["encode", "generate"]
+    for stage in body["stages"]:
+        assert any(stage["worker_id"].startswith(h) for h in hosts), (stage, hosts)
 
 
 def test_a_streamed_chat_arrives_in_chunks(stack: docker.DockerClient) -> None:

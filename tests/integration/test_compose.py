@@ -17,6 +17,7 @@ What differs from a container, and why:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -25,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from switchyard.traces import resolve_trace
@@ -161,6 +163,26 @@ async def test_the_compose_stack_runs_as_local_processes_and_answers_a_replay(
         # The classification requests ran on the torch worker, LLM ones on emulated ones.
         assert any(w and "worker-torch" in w for w in served_by), served_by
         assert any(w and "worker-llm" in w for w in served_by), served_by
+        # Pipelines: every stage on the emulated-models workers the placement service
+        # loaded the models on (nothing is placed before the first calls come).
+        async with httpx.AsyncClient(
+            base_url=stack.url,
+            timeout=60.0,
+            headers={"Authorization": f"Bearer {COMPOSE_DEMO_API_KEY}"},
+        ) as client:
+            answers = await asyncio.gather(
+                *(
+                    client.post("/v1/apps/txt2img-hd/infer", json={"input": f"call {i}"})
+                    for i in range(4)
+                )
+            )
+        for answer in answers:
+            assert answer.status_code == 200, (answer.text, stack.logs())
+            body = answer.json()
+            assert set(body["output"]) == {"upscale", "check"}
+            assert [s["stage"] for s in body["stages"]][:2] == ["encode", "generate"]
+            assert all("worker-models" in s["worker_id"] for s in body["stages"]), body
+            assert body["emulated"] is True
     finally:
         codes = await stack.close()
     assert all(code == 0 for code in codes.values()), (codes, stack.logs())
