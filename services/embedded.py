@@ -286,7 +286,7 @@ class EmbeddedStack:
 
     async def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        expected = len(self.plan.llm_workers) + self.plan.torch_workers
+        expected = len(self.plan.llm_workers) + self.plan.torch_workers + self.plan.model_workers
         while True:
             for running in self._running:
                 if running.task is not None and running.task.done():
