@@ -8,6 +8,7 @@ must move on once everything is handled.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -56,3 +57,34 @@ async def test_a_reader_hears_through_what_it_handled_and_no_further(
         through_s = reader.handled_through_s()
         assert through_s is not None
         assert through_s >= published_s
+
+
+async def test_a_reader_busy_at_every_ask_still_hears_through_its_idle_moments(
+    make_bus: BusFactory,
+) -> None:
+    """A steady stream (heartbeats of many workers) can find the reader with a batch in
+    hand whenever it is asked: the time it had caught up between batches still counts."""
+    bus = make_bus()
+    await bus.start()
+    partitions = list(range(await bus.partitions_of(REQUESTS)))
+    reader = bus.subscribe(REQUESTS, group="progress-busy", partitions=partitions)
+    async with reader:
+        assert await reader.next_within(1.5) is None
+        before_s = reader.handled_through_s()
+        assert before_s is not None
+        await bus.publish(REQUESTS, make_request("a", seq=0))
+        first = await reader.next_batch(10, timeout_s=10.0)
+        assert [d.message.request_id for d in first] == ["a"]
+        # The next ask finishes "a" with nothing else held (an idle moment nobody asks
+        # about), waits, and takes "b" once it comes.
+        asking = asyncio.create_task(reader.next_batch(10, timeout_s=10.0))
+        await asyncio.sleep(0.5)
+        idle_s = time.time()
+        await bus.publish(REQUESTS, make_request("b", seq=1))
+        second = await asking
+        assert [d.message.request_id for d in second] == ["b"]
+        # Asked now, with "b" in hand: heard at least through the moment "a" was done.
+        busy_s = reader.handled_through_s()
+        assert busy_s is not None
+        assert busy_s > before_s
+        assert busy_s <= idle_s

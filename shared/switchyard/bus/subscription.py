@@ -203,6 +203,13 @@ class Subscription(Generic[M]):
         Known once the reader has handled everything it was given and the broker's last
         answer showed nothing more (:meth:`TransportConsumer.caught_up_at_s`).
         """
+        self._note_progress()
+        return self._handled_through_s
+
+    def _note_progress(self) -> None:
+        """Move :meth:`handled_through_s` on when nothing is in hand. Called when asked
+        and whenever a delivery or batch is done, so a reader that is busy at every ask
+        (a steady stream of heartbeats) still moves it at its idle moments between."""
         consumer = self._consumer
         if consumer is not None and not self._buffer and self._current is None and not self._batch:
             at_s = consumer.caught_up_at_s()
@@ -210,7 +217,6 @@ class Subscription(Generic[M]):
                 self._handled_through_s is None or at_s > self._handled_through_s
             ):
                 self._handled_through_s = at_s
-        return self._handled_through_s
 
     def __aiter__(self) -> Subscription[M]:
         return self
@@ -307,7 +313,10 @@ class Subscription(Generic[M]):
         if handled:
             for envelope in self._batch:
                 self._mark(envelope)
+        had_batch = bool(self._batch)
         self._batch = []
+        if handled and had_batch:
+            self._note_progress()
 
     async def _next(self, deadline_s: float | None) -> Delivery[M] | None:
         self._finish_current(None, handled=True)
@@ -471,6 +480,7 @@ class Subscription(Generic[M]):
         exit_all(entered, exc)
         if handled:
             self._mark(envelope)
+            self._note_progress()
 
     def _mark(self, envelope: Envelope) -> None:
         tp = envelope.topic_partition
