@@ -123,8 +123,8 @@ class EmulatedLlmBackend:
         if not isinstance(payload, LLMPayload):
             raise UnsupportedWorkError(
                 f"this worker emulates LLM profile {self.perf.name} and serves only LLM "
-                f"requests for model {self.perf.model!r}; got a classification request for "
-                f"application {assignment.request.app!r}"
+                f"requests for model {self.perf.model!r}; got a {payload.kind.value} request "
+                f"for application {assignment.request.app!r}"
             )
         if payload.model != self.perf.model:
             raise UnsupportedWorkError(
