@@ -272,11 +272,13 @@ def test_a_pipeline_runs_its_stages_on_the_models_the_placement_service_loads(
     the models (the catalogue's load times, at the file's time scale of 1), then every
     stage runs on a worker-models container."""
     hosts = {hostname_of(c) for c in project_containers(stack, "worker-models")}
+    # Longer than the ingress's answer timeout (300 s): a call that stalls gets its 504,
+    # which names the stages still pending, rather than a client-side timeout.
     answer = httpx.post(
         f"{INGRESS}/v1/apps/txt2img-hd/infer",
         json={"input": "a lighthouse at dusk"},
         headers=AUTH,
-        timeout=180,
+        timeout=330,
     )
     assert answer.status_code == 200, (answer.text, why())
     body = answer.json()
