@@ -74,7 +74,7 @@ from switchyard.stats import quantile
 from switchyard.traces.alibaba import LORA_SAMPLE
 
 from cli.stack_demo import send_logs_to_file
-from loadgen.mixes import PlannedRequest
+from loadgen.mixes import PlannedRequest, pipeline_calls
 from loadgen.replay import replay
 from loadgen.replay_records import OK, ReplayResult
 from research.multimodel.agreement import (
@@ -131,17 +131,7 @@ def cluster(settings: Settings, count: int) -> list[WorkerSpec]:
 
 def plan_of(workload: Workload) -> list[PlannedRequest]:
     """The workload's calls as the load generator sends them (``kind`` pipeline)."""
-    return [
-        PlannedRequest(
-            index=index,
-            arrival_s=request.arrival_s,
-            kind="pipeline",
-            app=request.pipeline,
-            workload="pipeline",
-            exec_scale=request.exec_scale,
-        )
-        for index, request in enumerate(workload.requests)
-    ]
+    return pipeline_calls(workload.requests)
 
 
 def live_settings(base: Settings, *, policy: str, time_scale: float, update_hz: float) -> Settings:

@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 import numpy as np
 from switchyard.contracts.messages import WorkloadType
+from switchyard.multimodel.model import MultiModelRequest
 from switchyard.traces import Trace, head
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "check_mix_name",
     "multimodel_plan",
     "parse_app_map",
+    "pipeline_calls",
 ]
 
 RequestKind = Literal["llm", "classification", "pipeline"]
@@ -383,6 +385,12 @@ def multimodel_plan(limit: int | None = None, seed: int = 0) -> list[PlannedRequ
     requests = sorted(workload.requests, key=lambda request: request.arrival_s)
     if limit is not None:
         requests = requests[:limit]
+    return pipeline_calls(requests)
+
+
+def pipeline_calls(requests: Sequence[MultiModelRequest]) -> list[PlannedRequest]:
+    """``requests`` (multi-model requests, in arrival order) as the pipeline calls a
+    replay sends: ``POST /v1/apps/{pipeline}/infer`` with each request's ``exec_scale``."""
     return [
         PlannedRequest(
             index=index,
