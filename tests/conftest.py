@@ -29,6 +29,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from loadgen.harness.process_stack import free_ports
+
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 HOW_TO_START = "start it with `deploy/local/infra.sh up` (or `make infra-up`)"
@@ -62,21 +64,6 @@ def redis_url() -> str:
     return url
 
 
-def _free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free ports on 127.0.0.1."""
-    while True:
-        with contextlib.ExitStack() as held:
-            probes = [held.enter_context(socket.socket()) for _ in range(count)]
-            probes[0].bind(("127.0.0.1", 0))
-            first = probes[0].getsockname()[1]
-            try:
-                for offset, probe in enumerate(probes[1:], start=1):
-                    probe.bind(("127.0.0.1", first + offset))
-            except OSError:
-                continue
-            return int(first)
-
-
 @contextlib.contextmanager
 def _tls_server(name: str, folder: Path, port: int, timeout_s: float) -> Iterator[str]:
     """``deploy/local/NAME up FOLDER PORT`` (its standard output), then ``down``."""
@@ -104,7 +91,7 @@ def kafka_secure_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
     deploy/local/kafka-secure.sh); the SWITCHYARD_KAFKA_* settings a client is given."""
     folder = tmp_path_factory.mktemp("kafka-secure")
     # The broker's port and, next to it, its controller's.
-    with _tls_server("kafka-secure.sh", folder, _free_ports(2), 240) as printed:
+    with _tls_server("kafka-secure.sh", folder, free_ports(2), 240) as printed:
         yield dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
 
 
@@ -113,7 +100,7 @@ def redis_tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Redis server of this session's own that takes TLS only and an ACL user with a
     password (deploy/local/redis-tls.sh); the URL a Switchyard service would be given."""
     folder = tmp_path_factory.mktemp("redis-tls")
-    with _tls_server("redis-tls.sh", folder, _free_ports(1), 60) as printed:
+    with _tls_server("redis-tls.sh", folder, free_ports(1), 60) as printed:
         yield printed.strip()
 
 

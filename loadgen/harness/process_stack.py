@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -72,12 +73,53 @@ class StackError(RuntimeError):
     """The process stack did not come up (the message includes the logs' last lines)."""
 
 
+_EPHEMERAL_RANGE_PATH = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LISTEN_PORTS_FLOOR = 20000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel gives outgoing connections (32768 when unknown)."""
+    try:
+        return int(_EPHEMERAL_RANGE_PATH.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (bound to 0, then released)."""
+    """A port nothing listens on right now, for a process started after this returns.
+
+    Chosen below the kernel's ephemeral range: a port that the kernel handed out (bound to
+    0, then released) can go to any outgoing connection, a Kafka or Redis client's, in the
+    moment before the service binds it, and the service then fails with "address already
+    in use". Never the same port twice in one process.
+    """
+    return free_ports(1, host)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive free ports, chosen as :func:`free_port` does."""
+    ceiling = _ephemeral_floor() - count
+    floor = min(_LISTEN_PORTS_FLOOR, ceiling // 2)
+    rng = random.Random()
+    for _ in range(1000):
+        first = rng.randrange(floor, ceiling)
+        wanted = range(first, first + count)
+        if any(port in _handed_out for port in wanted):
+            continue
+        if all(_bindable(host, port) for port in wanted):
+            _handed_out.update(wanted)
+            return first
+    raise StackError(f"no {count} free consecutive ports on {host} between {floor} and {ceiling}")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
