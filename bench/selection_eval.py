@@ -5,7 +5,9 @@
 2. ``switchyard window`` at the defaults, then on the x200 / x50 emulated device with
    the step and the sigmoid penalty (SneakPeek window scheduling tables), three seeds.
 3. The deadline sweep (utility against the deadline).
-4. ``switchyard estimates`` (the accuracy-estimation table).
+4. ``--regime paper`` with its sigmoid and with the step penalty, and its swap-in
+   (``load-scale``) sweep (the paper's regime).
+5. ``switchyard estimates`` (the accuracy-estimation table).
 
 Run ``make bench-selection-eval`` or ``python -m bench.selection_eval [--out DIR]``;
 JSON of every run goes to DIR (default bench/results/selection).
@@ -38,6 +40,14 @@ def main() -> None:
     run_command(
         ["window", *common, *STRESSED, "--penalty", "step", "--sweep", "deadline",
          "--json", str(out / "deadline.json"), "--report", str(out / "deadline-report")]
+    )  # fmt: skip
+    paper = ["window", *common, "--regime", "paper"]
+    run_command([*paper, "--json", str(out / "paper.json")])
+    run_command([*paper, "--penalty", "step", "--json", str(out / "paper-step.json")])
+    run_command(
+        [*paper, "--sweep", "load-scale", "--values", "50,75,100,110,125,150,200",
+         "--schedulers", "lo-edf,lo-priority,grouped,grouped-da,sneakpeek",
+         "--json", str(out / "paper-load.json"), "--report", str(out / "paper-load-report")]
     )  # fmt: skip
     run_command(["estimates", "--registry", str(out / "apps" / "registry.json")])
 

@@ -7,9 +7,12 @@ latencies are the profiled CPU figures x ``--latency-scale``), prints one row pe
 scheduler (means over ``--seeds``), and writes the runs as JSON (``--json``) and
 charts with an HTML page (``--report``: :mod:`research.window.plots`).
 
+``--regime NAME`` starts from a named configuration (:mod:`research.window.regimes`:
+``default``, ``constrained``, ``paper``); flags given besides it win.
+
 ``--sweep NAME [--values v1,v2,...]`` runs the paper's sweeps
 (:mod:`research.window.sweep`: deadline, deadline-std, apps, requests-per-window,
-penalty, heterogeneity): every value runs every scheduler for every seed; the table has
+penalty, heterogeneity, and the device's latency-scale and load-scale): every value runs every scheduler for every seed; the table has
 one block per value, each run in the JSON carries ``sweep`` and ``value``, and the report
 adds utility and deadline violation rate against the swept value.
 
@@ -34,6 +37,7 @@ from typing import Any
 from switchyard.apps.registry import Registry
 from switchyard.selection.base import WindowScheduler
 
+from research.window.regimes import REGIMES, regime_named
 from research.window.sweep import SWEEPS, Sweep, SweepValue, parse_values, sweep_named
 
 __all__ = [
@@ -105,14 +109,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated window schedulers (default: every registered one)",
     )
-    parser.add_argument("--requests-per-window", type=int, default=12, help="default 12")
     parser.add_argument(
-        "--window-s", type=float, default=0.1, help="window length, seconds (default 0.1)"
+        "--regime",
+        default=None,
+        metavar="NAME",
+        help=f"a named configuration ({', '.join(REGIMES)}; research/window/regimes.py); "
+        "flags given besides it win",
+    )
+    parser.add_argument("--requests-per-window", type=int, default=None, help="default 12")
+    parser.add_argument(
+        "--window-s", type=float, default=None, help="window length, seconds (default 0.1)"
     )
     parser.add_argument(
         "--deadline-s",
         type=float,
-        default=0.15,
+        default=None,
         help="mean relative deadline, seconds (default 0.15)",
     )
     parser.add_argument(
@@ -127,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="applications taking part (default: all; more than the registry runs copies)",
     )
-    parser.add_argument("--workers", type=int, default=1, help="default 1")
+    parser.add_argument("--workers", type=int, default=None, help="default 1")
     parser.add_argument(
         "--penalty",
         default=None,
@@ -233,16 +244,17 @@ def _config(args: argparse.Namespace, seed: int) -> Any:
     heterogeneity = getattr(args, "heterogeneity", 1.0)
     if not (math.isfinite(heterogeneity) and heterogeneity > 0.0):
         raise BadInputError(f"--heterogeneity: must be a finite number > 0, got {heterogeneity}")
+    defaults = WindowSimConfig()
     try:
         return WindowSimConfig(
-            window_s=args.window_s,
-            requests_per_window=args.requests_per_window,
+            window_s=_or(args.window_s, defaults.window_s),
+            requests_per_window=_or(args.requests_per_window, defaults.requests_per_window),
             apps=args.apps,
             windows=args.windows,
-            deadline_s=args.deadline_s,
+            deadline_s=_or(args.deadline_s, defaults.deadline_s),
             deadline_std_s=args.deadline_std_s,
             penalty=args.penalty,
-            workers=args.workers,
+            workers=_or(args.workers, defaults.workers),
             latency_scale=(
                 DEFAULT_LATENCY_SCALE if args.latency_scale is None else args.latency_scale
             ),
@@ -256,6 +268,22 @@ def _config(args: argparse.Namespace, seed: int) -> Any:
     except ValueError as exc:
         field, _, message = str(exc).partition(": ")
         raise BadInputError(f"--{field.replace('_', '-')}: {message}") from None
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def with_regime(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--regime``'s settings filled in where no flag set them."""
+    name = getattr(args, "regime", None)
+    if name is None:
+        return args
+    merged = argparse.Namespace(**vars(args))
+    for key, value in regime_named(name).settings.items():
+        if getattr(merged, key, None) is None:
+            setattr(merged, key, value)
+    return merged
 
 
 def fail(command: str, exc: BaseException) -> int:
@@ -301,6 +329,7 @@ def _run(args: argparse.Namespace, schedulers: Mapping[str, SchedulerFactory] | 
     else:
         factories, all_text = schedulers, ",".join(schedulers)
     names = _names(args.schedulers, tuple(factories), all_text)
+    args = with_regime(args)
     sweep, values = _sweep(args)
     # Every value's configuration is checked before anything runs.
     cases: list[tuple[SweepValue | None, argparse.Namespace, Any]] = []
@@ -354,13 +383,17 @@ def _run(args: argparse.Namespace, schedulers: Mapping[str, SchedulerFactory] | 
             "schedulers": list(names),
             "seeds": seeds,
             "registry": str(args.registry) if args.registry else str(registry_dir),
+            "regime": getattr(args, "regime", None),
             "emulation": _emulation(base.latency_scale, base.load_scale),
         },
         "runs": runs,
     }
     rows = _aggregate(runs, names, values)
     table = format_sweep_table(rows, sweep)
-    print(_emulation(base.latency_scale, base.load_scale))
+    if args.regime is not None:
+        print(f"regime {args.regime}: {regime_named(args.regime).summary}")
+    if sweep is None or sweep.field not in ("latency_scale", "load_scale"):
+        print(_emulation(base.latency_scale, base.load_scale))
     print(table)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,12 @@ sweep                  setting                 default values
 ``requests-per-window``  ``--requests-per-window``  6, 12, 18, 24, 36
 ``penalty``            ``--penalty``           step, linear, sigmoid
 ``heterogeneity``      ``--heterogeneity``     0.5, 1, 2, 4
+``latency-scale``      ``--latency-scale``     50, 100, 200, 400 (the device's compute)
+``load-scale``         ``--load-scale``        10, 50, 100, 150, 200 (its swap-in)
 =====================  ======================  =========================================
+
+The last two are not the paper's: they move the emulated device, the ingredient that
+decides whether request-by-request schedulers keep up (docs/benchmarks.md).
 
 Model-variant heterogeneity ``h`` (> 0) spreads an application's variants' latencies
 apart, keeping their geometric mean. The ``n`` variants are ranked from fastest to
@@ -78,6 +83,10 @@ def _number(text: str, *, minimum: float, strict: bool) -> float:
     return value
 
 
+def _positive(text: str) -> float:
+    return _number(text, minimum=0.0, strict=True)
+
+
 def _integer(text: str) -> int:
     try:
         value = int(text)
@@ -116,7 +125,7 @@ SWEEPS: Mapping[str, Sweep] = {
             "deadline_s",
             "mean deadline (s)",
             ("0.05", "0.1", "0.15", "0.2", "0.3"),
-            lambda t: _number(t, minimum=0.0, strict=True),
+            _positive,
         ),
         Sweep(
             "deadline-std",
@@ -146,7 +155,21 @@ SWEEPS: Mapping[str, Sweep] = {
             "heterogeneity",
             "model-variant heterogeneity h (latency x h^r, r in [-1, 1])",
             ("0.5", "1", "2", "4"),
-            lambda t: _number(t, minimum=0.0, strict=True),
+            _positive,
+        ),
+        Sweep(
+            "latency-scale",
+            "latency_scale",
+            "emulated device: profiled batch latency x",
+            ("50", "100", "200", "400"),
+            _positive,
+        ),
+        Sweep(
+            "load-scale",
+            "load_scale",
+            "emulated device: profiled load time x",
+            ("10", "50", "100", "150", "200"),
+            _positive,
         ),
     )
 }
