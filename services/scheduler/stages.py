@@ -49,7 +49,9 @@ from enum import Enum
 from functools import partial
 from typing import Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry.context import Context
+from opentelemetry.trace import get_current_span
 from switchyard.bus import Delivery, Subscription
 from switchyard.cluster import ClusterView
 from switchyard.cluster.placement_view import PlacedDelta, placement_snapshot, placement_worker
@@ -426,16 +428,14 @@ class StageRouting:
             return Outcome.FAILED
         worker_id = self.placer.route(payload.model, now_s, exclude, self._waiting)
         if worker_id is None:
+            trace = trace_of(origin)
+            if isinstance(origin, Delivery):  # consumed now: its span shows the hold
+                with outbox.scope(origin):
+                    get_current_span().add_event("held", {"model": payload.model})
+                    trace = otel_context.get_current()
+            since = now_s if since_s is None else since_s
             self._hold(
-                HeldStage(
-                    request,
-                    payload.model,
-                    now_s if since_s is None else since_s,
-                    epoch,
-                    exclude,
-                    trace_of(origin),
-                    replaces_worker,
-                )
+                HeldStage(request, payload.model, since, epoch, exclude, trace, replaces_worker)
             )
             return Outcome.HELD
         self._unhold(request.request_id)

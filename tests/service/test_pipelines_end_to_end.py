@@ -107,6 +107,25 @@ async def test_concurrent_calls_are_each_answered_once_with_every_stage_on_a_pla
             assert stage["model"] in placed[stage["worker_id"]], (stage, placed)
             used.add(stage["worker_id"])
     assert used == set(placed)
+    # The first stages waited for their models: the scheduler's span of each says so, and
+    # the assignment sent once the model was ready continues that span's trace.
+    held = [
+        s
+        for s in traced.spans.get_finished_spans()
+        if s.kind is SpanKind.CONSUMER
+        and _group(s) == "scheduler-stages"
+        and any(e.name == "held" for e in s.events)
+    ]
+    assert held
+    for span in held:
+        sent = [
+            s
+            for s in traced.spans.get_finished_spans()
+            if s.parent is not None
+            and s.parent.span_id == span.context.span_id
+            and s.name.startswith("switchyard.worker-inbox")
+        ]
+        assert sent, span.name
     # Each stage is a request of its own in the ledger, final, on the worker that answered.
     first = {s["stage"]: s for s in bodies[0]["stages"]}
     async with httpx.AsyncClient(base_url=stack.url, timeout=10.0) as client:
