@@ -391,7 +391,14 @@ def _run(args: argparse.Namespace, schedulers: Mapping[str, SchedulerFactory] | 
     rows = _aggregate(runs, names, values)
     table = format_sweep_table(rows, sweep)
     if args.regime is not None:
-        print(f"regime {args.regime}: {regime_named(args.regime).summary}")
+        regime = regime_named(args.regime)
+        changed = [
+            f"--{key.replace('_', '-')} {'swept' if sweep and sweep.field == key else value}"
+            for key, wanted in regime.settings.items()
+            if (value := getattr(args, key)) != wanted or (sweep and sweep.field == key)
+        ]
+        besides = f" (besides it: {', '.join(changed)})" if changed else ""
+        print(f"regime {args.regime}: {regime.summary}{besides}")
     if sweep is None or sweep.field not in ("latency_scale", "load_scale"):
         print(_emulation(base.latency_scale, base.load_scale))
     print(table)

@@ -146,8 +146,21 @@ def test_the_search_s_late_total_matches_the_penalty(penalty: Penalty) -> None:
     expected = sum(
         a * penalty.factor(0.06 - d) for a, d in zip(accs[:3], deadlines[:3], strict=True)
     )
-    assert penalty.late_total()(accs, deadlines, 3, 0.06) == pytest.approx(expected, abs=1e-12)
-    assert penalty.late_total()(accs, deadlines, 0, 0.06) == 0.0
+    zeros = [0.0] * 5
+    assert penalty.late_total()(accs, zeros, deadlines, 3, 0.06) == pytest.approx(
+        expected, abs=1e-12
+    )
+    assert penalty.late_total()(accs, zeros, deadlines, 0, 0.06) == 0.0
+    # With floors (what SneakPeek's label would earn), each late request counts the more.
+    floors = [0.0, 0.75, 0.1, 0.2, 0.2]
+    floored = sum(
+        max(a * penalty.factor(0.06 - d), f)
+        for a, d, f in zip(accs[:3], deadlines[:3], floors[:3], strict=True)
+    )
+    assert penalty.late_total()(accs, floors, deadlines, 3, 0.06) == pytest.approx(
+        floored, abs=1e-12
+    )
+    assert penalty.late_total()(accs, floors, deadlines, 0, 0.06) == 0.0
 
 
 def test_swap_is_paid_only_when_the_variant_changes() -> None:
@@ -291,6 +304,23 @@ def test_short_circuit_takes_a_confident_request_with_a_tight_deadline() -> None
     assert order(plan) == ["loose"]
     assert plan.expected_utility == pytest.approx(0.95 + 0.9)
     assert run("grouped-da", window).short_circuited == ()
+
+
+def test_short_circuit_frees_the_worker_for_a_request_only_a_model_can_answer() -> None:
+    """Planned without its label, "a1" earns most from a's accurate variant (0.99, more
+    than its label's 0.88), which leaves "b1" the fast one. Searched knowing the label
+    can answer "a1", the plan gives the worker to "b1"'s accurate variant instead."""
+    a = app("a", variant("fast", 0.7, 2.0 * MS), variant("slow", 0.99, 10.0 * MS))
+    b = app("b", variant("fast", 0.7, 2.0 * MS), variant("slow", 0.95, 10.0 * MS))
+    window = snap(
+        [req("a1", "a", 10.5 * MS, theta=(0.88, 0.12)), req("b1", "b", 13.0 * MS)], [a, b]
+    )
+    plan = run("sneakpeek", window)
+    assert plan.short_circuited == ("a1",)
+    assert [(x.app, x.variant) for x in plan.batches] == [("b", "slow")]
+    assert plan.expected_utility == pytest.approx(0.88 + 0.95)
+    without_label = run("grouped-da", window)
+    assert without_label.expected_utility == pytest.approx(0.99 + 0.7)
 
 
 def test_multi_worker_spreads_groups_across_workers() -> None:

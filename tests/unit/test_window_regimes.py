@@ -61,9 +61,12 @@ def test_the_paper_regime_sets_the_device_deadline_and_penalty(
     assert "latencies x200, load times x200" in printed
 
 
-def test_a_flag_or_a_sweep_value_wins_over_the_regime(small_registry: Path, tmp_path: Path) -> None:
+def test_a_flag_or_a_sweep_value_wins_over_the_regime(
+    small_registry: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = _config(small_registry, tmp_path, ["--regime", "paper", "--load-scale", "50"])
     assert (config["latency_scale"], config["load_scale"]) == (200.0, 50.0)
+    assert "(besides it: --load-scale 50.0)" in capsys.readouterr().out
     out = tmp_path / "sweep.json"
     argv = [
         *("--registry", str(small_registry), "--windows", "2", "--seeds", "1"),

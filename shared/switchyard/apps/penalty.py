@@ -137,46 +137,44 @@ class Penalty:
 
         return sigmoid
 
-    def late_total(self) -> Callable[[Sequence[float], Sequence[float], int, float], float]:
-        """``sum(accs[i] * factor(end_s - deadlines[i]) for i in range(late))`` for
-        deadlines before ``end_s``, as a function with the constants worked out once and
-        the factor inlined: the grouped search's innermost loop, where a call per
-        request was most of its time."""
+    def late_total(
+        self,
+    ) -> Callable[[Sequence[float], Sequence[float], Sequence[float], int, float], float]:
+        """``sum(max(accs[i] * factor(end_s - deadlines[i]), floors[i]) for i in
+        range(late))`` for deadlines before ``end_s``, each request worth at least its
+        floor (what another way of answering it earns; zeros for none), as a function
+        with the constants worked out once and the sigmoid inlined: the grouped search's
+        innermost loop, where a call per request was most of its time."""
         if self.kind == "step":
-            return lambda accs, deadlines, late, end_s: 0.0
-        if self.kind == "linear":
-            assert self.span_s is not None  # checked in __post_init__
-            span_s = self.span_s
-
-            def linear(
-                accs: Sequence[float], deadlines: Sequence[float], late: int, end_s: float
-            ) -> float:
-                value = 0.0
-                for i in range(late):
-                    kept = 1.0 - (end_s - deadlines[i]) / span_s
-                    if kept > 0.0:
-                        value += accs[i] * kept
-                return value
-
-            return linear
+            return lambda accs, floors, deadlines, late, end_s: sum(floors[:late])
+        if self.kind == "linear":  # not the registry's default: the plain form will do
+            factor = self.late_factor()
+            return lambda accs, floors, deadlines, late, end_s: sum(
+                max(accs[i] * factor(end_s - deadlines[i]), floors[i]) for i in range(late)
+            )
         assert self.steepness_per_s is not None
         assert self.midpoint_s is not None
         steepness, midpoint = self.steepness_per_s, self.midpoint_s
-        at_deadline = _logistic_tail(-steepness * midpoint)
+        scale = 1.0 / _logistic_tail(-steepness * midpoint)
         exp = math.exp
 
         def sigmoid(
-            accs: Sequence[float], deadlines: Sequence[float], late: int, end_s: float
+            accs: Sequence[float],
+            floors: Sequence[float],
+            deadlines: Sequence[float],
+            late: int,
+            end_s: float,
         ) -> float:
             value = 0.0
             for i in range(late):
                 z = steepness * (end_s - deadlines[i] - midpoint)
                 if z >= 0.0:
                     e = exp(-z) if z < 745.0 else 0.0
-                    kept = e / (1.0 + e) / at_deadline
+                    kept = e / (1.0 + e) * scale
                 else:
-                    kept = 1.0 / (1.0 + exp(z)) / at_deadline
-                value += accs[i] * (kept if kept < 1.0 else 1.0)
+                    kept = scale / (1.0 + exp(z))
+                answered = accs[i] * (kept if kept < 1.0 else 1.0)
+                value += answered if answered > floors[i] else floors[i]
             return value
 
         return sigmoid

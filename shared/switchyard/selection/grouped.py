@@ -6,8 +6,8 @@ application's group by SneakPeek's predicted label for confident requests (the l
 class frequency above :data:`~switchyard.selection.snapshot.CONFIDENT_THETA`), the
 unconfident ones forming a sub-group of their own, as far as the exact search's bound
 ``tau`` allows (:func:`group_requests`): splitting past it used to send the data-aware
-forms to the greedy order, which planned worse than the data-oblivious form's exact one. A group runs as one batch with one
-variant (a group larger than every profiled batch size stays one planned unit;
+forms to the greedy order, which planned worse than the data-oblivious form's exact
+one. A group runs as one batch with one variant (a group larger than every profiled batch size stays one planned unit;
 :func:`~switchyard.selection.base.batch_latency_s` prices it as consecutive batches).
 
 Search. With at most ``tau`` groups (default 5) every order of the groups is tried; along
@@ -17,17 +17,24 @@ would finish earliest (list scheduling). The order with the highest total wins (
 the first order in lexicographic order of group positions). The search is therefore
 exact over orders and greedy over variants within an order. It is a depth-first walk
 over order prefixes (orders sharing a prefix share its work) with a bound: a prefix is
-dropped when its utility plus the best each remaining group could earn on time cannot
+dropped when its utility plus the most each remaining group could still earn cannot
 reach the best order found so far, the groups' earliest-deadline order to begin with,
-which never changes the answer (up to 1e-12 of utility).
+which never changes the answer (up to 1e-12 of utility). That most is, at first, what
+the group earned as its parent's best choice; a node replaces those ceilings one by one
+with each group's best choice from its own state and stops as soon as the sum falls
+short, without computing the rest.
 With more than ``tau`` groups, greedy: groups in descending mean
 :func:`~switchyard.selection.base.priority`, each with its best variant.
 
 Short-circuit (``sneakpeek`` only). SneakPeek's own label is a zero-latency candidate: a
 request answered with it at ``now_s`` earns ``penalty.utility(max(theta), now_s -
-deadline_s)``. The scheduler first plans the whole window, then short-circuits every
-request whose short-circuit utility exceeds what it earns in that plan, then plans the
-remaining requests once more (regrouped). It does not iterate further.
+deadline_s)``, its *floor*. The search values each request at the better of its batch's
+answer and its floor, so it orders the groups knowing which requests the label can
+answer; in the plan it finds, a request whose floor beats its batch's answer is
+short-circuited and leaves the batch (which then finishes no later, so no other request
+loses). One search a window: an earlier form searched the whole window, short-circuited,
+then searched the rest again, at twice the decision time (docs/benchmarks.md compares
+the two).
 """
 
 from __future__ import annotations
@@ -39,7 +46,13 @@ from dataclasses import dataclass
 
 from switchyard.policies.base import DecisionContext
 from switchyard.selection.base import WindowPlan, batch_latency_s, priority
-from switchyard.selection.snapshot import AppView, VariantView, WindowRequest, WindowSnapshot
+from switchyard.selection.snapshot import (
+    CONFIDENT_THETA,
+    AppView,
+    VariantView,
+    WindowRequest,
+    WindowSnapshot,
+)
 from switchyard.selection.timeline import (
     AccuracyFn,
     ScoredPlan,
@@ -76,8 +89,10 @@ def group_requests(
     frequent confident label (the rest share ``None``) if that fits, else stays whole.
     Without a bound every application is split by every label."""
     by_app: dict[str, list[WindowRequest]] = {}
+    confident_label: dict[str, int | None] = {}
     for request in requests:
         by_app.setdefault(request.app, []).append(request)
+        confident_label[request.request_id] = _confident_label(request)
     # Per application, the labels it is split by: every one of a set, one, or none.
     labels_by_app: dict[str, int | frozenset[int] | None] = dict.fromkeys(by_app)
     if split_by_label:
@@ -86,7 +101,7 @@ def group_requests(
             counts: dict[int, int] = {}
             unconfident = False
             for request in by_app[app]:
-                predicted = request.predicted_label if request.confident else None
+                predicted = confident_label[request.request_id]
                 if predicted is None:
                     unconfident = True
                 else:
@@ -103,10 +118,20 @@ def group_requests(
     groups: dict[GroupKey, list[WindowRequest]] = {}
     for request in requests:
         split = labels_by_app[request.app]
-        own = request.predicted_label if request.confident else None
+        own = confident_label[request.request_id]
         kept = own is not None and (own in split if isinstance(split, frozenset) else own == split)
         groups.setdefault((request.app, own if kept else None), []).append(request)
     return groups
+
+
+def _confident_label(request: WindowRequest) -> int | None:
+    """``request.predicted_label`` when ``request.confident``, else ``None``: the two
+    properties in one pass over ``theta`` (this runs for every request of a window)."""
+    theta = request.theta
+    if theta is None:
+        return None
+    top = max(theta)
+    return theta.index(top) if top > CONFIDENT_THETA else None
 
 
 class _Choice:
@@ -120,13 +145,15 @@ class _Choice:
         key_id: int,
         accs: list[float],
         lanes: list[tuple[int, float]],
+        floors: list[float] | None = None,
     ) -> None:
         self.variant = variant
         self.key_id = key_id
         self.load_s = variant.load_s
         self.accs = accs  # in the group's deadline order
+        on_time = accs if floors is None else [max(a, f) for a, f in zip(accs, floors, strict=True)]
         self.prefix = [0.0]
-        for a in accs:
+        for a in on_time:
             self.prefix.append(self.prefix[-1] + a)
         self.total = self.prefix[-1]
         self.lanes = lanes  # (worker index, batch time for the group's size)
@@ -136,27 +163,63 @@ class _Choice:
 
 
 class _Group:
-    __slots__ = ("app", "choices", "deadlines", "late_total", "requests", "step")
+    __slots__ = (
+        "app",
+        "choices",
+        "deadlines",
+        "floors",
+        "late_factor",
+        "late_floors",
+        "late_total",
+        "requests",
+        "step",
+        "unpacked",
+    )
 
-    def __init__(self, app: AppView, requests: list[WindowRequest], choices: list[_Choice]):
+    def __init__(
+        self,
+        app: AppView,
+        requests: list[WindowRequest],
+        choices: list[_Choice],
+        floors: list[float] | None = None,
+    ):
         self.app = app
         self.requests = requests  # by deadline
         self.deadlines = [r.deadline_s for r in requests]
         self.choices = choices
+        # what _best_choice reads of each choice, unpacked once: it runs at every node
+        self.unpacked = tuple(
+            (ci, c, c.key_id, c.load_s, c.lanes, c.memo) for ci, c in enumerate(choices)
+        )
+        self.floors = floors  # each request's short-circuit utility, None: no short-circuit
         self.step = app.penalty.kind == "step"
+        self.late_floors = [0.0] * len(requests) if floors is None else floors
         self.late_total = app.penalty.late_total()
+        self.late_factor = app.penalty.late_factor()
 
     def utility(self, choice: _Choice, end_s: float) -> float:
-        """Summed expected utility of the group answered by ``choice`` at ``end_s``."""
+        """Summed expected utility of the group answered by ``choice`` at ``end_s`` (each
+        request at least its floor, when the group has floors)."""
         value = choice.memo.get(end_s)
         if value is not None:
             return value
         late = bisect_left(self.deadlines, end_s)  # deadlines before end_s are missed
         value = choice.total - choice.prefix[late]
-        if late and not self.step:
-            value += self.late_total(choice.accs, self.deadlines, late, end_s)
+        if late and (self.floors is not None or not self.step):
+            value += self.late_total(choice.accs, self.late_floors, self.deadlines, late, end_s)
         choice.memo[end_s] = value
         return value
+
+    def short_circuited(self, choice: _Choice, end_s: float) -> list[bool]:
+        """Which requests the label answers better than ``choice``'s batch ending at
+        ``end_s`` (none without floors)."""
+        if self.floors is None:
+            return [False] * len(self.requests)
+        factor = self.late_factor
+        return [
+            floor > (acc if end_s <= deadline else acc * factor(end_s - deadline))
+            for acc, floor, deadline in zip(choice.accs, self.floors, self.deadlines, strict=True)
+        ]
 
 
 Step = tuple[int, int, int]
@@ -170,9 +233,7 @@ def _best_choice(
     Ties: the earlier end, then the first listed variant."""
     best_c, best_lane, best_end, best_u = -1, -1, math.inf, -1.0
     utility = group.utility
-    for ci, choice in enumerate(group.choices):
-        key, load = choice.key_id, choice.load_s
-        lanes = choice.lanes
+    for ci, choice, key, load, lanes, memo in group.unpacked:
         if len(lanes) == 1:
             lane, run_s = lanes[0]
             end = free[lane] + run_s if loaded[lane] == key else free[lane] + load + run_s
@@ -182,7 +243,7 @@ def _best_choice(
                 e = free[li] + run_s if loaded[li] == key else free[li] + load + run_s
                 if e < end:
                     end, lane = e, li
-        u = choice.memo.get(end)  # the memo's lookup inlined: a third of calls hit
+        u = memo.get(end)  # the memo's lookup inlined: a third of calls hit
         if u is None:
             u = utility(choice, end)
         if u > best_u or (u == best_u and end < best_end):
@@ -222,11 +283,8 @@ def _run_in_order(
     return value, path
 
 
-def _exact(
-    groups: list[_Group], free: list[float], loaded: list[int], prior: Sequence[str] = ()
-) -> list[Step]:
-    """The best order of ``groups`` (see the module docstring); ``prior``: applications in
-    the order an earlier plan of the window ran them, a likely good first incumbent."""
+def _exact(groups: list[_Group], free: list[float], loaded: list[int]) -> list[Step]:
+    """The best order of ``groups`` (see the module docstring)."""
     n = len(groups)
     # the most each group can earn: on time with its most accurate variant
     bounds = [max(c.total for c in g.choices) for g in groups]
@@ -234,22 +292,17 @@ def _exact(
     unique_apps = len(set(apps)) == n  # then no group's bound needs _optimistic
     used = [False] * n
     path: list[Step] = []
-    # Start from the better of the deadline order and the prior order, a little below its
-    # value: a branch that cannot reach it is cut at once, and the first order
-    # (lexicographically) reaching the best value is still the one kept, as without it.
+    # Start from the deadline order, a little below its value: a branch that cannot reach
+    # it is cut at once, and the first order (lexicographically) reaching the best value
+    # is still the one kept, as without it.
     by_deadline = sorted(range(n), key=lambda i: (groups[i].deadlines[0], i))
     seed_value, seed_path = _run_in_order(groups, free, loaded, by_deadline)
-    if prior:
-        rank = {app: r for r, app in enumerate(prior)}
-        by_prior = sorted(by_deadline, key=lambda i: rank.get(apps[i], n))
-        if by_prior != by_deadline:
-            value, steps = _run_in_order(groups, free, loaded, by_prior)
-            if value > seed_value:
-                seed_value, seed_path = value, steps
     best_value = seed_value - 2 * _EPS
     best_path: list[Step] = []
 
-    def visit(depth: int, value: float, headroom: float) -> None:
+    def visit(depth: int, value: float, headroom: float, ceiling: list[float]) -> None:
+        """``ceiling[gi]``: the most group ``gi`` can earn from here on (its best choice in
+        the parent's state, which only falls as the workers fill: see below)."""
         nonlocal best_value, best_path
         if depth == n:
             if value > best_value:
@@ -262,31 +315,46 @@ def _exact(
         # its best choice now (the same swap-in, a later start); one that has is bounded
         # without the swap-in (:func:`_optimistic`).
         left = [gi for gi in range(n) if not used[gi]]
-        picks = [_best_choice(groups[gi], free, loaded) for gi in left]
-        reach = value
         if unique_apps:
-            for pick in picks:
-                reach += pick[3]
+            # The bound tightens as each pick replaces its ceiling: stop as soon as it
+            # cannot reach the best order, before computing the rest.
+            reach = value
+            for gi in left:
+                reach += ceiling[gi]
+            if reach <= best_value + _EPS:
+                return
+            picks = []
+            for gi in left:
+                pick = _best_choice(groups[gi], free, loaded)
+                reach -= ceiling[gi] - pick[3]
+                if reach <= best_value + _EPS:
+                    return
+                picks.append(pick)
         else:
+            picks = [_best_choice(groups[gi], free, loaded) for gi in left]
+            reach = value
             for gi, pick in zip(left, picks, strict=True):
                 if sum(1 for gj in left if apps[gj] == apps[gi]) == 1:
                     reach += pick[3]
                 else:
                     reach += _optimistic(groups[gi], free, loaded)
-        if reach <= best_value + _EPS:
-            return
+            if reach <= best_value + _EPS:
+                return
+        below = ceiling.copy()
+        for gi, pick in zip(left, picks, strict=True):
+            below[gi] = pick[3]
         for gi, (ci, lane, end, u) in zip(left, picks, strict=True):
             group = groups[gi]
             old_free, old_loaded = free[lane], loaded[lane]
             free[lane], loaded[lane] = end, group.choices[ci].key_id
             used[gi] = True
             path.append((gi, ci, lane))
-            visit(depth + 1, value + u, headroom - bounds[gi])
+            visit(depth + 1, value + u, headroom - bounds[gi], below)
             path.pop()
             used[gi] = False
             free[lane], loaded[lane] = old_free, old_loaded
 
-    visit(0, 0.0, sum(bounds))
+    visit(0, 0.0, sum(bounds), bounds)
     return best_path or seed_path
 
 
@@ -335,29 +403,13 @@ class GroupedScheduler:
         accuracy = estimated_accuracy if self.data_aware else profiled_accuracy
         if not self.data_aware:
             valid = without_estimates(valid)
-        scored, order = self._plan(snapshot, valid, accuracy, (), ())
-        if self.short_circuit:
-            short = []
-            for request in valid:
-                value = short_circuit_utility(request, snapshot.apps[request.app], snapshot.now_s)
-                if value is not None and value > scored.utility_by_request[request.request_id]:
-                    short.append(request)
-            if short:
-                chosen = {r.request_id for r in short}
-                rest = [r for r in valid if r.request_id not in chosen]
-                scored, _ = self._plan(snapshot, rest, accuracy, short, order)
-        return scored.to_plan(rejected)
+        return self._plan(snapshot, valid, accuracy).to_plan(rejected)
 
     def _plan(
-        self,
-        snapshot: WindowSnapshot,
-        requests: Sequence[WindowRequest],
-        accuracy: AccuracyFn,
-        short: Sequence[WindowRequest],
-        prior: Sequence[str],
-    ) -> tuple[ScoredPlan, list[str]]:
-        """The window planned without the ``short``-circuited requests, and the order its
-        applications run in (``prior``: an earlier plan's, to start the search from)."""
+        self, snapshot: WindowSnapshot, requests: Sequence[WindowRequest], accuracy: AccuracyFn
+    ) -> ScoredPlan:
+        """The window planned: the groups' order searched, then each group's batch (less
+        the requests its label answers better) committed in that order."""
         groups = self._groups(snapshot, requests, accuracy)
         free = [max(snapshot.now_s, w.free_at_s) for w in snapshot.workers]
         key_ids: dict[tuple[str, str], int] = {}
@@ -366,19 +418,29 @@ class GroupedScheduler:
                 key_ids.setdefault((g.app.name, c.variant.name), c.key_id)
         loaded = [-1 if w.loaded is None else key_ids.get(w.loaded, -1) for w in snapshot.workers]
         if len(groups) <= self.tau:
-            steps = _exact(groups, free, loaded, prior)
+            steps = _exact(groups, free, loaded)
         else:
             steps = _greedy(groups, free, loaded, snapshot.now_s)
         timeline = Timeline(snapshot, accuracy)
+        short: list[WindowRequest] = []
         for gi, ci, lane in steps:
             group = groups[gi]
-            variant = group.choices[ci].variant
-            option = timeline.option(group.app, variant, len(group.requests), lane=lane)
-            assert option is not None  # the lane was one the variant runs on
-            timeline.commit(option, group.app, variant, group.requests)
+            choice = group.choices[ci]
+            batch = group.requests
+            if group.floors is not None:
+                searched = timeline.option(group.app, choice.variant, len(batch), lane=lane)
+                assert searched is not None  # the lane was one the variant runs on
+                answered = group.short_circuited(choice, searched.end_s)
+                short.extend(r for r, s in zip(batch, answered, strict=True) if s)
+                batch = [r for r, s in zip(batch, answered, strict=True) if not s]
+                if not batch:
+                    continue
+            option = timeline.option(group.app, choice.variant, len(batch), lane=lane)
+            assert option is not None
+            timeline.commit(option, group.app, choice.variant, batch)
         for request in short:
             timeline.short_circuit(request)
-        return timeline.result(), [groups[gi].app.name for gi, _, _ in steps]
+        return timeline.result()
 
     def _groups(
         self, snapshot: WindowSnapshot, requests: Sequence[WindowRequest], accuracy: AccuracyFn
@@ -392,6 +454,9 @@ class GroupedScheduler:
             app = snapshot.apps[app_name]
             members = sorted(members, key=lambda r: r.deadline_s)
             size = len(members)
+            floors = None
+            if self.short_circuit:
+                floors = [short_circuit_utility(r, app, snapshot.now_s) or 0.0 for r in members]
             choices: list[_Choice] = []
             for variant in app.variants:
                 run_by_type: dict[str, float] = {}
@@ -406,6 +471,6 @@ class GroupedScheduler:
                     continue
                 key_id = key_ids.setdefault((app.name, variant.name), len(key_ids))
                 accs = [accuracy(r, variant) for r in members]
-                choices.append(_Choice(variant, key_id, accs, lanes))
-            groups.append(_Group(app, members, choices))
+                choices.append(_Choice(variant, key_id, accs, lanes, floors))
+            groups.append(_Group(app, members, choices, floors))
         return groups

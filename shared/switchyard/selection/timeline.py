@@ -100,6 +100,13 @@ def _unit_interval(value: float) -> bool:
     return math.isfinite(value) and 0.0 <= value <= 1.0
 
 
+def _all_in_unit_interval(values: Sequence[float]) -> bool:
+    # Three calls in C instead of a test per value (this runs on every request of every
+    # window): a NaN or an infinity makes the sum NaN or infinite; min and max then
+    # see finite numbers only.
+    return not values or (math.isfinite(sum(values)) and min(values) >= 0.0 and max(values) <= 1.0)
+
+
 def validate_requests(
     snapshot: WindowSnapshot, *, use_estimates: bool
 ) -> tuple[list[WindowRequest], list[tuple[str, str]]]:
@@ -154,10 +161,11 @@ def _estimate_problem(request: WindowRequest, app: AppView) -> str | None:
                 f"theta: {len(request.theta)} class frequencies for {app.name!r}, "
                 f"which has {app.num_classes} classes"
             )
-        if not all(_unit_interval(t) for t in request.theta):
+        if not _all_in_unit_interval(request.theta):
             return "theta: class frequencies must lie in [0, 1]"
-    if request.expected_accuracy is not None:
-        for variant, value in request.expected_accuracy.items():
+    expected = request.expected_accuracy
+    if expected is not None and not _all_in_unit_interval(tuple(expected.values())):
+        for variant, value in expected.items():
             if not _unit_interval(value):
                 return f"expected_accuracy: {variant!r} must lie in [0, 1], got {value!r}"
     return None
