@@ -180,10 +180,12 @@ _STATUS = {
     "properties": {
         "request_id": _STRING,
         "app": _STRING,
-        "kind": _nullable({"type": "string", "enum": ["llm", "classification"]}),
+        "kind": _nullable(
+            {"type": "string", "enum": ["llm", "classification", "stage", "pipeline"]}
+        ),
         "status": {
             "type": "string",
-            "enum": ["queued", "assigned", "ok", "failed", "expired", "cancelled"],
+            "enum": ["queued", "assigned", "running", "ok", "failed", "expired", "cancelled"],
         },
         "deadline_s": _nullable(_NUMBER),
         "deadline_met": _BOOLEAN,
@@ -194,6 +196,25 @@ _STATUS = {
         "result": _nullable({"type": "object"}),
         "error": _nullable(_STRING),
         "timeline": _ref("Timeline"),
+        "stages": {
+            "type": "array",
+            "description": "A pipeline call's stages, in pipeline order.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "stage": _STRING,
+                    "model": _STRING,
+                    "request_id": _STRING,
+                    "status": _nullable(_STRING),
+                    "worker_id": _nullable(_STRING),
+                },
+            },
+        },
+        "output": {
+            "type": "object",
+            "description": "A pipeline call's answer, once every stage is ok: the outputs of "
+            "the stages nothing runs after, by stage name.",
+        },
     },
     "required": ["request_id", "app", "status"],
 }
@@ -430,7 +451,8 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
                     f"applications: {apps}), or run a pipeline of model stages on one input "
                     f"(PipelineBody, which takes no other field; pipelines: {pipelines}). "
                     "A pipeline's stages each become a request '{id}.{stage}' "
-                    "(GET /v1/requests/{id}.{stage}); a retry with the same request_id runs "
+                    "(GET /v1/requests/{id}.{stage}; GET /v1/requests/{id} reads the whole "
+                    "call back from them); a retry with the same request_id runs "
                     "no stage twice. The deadline and priority headers apply to "
                     "classification only.",
                     "parameters": [
@@ -463,7 +485,10 @@ def openapi_document(catalogue: ServingCatalogue) -> dict[str, Any]:
             },
             "/v1/requests/{request_id}": {
                 "get": {
-                    "summary": "A request's status and result, from any replica.",
+                    "summary": "A request's status and result, from any replica; for a "
+                    "pipeline call's id, the call's status (kind 'pipeline') put together "
+                    "from its stages' records, with each stage's status and, once every "
+                    "stage is ok, the call's output.",
                     "parameters": [
                         {"name": "request_id", "in": "path", "required": True, "schema": _STRING}
                     ],

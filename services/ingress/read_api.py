@@ -16,6 +16,7 @@ from services.ingress.auth import tenant_of
 from services.ingress.drain import Admission, unavailable
 from services.ingress.errors import NOT_FOUND, ApiError
 from services.ingress.openapi import openapi_document
+from services.ingress.pipeline_status import pipeline_call_status
 from services.ingress.responses import answer_headers, switchyard_block, timeline
 from services.ingress.tenants import public_request_id
 
@@ -44,11 +45,17 @@ class ReadApi:
     async def request_status(self, request: Request) -> Response:
         """``GET /v1/requests/{request_id}``."""
         request_id = request.path_params["request_id"]
+        scoped = tenant_of(request.scope).scoped(request_id)
         try:
             # Only the caller's tenant's: another's request with this id is not found.
-            record = await self.ledger.read(tenant_of(request.scope).scoped(request_id))
+            record = await self.ledger.read(scoped)
+            call = None
+            if record is None and self.catalogue.pipelines:
+                call = await pipeline_call_status(self.ledger, self.catalogue.pipelines, scoped)
         except Exception as exc:
             raise unavailable(f"the state store is unavailable: {exc}") from None
+        if call is not None:
+            return JSONResponse(call)
         if record is None:
             raise ApiError(
                 404,

@@ -1,9 +1,6 @@
 """Pipeline calls to the ingress (``POST /v1/apps/{pipeline}/infer``) over the in-memory
-bus and state store, with a fake stage worker standing in for the scheduler and an
-``emulated-models`` worker: it takes each stage request off ``switchyard.stage-requests``,
-decides and starts it in the request ledger, and answers with a Completion carrying a
-StageResult to the asking replica's partition (the answer recorded first, as a worker
-does).
+bus and state store, with a fake stage worker (``tests/service/pipeline_support.py``)
+standing in for the scheduler and an ``emulated-models`` worker.
 
 The catalogue is the default one: ``txt2img`` (encode -> generate -> check) and
 ``txt2img-hd`` (encode -> generate -> {upscale, check}). A stage's output names its model
@@ -15,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -26,21 +21,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from starlette.types import Message
-from switchyard.bus import Bus
 from switchyard.config import load_settings
-from switchyard.contracts.messages import (
-    Assignment,
-    Completion,
-    CompletionStatus,
-    InferenceRequest,
-    RequestTimeline,
-    StagePayload,
-    StageResult,
-)
-from switchyard.contracts.topics import ANSWERS, STAGE_REQUESTS
-from switchyard.lifecycle import Assign, Fence, RequestLedger
+from switchyard.contracts.messages import InferenceRequest, StagePayload
+from switchyard.lifecycle import RequestLedger
 from switchyard.serving.pipelines import DEFAULT_PIPELINES
-from switchyard.state.base import StateStore
 from switchyard.telemetry import configure_telemetry
 
 from services.ingress.api import ApiOptions, build_app
@@ -52,143 +36,13 @@ from tests.service.ingress_support import (
     routed_answers,
     stack_fixture,  # noqa: F401 (the ``stack`` fixture)
 )
-
-WORKER_ID = "models-1"
-
-
-def output_of(payload: StagePayload) -> str:
-    """What the fake worker answers a stage with: its model over its inputs."""
-    inputs = ";".join(f"{name}={text}" for name, text in sorted(payload.inputs.items()))
-    return f"{payload.model}<{inputs}>"
-
-
-@dataclass
-class StageWorker:
-    """Answers stage requests (module docstring). ``fail``: stages (by name) it fails;
-    ``expire``: stages it answers expired; ``delay_s``: seconds a stage runs; ``hold``:
-    stages it leaves queued, undecided, until :meth:`release`.
-
-    Attributes:
-        seen: every stage request it received, copies included, with when.
-        ran: the stage requests it ran, each once however often published.
-        finished: when each stage request id's answer was sent.
-    """
-
-    bus: Bus
-    state: StateStore
-    fail: set[str] = field(default_factory=set)
-    expire: set[str] = field(default_factory=set)
-    hold: set[str] = field(default_factory=set)
-    delay_s: dict[str, float] = field(default_factory=dict)
-    seen: list[tuple[float, InferenceRequest]] = field(default_factory=list)
-    ran: list[InferenceRequest] = field(default_factory=list)
-    finished: dict[str, float] = field(default_factory=dict)
-    holding: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once a stage is held."""
-    _held: list[InferenceRequest] = field(default_factory=list)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-    @property
-    def ledger(self) -> RequestLedger:
-        return RequestLedger(self.state)
-
-    async def run(self, stopping: asyncio.Event) -> None:
-        async with self.bus.subscribe(
-            STAGE_REQUESTS, group="fake-stage-worker", stopping=stopping
-        ) as sub:
-            async for delivery in sub:
-                self.seen.append((time.monotonic(), delivery.message))
-                self._spawn(delivery.message)
-
-    def _spawn(self, request: InferenceRequest) -> None:
-        task = asyncio.create_task(self.serve(request))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def release(self) -> None:
-        """Serve the stages held so far, and hold no more."""
-        self.hold.clear()
-        for request in self._held:
-            self._spawn(request)
-        self._held.clear()
-
-    def stages_seen(self, call_id: str) -> list[str]:
-        return [_stage(r) for _, r in self.seen if r.request_id.startswith(f"{call_id}.")]
-
-    def stages_ran(self, call_id: str) -> list[str]:
-        return [_stage(r) for r in self.ran if r.request_id.startswith(f"{call_id}.")]
-
-    async def serve(self, request: InferenceRequest) -> None:
-        payload = request.payload
-        assert isinstance(payload, StagePayload)
-        if payload.stage in self.hold:
-            self._held.append(request)
-            self.holding.set()
-            return
-        now = time.time()
-        assignment = Assignment(
-            request=request,
-            worker_id=WORKER_ID,
-            variant=payload.model,
-            order=request.arrival_s,
-            policy="fake",
-            deadline_s=request.deadline_s,
-            assigned_at_s=now,
-        )
-        if (await self.ledger.assign(Assign(assignment))).result != "assigned":
-            return  # decided before (a copy published again): it runs once
-        await self.ledger.start_many([Fence(request.request_id, 0, WORKER_ID)], now)
-        self.ran.append(request)
-        await asyncio.sleep(self.delay_s.get(payload.stage, 0.0))
-        status = CompletionStatus.OK
-        if payload.stage in self.fail:
-            status = CompletionStatus.FAILED
-        elif payload.stage in self.expire:
-            status = CompletionStatus.EXPIRED
-        completion = Completion(
-            request_id=request.request_id,
-            app=request.app,
-            worker_id=WORKER_ID,
-            worker_type="emulated-models",
-            variant=payload.model,
-            status=status,
-            result=StageResult(model=payload.model, output=output_of(payload))
-            if status is CompletionStatus.OK
-            else None,
-            error="model weights corrupt" if status is CompletionStatus.FAILED else None,
-            timeline=RequestTimeline(
-                arrival_s=request.arrival_s, assigned_s=now, started_s=now, finished_s=time.time()
-            ),
-            deadline_s=request.deadline_s,
-            emulated=True,
-            reply_to=request.reply_to,
-        )
-        await self.ledger.finish_many([completion])
-        self.finished[request.request_id] = time.monotonic()
-        assert request.reply_partition is not None
-        await self.bus.publish(ANSWERS, completion, partition=request.reply_partition)
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _stage(request: InferenceRequest) -> str:
-    assert isinstance(request.payload, StagePayload)
-    return request.payload.stage
-
-
-@pytest.fixture(name="worker")
-async def worker_fixture(stack: Stack) -> AsyncIterator[StageWorker]:
-    worker = StageWorker(stack.bus, stack.state)
-    task = asyncio.create_task(worker.run(stack.stopping))
-    try:
-        yield worker
-    finally:
-        await worker.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+from tests.service.pipeline_support import (
+    WORKER_ID,
+    StageWorker,
+    worker_fixture,  # noqa: F401 (the ``worker`` fixture)
+)
+from tests.service.pipeline_support import stage_of as _stage
+from tests.support.services import eventually
 
 
 def _requests(worker: StageWorker, call_id: str) -> dict[str, InferenceRequest]:
@@ -250,6 +104,26 @@ async def test_txt2img_runs_its_stages_in_order_passing_outputs_along(
     status = await ingress.client.get("/v1/requests/fox-1.generate")
     assert status.status_code == 200
     assert status.json()["result"]["output"] == generated
+    # And the call's own id reads the whole call back, put together from its stages.
+    call = await ingress.client.get("/v1/requests/fox-1")
+    assert call.status_code == 200, call.text
+    assert call.json() == {
+        "request_id": "fox-1",
+        "app": "txt2img",
+        "kind": "pipeline",
+        "status": "ok",
+        "stages": [
+            {
+                "stage": s["stage"],
+                "model": s["model"],
+                "request_id": f"fox-1.{s['stage']}",
+                "status": "ok",
+                "worker_id": WORKER_ID,
+            }
+            for s in body["stages"]
+        ],
+        "output": body["output"],
+    }
 
 
 async def test_txt2img_hd_runs_upscale_and_check_concurrently_after_generate(
@@ -317,6 +191,33 @@ async def test_a_stage_not_served_answers_an_error_naming_it_and_starts_nothing_
     assert again.status_code == status
     assert again.json()["error"]["message"] == error["message"]
     assert worker.stages_ran(f"{mode}-1") == ["encode", "generate"]
+    # The call's status names the stage; the stages never started have no status.
+    call = (await ingress.client.get(f"/v1/requests/{mode}-1")).json()
+    assert call["status"] == answered
+    assert call["error"].startswith(f"stage 'generate' {answered}: ")
+    assert [s["status"] for s in call["stages"]] == ["ok", answered, None, None]
+    assert "output" not in call
+
+
+async def test_a_call_in_progress_reads_as_running_and_an_unknown_one_is_a_404(
+    ingress: Replica, worker: StageWorker
+) -> None:
+    worker.delay_s.update(generate=0.5)
+    call = asyncio.ensure_future(
+        ingress.client.post("/v1/apps/txt2img/infer", json={"input": "x", "request_id": "slow-1"})
+    )
+
+    async def generating() -> bool:
+        return "generate" in worker.stages_seen("slow-1")
+
+    await eventually(generating, timeout_s=5.0)
+    status = (await ingress.client.get("/v1/requests/slow-1")).json()
+    assert status["status"] == "running"
+    assert [s["status"] for s in status["stages"]][::2] == ["ok", None]
+    assert (await call).status_code == 200
+    assert (await ingress.client.get("/v1/requests/slow-1")).json()["status"] == "ok"
+    missing = await ingress.client.get("/v1/requests/no-such-call")
+    assert missing.status_code == 404
 
 
 # -- retries -----------------------------------------------------------------------------
