@@ -14,7 +14,17 @@ __all__ = ["PipelineRun", "Replica", "RequestRun", "Task", "WorkerRun"]
 
 
 class PipelineRun:
-    __slots__ = ("dependents", "indegree", "models", "name", "roots", "slo_s")
+    __slots__ = (
+        "branching",
+        "dependents",
+        "indegree",
+        "labels",
+        "models",
+        "name",
+        "roots",
+        "slo_s",
+        "stages",
+    )
 
     def __init__(self, spec: PipelineSpec, models: Mapping[str, ModelSpec]) -> None:
         self.name = spec.name
@@ -54,13 +64,17 @@ class PipelineRun:
         if seen != len(spec.stages):
             raise SimulationInputError(f"pipeline {spec.name!r} has a cycle among its stages")
         self.models = tuple(stage.model for stage in spec.stages)
+        self.stages = spec.stages
+        self.labels = tuple(models[stage.model].labels for stage in spec.stages)
+        # Conditional stages need what each stage answered (switchyard.multimodel.branching).
+        self.branching = any(stage.when is not None for stage in spec.stages)
         self.dependents = tuple(tuple(d) for d in dependents)
         self.indegree = tuple(indegree)
         self.roots = tuple(i for i, d in enumerate(indegree) if d == 0)
 
 
 class RequestRun:
-    __slots__ = ("arrival_s", "deps", "index", "left", "pipeline", "scale")
+    __slots__ = ("answered", "arrival_s", "deps", "index", "left", "pipeline", "scale", "skipped")
 
     def __init__(self, index: int, arrival_s: float, pipeline: PipelineRun, scale: float) -> None:
         self.index = index
@@ -69,6 +83,9 @@ class RequestRun:
         self.scale = scale
         self.deps = list(pipeline.indegree)
         self.left = len(pipeline.indegree)
+        self.answered: dict[str, str | None] = {}
+        """Each answered stage's label (a branching pipeline's only)."""
+        self.skipped: set[str] = set()
 
 
 # A stage of a request: (request, stage index).

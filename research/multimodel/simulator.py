@@ -5,8 +5,10 @@ What it models
 --------------
 * A request runs its pipeline's DAG. A stage becomes *ready* when every stage in its
   ``after`` has finished; a stage whose output feeds two later stages runs once (the
-  intermediate result is shared). A request's latency is the end of its last stage
-  minus its arrival.
+  intermediate result is shared). A conditional stage runs only when the classifier
+  stage it names answered its label, drawn from the model's label shares by a generator
+  of the run's seed (:mod:`switchyard.multimodel.branching`); a skipped stage counts
+  as done. A request's latency is the end of its last stage run minus its arrival.
 * A ready stage is handed to the :class:`~switchyard.multimodel.snapshot.Router`, which
   picks a worker where the model is placed. While no replica of the model is ready (or
   the router answers ``None``), the stage waits in that model's *pending* queue; pending
@@ -86,6 +88,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from switchyard.multimodel.branching import label_at, stage_runs
 from switchyard.multimodel.model import (
     ModelSpec,
     WorkerSpec,
@@ -187,6 +190,8 @@ class MultiModelSimulator:
         self._stages_run = 0
         self._route_rng = random.Random(f"route:{cfg.seed}")
         self._place_rng = random.Random(f"place:{cfg.seed}")
+        # What a classifier stage answers (a conditional stage after it branches on it).
+        self._label_rng = random.Random(f"label:{cfg.seed}")
         self._route_seq = 0
         self._place_seq = 0
         self._states: list[WorkerState] = [self._worker_state(w) for w in self.workers]
@@ -394,17 +399,35 @@ class MultiModelSimulator:
         self._stages_run += 1
         self._start_next(replica)
         run.left -= 1
-        deps = run.deps
-        for j in run.pipeline.dependents[stage]:
-            deps[j] -= 1
-            if deps[j] == 0:
-                self._stage_ready(run, j)
+        pipeline = run.pipeline
+        if pipeline.branching:
+            labels = pipeline.labels[stage]
+            answered = label_at(labels, self._label_rng.random()) if labels else None
+            run.answered[pipeline.stages[stage].name] = answered
+        self._release(run, stage)
         if run.left == 0:
             self._latencies[run.index] = now - run.arrival_s
             self._finished[run.index] = True
             self._done += 1
         if self._pending[replica.model]:
             self._retry_pending(replica.model)
+
+    def _release(self, run: RequestRun, stage: int) -> None:
+        """``stage`` is done (answered or skipped): make ready what waited on it, and skip
+        what its branches rule out (and, in turn, what waited only on that)."""
+        deps = run.deps
+        pipeline = run.pipeline
+        for j in pipeline.dependents[stage]:
+            deps[j] -= 1
+            if deps[j] != 0:
+                continue
+            spec = pipeline.stages[j]
+            if pipeline.branching and not stage_runs(spec, run.answered, run.skipped):
+                run.skipped.add(spec.name)
+                run.left -= 1
+                self._release(run, j)
+            else:
+                self._stage_ready(run, j)
 
     def _on_ready(self, replica: Replica) -> None:
         worker = replica.worker

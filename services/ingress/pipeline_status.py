@@ -6,10 +6,13 @@ put together from those records: which pipeline it was is found by reading each
 pipeline's first stages under the id (one read per first stage, concurrently; only when
 the id is no request of its own), then every stage of that pipeline is read.
 
+A stage with no record whose earlier stages are all settled, and whose branch their
+answers rule out, reads ``skipped`` (:func:`switchyard.multimodel.branching.stage_runs`).
+
 The call's ``status``:
 
-- ``ok``: every stage finished ``ok``; ``output`` then holds the outputs of the stages
-  nothing runs after, as the call's own answer does.
+- ``ok``: every stage finished ``ok`` or was skipped; ``output`` then holds the outputs
+  of the stages run that nothing run after reads, as the call's own answer does.
 - the status of the first stage, in pipeline order, that finished otherwise
   (``failed``, ``expired`` or ``cancelled``), with ``error`` naming that stage;
 - ``running`` while some stage is assigned, running or finished and none failed;
@@ -25,11 +28,16 @@ from typing import Any
 from switchyard.contracts.messages import CompletionStatus, StageResult
 from switchyard.lifecycle import RequestLedger
 from switchyard.lifecycle.record import RequestRecord, RequestStatus
-from switchyard.multimodel.model import PipelineSpec
+from switchyard.multimodel.branching import stage_runs
+from switchyard.multimodel.dag import topological_order
+from switchyard.multimodel.model import PipelineSpec, Stage
 
 from services.ingress.tenants import public_request_id
 
-__all__ = ["pipeline_call_status"]
+__all__ = ["SKIPPED", "pipeline_call_status"]
+
+SKIPPED = "skipped"
+"""A stage's status when its branch was not taken (it has no record)."""
 
 
 async def pipeline_call_status(
@@ -48,40 +56,63 @@ async def pipeline_call_status(
     records = await asyncio.gather(
         *(ledger.read(f"{call_id}.{stage.name}") for stage in pipeline.stages)
     )
-    stages: list[dict[str, Any]] = []
-    outputs: dict[str, str] = {}
+    by_name = dict(zip((stage.name for stage in pipeline.stages), records, strict=True))
+    answered: dict[str, str | None] = {}
+    skipped: set[str] = set()
+    blocks: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, tuple[Stage, str]] = {}
     failed: tuple[str, str, str | None] | None = None  # stage, status, error
-    feeding = {name for stage in pipeline.stages for name in stage.after}
-    for stage, record in zip(pipeline.stages, records, strict=True):
+    stages = {stage.name: stage for stage in pipeline.stages}
+    for name in topological_order({stage.name: stage.after for stage in pipeline.stages}):
+        stage, record = stages[name], by_name[name]
         block: dict[str, Any] = {
-            "stage": stage.name,
+            "stage": name,
             "model": stage.model,
-            "request_id": public_request_id(f"{call_id}.{stage.name}"),
+            "request_id": public_request_id(f"{call_id}.{name}"),
             "status": None if record is None else record.status,
             "worker_id": None if record is None else record.worker_id,
         }
         completion = None if record is None else record.completion
         if completion is not None:
             block.update(status=str(completion.status), worker_id=completion.worker_id)
-            if completion.status is not CompletionStatus.OK and failed is None:
-                failed = (stage.name, str(completion.status), completion.error)
             result = completion.result
-            if stage.name not in feeding and isinstance(result, StageResult):
-                outputs[stage.name] = result.output
-        stages.append(block)
+            stage_result = result if isinstance(result, StageResult) else None
+            if completion.status is CompletionStatus.OK:
+                answered[name] = None if stage_result is None else stage_result.label
+            elif failed is None:
+                failed = (name, str(completion.status), completion.error)
+            if stage_result is not None:
+                outputs[name] = (stage, stage_result.output)
+        elif (
+            record is None
+            and _settled(stage, answered, skipped)
+            and not stage_runs(stage, answered, skipped)
+        ):
+            skipped.add(name)
+            block["status"] = SKIPPED
+        blocks[name] = block
+    ordered = [blocks[stage.name] for stage in pipeline.stages]
     body: dict[str, Any] = {
         "request_id": public_request_id(call_id),
         "app": pipeline.name,
         "kind": "pipeline",
-        "status": _call_status(stages, failed),
-        "stages": stages,
+        "status": _call_status(ordered, failed),
+        "stages": ordered,
     }
     if failed is not None:
         name, status, error = failed
         body["error"] = f"stage {name!r} {status}: {error or 'no reason given'}"
     elif body["status"] == RequestStatus.OK:
-        body["output"] = outputs
+        feeding = {before for stage, _ in outputs.values() for before in stage.after}
+        body["output"] = {
+            stage.name: output for stage, output in outputs.values() if stage.name not in feeding
+        }
     return body
+
+
+def _settled(stage: Stage, answered: Mapping[str, str | None], skipped: set[str]) -> bool:
+    """Whether every stage ``stage`` runs after was answered or skipped."""
+    return all(name in answered or name in skipped for name in stage.after)
 
 
 def _is_stage_of(record: RequestRecord | None, pipeline: PipelineSpec) -> bool:
@@ -91,7 +122,7 @@ def _is_stage_of(record: RequestRecord | None, pipeline: PipelineSpec) -> bool:
 def _call_status(stages: list[dict[str, Any]], failed: tuple[str, str, str | None] | None) -> str:
     if failed is not None:
         return failed[1]
-    statuses = [block["status"] for block in stages]
+    statuses = [block["status"] for block in stages if block["status"] != SKIPPED]
     if all(status == RequestStatus.OK for status in statuses):
         return str(RequestStatus.OK)
     if all(status in (None, RequestStatus.QUEUED) for status in statuses):

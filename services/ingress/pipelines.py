@@ -10,7 +10,10 @@ goes to the scheduler (:meth:`~services.ingress.calls.RequestDesk.accept`:
 ``switchyard.stage-requests``, ``reply_to`` this replica), and its
 :class:`~switchyard.contracts.messages.Completion` comes back here like any answer.
 Stages that do not depend on each other run at once (``txt2img-hd``'s ``upscale`` and
-``check`` both follow ``generate``).
+``check`` both follow ``generate``). A conditional stage runs only when the classifier
+stage it names answered its label, and is otherwise skipped, as is a stage whose every
+earlier stage was (``txt2img-checked`` upscales only what ``check`` labels ``safe``;
+:func:`switchyard.multimodel.branching.stage_runs`); a skipped stage counts as done.
 
 Every stage's deadline is the call's: arrival plus the pipeline's SLO, which the
 catalogue gives in model seconds, divided by ``SWITCHYARD_WORKER_TIME_SCALE`` (an
@@ -19,8 +22,9 @@ that deadline is due at once.
 
 How a call ends:
 
-- every stage ``ok``: 200 with the outputs of the stages nothing runs after, and each
-  stage's worker, status and times (:func:`pipeline_answer`);
+- every stage ``ok`` or skipped: 200 with the outputs of the stages run that nothing
+  run after reads, each stage's worker, status and times, and the stages skipped
+  (:func:`pipeline_answer`);
 - a stage ``failed``, ``expired`` or ``cancelled``: the error its status gives any
   request (502, 504, 409), its message naming the stage, its model and the reason; no
   later stage is started (a stage already running beside it runs on, unwaited);
@@ -65,6 +69,7 @@ from switchyard.contracts.messages import (
     StageResult,
 )
 from switchyard.lifecycle import CANCELLED_BY_CLIENT
+from switchyard.multimodel.branching import stage_runs
 from switchyard.multimodel.model import PipelineSpec, Stage
 
 from services.ingress.auth import tenant_of
@@ -132,18 +137,33 @@ class PipelineCall:
     slo_s: float
     """The SLO in wall seconds (the catalogue's model seconds over the time scale)."""
     stages: dict[str, _StageRun] = field(default_factory=dict)
+    skipped: set[str] = field(default_factory=set)
+    """Stages whose branch was not taken (:func:`switchyard.multimodel.branching.stage_runs`)."""
 
     @property
     def public_id(self) -> str:
         return public_request_id(self.call_id)
 
+    def answered(self) -> dict[str, str | None]:
+        """Each answered stage's label (``None``: not a classifier)."""
+        return {
+            name: run.completion.result.label
+            if isinstance(run.completion.result, StageResult)
+            else None
+            for name, run in self.stages.items()
+            if run.completion is not None
+        }
+
     def ready(self) -> list[Stage]:
-        """The stages not started whose ``after`` stages are all done, in pipeline order."""
-        done = {name for name, run in self.stages.items() if run.completion is not None}
+        """The stages neither started nor skipped whose ``after`` stages are all answered
+        or skipped, in pipeline order."""
+        done = self.skipped | {n for n, run in self.stages.items() if run.completion is not None}
         return [
             stage
             for stage in self.pipeline.stages
-            if stage.name not in self.stages and all(name in done for name in stage.after)
+            if stage.name not in self.stages
+            and stage.name not in self.skipped
+            and all(name in done for name in stage.after)
         ]
 
     def pending(self) -> list[_StageRun]:
@@ -255,6 +275,9 @@ class PipelineCoordinator:
         retry) finishes at once, and may make more ready."""
         while ready := call.ready():
             for stage in ready:
+                if not stage_runs(stage, call.answered(), call.skipped):
+                    call.skipped.add(stage.name)
+                    continue
                 run = await self._start(call, stage)
                 accepted = run.accepted
                 assert accepted is not None
@@ -305,7 +328,7 @@ class PipelineCoordinator:
         now_s = self.clock()
         arrival_s = call.arrival_s if not stage.after else max(now_s, call.arrival_s)
         inputs = (
-            {name: call.stages[name].output for name in stage.after}
+            {name: call.stages[name].output for name in stage.after if name in call.stages}
             if stage.after
             else {INPUT: call.input}
         )
@@ -481,11 +504,13 @@ def _stage_blocks(call: PipelineCall) -> Iterator[dict[str, Any]]:
             continue
         completion = run.completion
         t = completion.timeline
+        result = completion.result
         yield {
             "stage": stage.name,
             "model": stage.model,
             "request_id": public_request_id(run.request_id),
             "status": str(completion.status),
+            "label": result.label if isinstance(result, StageResult) else None,
             "worker_id": completion.worker_id,
             "worker_type": completion.worker_type,
             "emulated": completion.emulated,
@@ -499,12 +524,14 @@ def _stage_blocks(call: PipelineCall) -> Iterator[dict[str, Any]]:
 
 
 def pipeline_answer(call: PipelineCall, now_s: float) -> dict[str, Any]:
-    """The answer of a call whose stages all finished ``ok``: ``output`` holds the
-    outputs of the stages nothing runs after, by stage name; ``latency_s`` runs from the
+    """The answer of a call whose stages all finished ``ok`` or were skipped (a branch
+    not taken, listed in ``skipped``): ``output`` holds the outputs of the stages run that
+    no stage run after them reads, by stage name; ``latency_s`` runs from the
     call's arrival to its last stage's finish (``now_s`` when no stage says when it
     finished) and ``slo_s`` is what it is judged by, both wall seconds."""
-    feeding = {name for stage in call.pipeline.stages for name in stage.after}
-    runs = [call.stages[stage.name] for stage in call.pipeline.stages]
+    ran = [stage for stage in call.pipeline.stages if stage.name in call.stages]
+    feeding = {name for stage in ran for name in stage.after}
+    runs = [call.stages[stage.name] for stage in ran]
     finished = [
         run.completion.timeline.finished_s
         for run in runs
@@ -518,6 +545,7 @@ def pipeline_answer(call: PipelineCall, now_s: float) -> dict[str, Any]:
         "app": call.pipeline.name,
         "output": {run.spec.name: run.output for run in runs if run.spec.name not in feeding},
         "stages": list(_stage_blocks(call)),
+        "skipped": [stage.name for stage in call.pipeline.stages if stage.name in call.skipped],
         "latency_s": latency_s,
         "slo_s": call.slo_s,
         "deadline_s": call.deadline_s,

@@ -57,6 +57,8 @@ class StageWorker:
     expire: set[str] = field(default_factory=set)
     hold: set[str] = field(default_factory=set)
     delay_s: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    """The label a stage (by name) answers, as a classifier would."""
     seen: list[tuple[float, InferenceRequest]] = field(default_factory=list)
     ran: list[InferenceRequest] = field(default_factory=list)
     finished: dict[str, float] = field(default_factory=dict)
@@ -129,7 +131,11 @@ class StageWorker:
             worker_type="emulated-models",
             variant=payload.model,
             status=status,
-            result=StageResult(model=payload.model, output=output_of(payload))
+            result=StageResult(
+                model=payload.model,
+                output=output_of(payload),
+                label=self.labels.get(payload.stage),
+            )
             if status is CompletionStatus.OK
             else None,
             error="model weights corrupt" if status is CompletionStatus.FAILED else None,

@@ -199,6 +199,37 @@ async def test_a_stage_not_served_answers_an_error_naming_it_and_starts_nothing_
     assert "output" not in call
 
 
+@pytest.mark.parametrize(("label", "ran"), [("safe", True), ("unsafe", False)])
+async def test_a_conditional_stage_runs_only_on_the_label_it_names(
+    ingress: Replica, worker: StageWorker, label: str, ran: bool
+) -> None:
+    """``txt2img-checked`` upscales an image only when the checker labels it safe."""
+    worker.labels["check"] = label
+    call_id = f"checked-{label}"
+    response = await ingress.client.post(
+        "/v1/apps/txt2img-checked/infer", json={"input": "a cat", "request_id": call_id}
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    generated = "sd15-base<encode=prompt-encoder<input=a cat>>"
+    checked = f"safety-checker<generate={generated}>"
+    if ran:
+        assert worker.stages_ran(call_id) == ["encode", "generate", "check", "upscale"]
+        assert body["skipped"] == []
+        # The upscaler read both the image and the checker's verdict.
+        assert body["output"] == {"upscale": f"upscaler<check={checked};generate={generated}>"}
+    else:
+        assert worker.stages_ran(call_id) == ["encode", "generate", "check"]
+        assert body["skipped"] == ["upscale"]
+        assert body["output"] == {"check": checked}
+    # Read back, the call says the same.
+    status = (await ingress.client.get(f"/v1/requests/{call_id}")).json()
+    assert status["status"] == "ok"
+    assert status["output"] == body["output"]
+    upscale = next(s for s in status["stages"] if s["stage"] == "upscale")
+    assert upscale["status"] == ("ok" if ran else "skipped")
+
+
 async def test_a_call_in_progress_reads_as_running_and_an_unknown_one_is_a_404(
     ingress: Replica, worker: StageWorker
 ) -> None:

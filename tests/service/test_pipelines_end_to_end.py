@@ -61,6 +61,22 @@ def _group(span: ReadableSpan) -> str:
     return str((span.attributes or {}).get("messaging.consumer.group.name", ""))
 
 
+async def _call_at_once(
+    stack: EmbeddedStack, pipeline: str, prompt: str, prefix: str, calls: int
+) -> list[httpx.Response]:
+    """``calls`` calls of ``pipeline`` at once, ids ``{prefix}-{i}``."""
+    async with httpx.AsyncClient(base_url=stack.url, timeout=60.0) as client:
+        return await asyncio.gather(
+            *(
+                client.post(
+                    f"/v1/apps/{pipeline}/infer",
+                    json={"input": f"{prompt}, take {i}", "request_id": f"{prefix}-{i}"},
+                )
+                for i in range(calls)
+            )
+        )
+
+
 def _models_workers(stack: EmbeddedStack) -> list[WorkerService]:
     return [w for w in stack.workers() if isinstance(w, WorkerService)]
 
@@ -71,16 +87,7 @@ async def test_concurrent_calls_are_each_answered_once_with_every_stage_on_a_pla
     stack = traced.stack
     # Nothing is placed before the first calls: placement follows the demand.
     assert all(not w.heartbeat().placed for w in _models_workers(stack))
-    async with httpx.AsyncClient(base_url=stack.url, timeout=60.0) as client:
-        answers = await asyncio.gather(
-            *(
-                client.post(
-                    "/v1/apps/txt2img-hd/infer",
-                    json={"input": f"a lighthouse, take {i}", "request_id": f"hd-{i}"},
-                )
-                for i in range(CALLS)
-            )
-        )
+    answers = await _call_at_once(stack, "txt2img-hd", "a lighthouse", "hd", CALLS)
     bodies = []
     for answer in answers:
         assert answer.status_code == 200, answer.text
@@ -134,6 +141,27 @@ async def test_concurrent_calls_are_each_answered_once_with_every_stage_on_a_pla
     assert record["kind"] == "stage"
     assert record["worker_id"] == first["generate"]["worker_id"]
     assert record["result"]["model"] == "sd15-base"
+
+
+async def test_a_checked_call_upscales_only_what_the_emulated_checker_labels_safe(
+    traced: _Traced,
+) -> None:
+    stack = traced.stack
+    answers = await _call_at_once(stack, "txt2img-checked", "a harbour", "checked", 6)
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        stages = {s["stage"]: s for s in body["stages"]}
+        label = stages["check"]["label"]
+        assert label in ("safe", "unsafe")
+        if label == "safe":
+            assert body["skipped"] == []
+            assert set(body["output"]) == {"upscale"}
+            assert stages["upscale"]["started_s"] >= stages["check"]["finished_s"]
+        else:
+            assert body["skipped"] == ["upscale"]
+            assert set(body["output"]) == {"check"}
+            assert "upscale" not in stages
 
 
 async def test_one_trace_holds_every_stage_through_the_scheduler_and_a_worker(

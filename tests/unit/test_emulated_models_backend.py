@@ -24,6 +24,7 @@ from switchyard.contracts.messages import (
     StagePayload,
     StageResult,
 )
+from switchyard.multimodel.branching import label_at, unit_of
 from switchyard.multimodel.model import ModelSpec, ResourceVector
 from switchyard.serving.catalogue import ServingCatalogue
 
@@ -43,6 +44,13 @@ MODELS = {
         ModelSpec(name="gen", resources=ResourceVector(2.0, 0.5, 16.0), load_s=10.0, exec_s=4.0),
         ModelSpec(name="up", resources=ResourceVector(2.0, 0.5, 8.0), load_s=5.0, exec_s=3.0),
         ModelSpec(name="huge", resources=ResourceVector(4.0, 2.0, 8.0), load_s=1.0, exec_s=1.0),
+        ModelSpec(
+            name="check",
+            resources=ResourceVector(1.0, 0.25, 4.0),
+            load_s=1.0,
+            exec_s=1.0,
+            labels=(("safe", 0.5), ("unsafe", 0.5)),
+        ),
     )
 }
 T0 = 1000.0
@@ -168,6 +176,31 @@ async def test_an_ordered_load_takes_its_load_time_and_holds_its_resources_from_
     assert "stage generate of txt2img request c1.generate" in result.output
     assert "encode 12 chars" in result.output
     assert worker.backend.load([]).placed[0].served_total == 1
+
+
+async def test_a_classifier_answers_a_label_fixed_by_the_request_id() -> None:
+    worker = Worker()
+    worker.order(load=("check",))
+    ids = [f"c{i}.check" for i in range(12)]
+    for request_id in ids:
+        worker.stage(request_id, "check")
+    for second in range(1, len(ids) + 2):  # loaded at 1 s, then one stage a second
+        await worker.at(T0 + second)
+    labels = {}
+    for request_id in ids:
+        result = worker.sink.results[request_id]
+        assert isinstance(result, StageResult)
+        labels[request_id] = result.label
+        assert result.label == label_at(MODELS["check"].labels, unit_of(request_id))
+    assert set(labels.values()) == {"safe", "unsafe"}
+    # A model without labels answers none.
+    worker.order(load=("enc",))
+    worker.stage("c0.encode", "enc")
+    for second in range(len(ids) + 2, len(ids) + 6):
+        await worker.at(T0 + second)
+    result = worker.sink.results["c0.encode"]
+    assert isinstance(result, StageResult)
+    assert result.label is None
 
 
 async def test_a_stage_takes_exec_s_times_its_scale_over_speed_and_time_scale() -> None:
@@ -324,7 +357,7 @@ def test_a_stage_whose_model_can_never_fit_or_is_unknown_is_refused_at_intake() 
         worker.backend.describe(_stage("h1", "huge"))
     with pytest.raises(UnsupportedWorkError, match="'nope' is not in the catalogue"):
         worker.backend.describe(_stage("n1", "nope"))
-    assert worker.backend.servable_models() == ["enc", "gen", "up"]  # not huge
+    assert worker.backend.servable_models() == ["check", "enc", "gen", "up"]  # not huge
     llm = InferenceRequest(
         request_id="l1",
         app="llama-2-7b",

@@ -15,7 +15,9 @@ multi-model simulator does, in real time:
   queue until room frees; one whose model can never fit here (or that the catalogue
   does not know) is refused at intake, naming the model and the worker's vector;
 - its answer is a :class:`~switchyard.contracts.messages.StageResult` whose output is a
-  placeholder naming the model, the stage and the request, with the length of its inputs.
+  placeholder naming the model, the stage and the request, with the length of its inputs,
+  and for a classifier (a model with labels) a label drawn from its shares by the
+  request id (:mod:`switchyard.multimodel.branching`).
 
 Everything it reports is modelled, not measured: the worker labels every completion and
 heartbeat of this backend ``emulated``. A running stage cannot be preempted (like a torch
@@ -36,6 +38,7 @@ from switchyard.contracts.messages import (
 from switchyard.contracts.messages import (
     ResourceVector as WireVector,
 )
+from switchyard.multimodel.branching import label_at, unit_of
 from switchyard.multimodel.model import ModelSpec, ResourceVector
 
 from services.worker.backends.base import (
@@ -208,7 +211,11 @@ class EmulatedModelsBackend:
             payload = item.request.payload
             assert isinstance(payload, StagePayload)  # describe took only stages
             output = stage_output(payload, item.request_id)
-            await sink.finished(item, StageResult(model=replica.model, output=output))
+            # A classifier's answer, from its label shares by the request id: a stage run
+            # again (a retry, a re-assignment) answers as it did.
+            label = label_at(self.placement.models[replica.model].labels, unit_of(item.request_id))
+            result = StageResult(model=replica.model, output=output, label=label)
+            await sink.finished(item, result)
         return bool(due)
 
     async def _start_ready(self, queue: LocalQueue, sink: ExecutionSink) -> bool:

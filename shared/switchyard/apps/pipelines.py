@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from switchyard.apps.registry import Registry
+from switchyard.multimodel.branching import condition_problem, labels_problem
 from switchyard.multimodel.dag import find_cycle
 from switchyard.multimodel.model import (
     ModelSpec,
     PipelineSpec,
     ResourceVector,
-    Stage,
     WorkerSpec,
 )
 
@@ -92,9 +92,14 @@ def check_pipelines(models: Mapping[str, ModelSpec], pipelines: Mapping[str, Pip
     Raises:
         InvalidPipelineError: naming the pipeline and the stage: a key that differs from
             the pipeline's name, no stages, a duplicate stage name, an ``after`` naming
-            an unknown stage, a stage naming an unknown model, a cycle (its stages), or a
-            non-positive SLO.
+            an unknown stage, a stage naming an unknown model, a ``when`` naming a stage
+            it does not run after or a label that stage never answers, a cycle (its
+            stages), or a non-positive SLO.
     """
+    for name, model in models.items():
+        problem = labels_problem(model.labels)
+        if problem is not None:
+            raise InvalidPipelineError(f"model {name!r}: {problem}")
     for key, pipeline in pipelines.items():
         where = f"pipeline {key!r}"
         if pipeline.name != key:
@@ -116,6 +121,13 @@ def check_pipelines(models: Mapping[str, ModelSpec], pipelines: Mapping[str, Pip
                     raise InvalidPipelineError(
                         f"{where}: stage {stage.name!r} runs after an unknown stage {name!r}"
                     )
+        labels_of = {
+            s.name: tuple(label for label, _ in models[s.model].labels) for s in pipeline.stages
+        }
+        for stage in pipeline.stages:
+            problem = condition_problem(stage, labels_of)
+            if problem is not None:
+                raise InvalidPipelineError(f"{where}: stage {stage.name!r}: {problem}")
         cycle = find_cycle({stage.name: stage.after for stage in pipeline.stages})
         if cycle is not None:
             raise InvalidPipelineError(f"{where}: cycle {' -> '.join(cycle)}")
@@ -150,16 +162,14 @@ def registry_catalogue(
             ),
             load_s=entry.load_s,
             exec_s=entry.exec_s,
+            labels=tuple(entry.labels.items()),
         )
         for name, entry in registry.models.items()
     }
     pipelines = {
         entry.name: PipelineSpec(
             name=entry.name,
-            stages=tuple(
-                Stage(name=stage.name, model=stage.model, after=stage.after)
-                for stage in entry.stages
-            ),
+            stages=tuple(stage.to_stage() for stage in entry.stages),
             slo_s=entry.slo_s,
         )
         for entry in registry.pipelines

@@ -28,6 +28,12 @@ applications): ``models`` (name -> resource vector, load and execution seconds) 
         {"name": "generate", "model": "sd15", "after": ["encode"]},
         {"name": "upscale", "model": "esrgan", "after": ["generate"]}]}]}
 
+A model with ``labels`` (label -> share of answers, summing to 1) is a classifier; a stage
+with ``when`` runs only when the stage it names, one it runs after, answered that
+label (``{"name": "upscale", "model": "esrgan", "after": ["check"], "when": {"stage":
+"check", "label": "safe"}}``), and a ``when`` naming a stage it does not run after or a
+label that stage's model never answers is rejected.
+
 LLM applications name the model a client asks for (the OpenAI ``model`` field) and the
 served model behind it::
 
@@ -65,7 +71,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from switchyard.apps.datasets import DATASET_NAMES, DATASET_SPECS, check_mix
 from switchyard.apps.penalty import Penalty, PenaltyKind
+from switchyard.multimodel.branching import condition_problem, labels_problem
 from switchyard.multimodel.dag import find_cycle
+from switchyard.multimodel.model import Stage, StageCondition
 
 __all__ = [
     "Application",
@@ -290,14 +298,39 @@ class ModelEntry(_Frozen):
     resources: ResourcesEntry
     load_s: PositiveSeconds
     exec_s: PositiveSeconds
+    labels: dict[Name, float] = Field(default_factory=dict)
+    """A classifier's answers and the share of requests each gets (summing to 1): a
+    conditional stage after it branches on them."""
+
+    @field_validator("labels")
+    @classmethod
+    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
+        problem = labels_problem(tuple(value.items()))
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+class ConditionEntry(_Frozen):
+    """Run the stage only when stage ``stage`` (one it runs after) answered ``label``."""
+
+    stage: Name
+    label: Name
 
 
 class StageEntry(_Frozen):
-    """One stage of a pipeline: a model, run after the stages named in ``after``."""
+    """One stage of a pipeline: a model, run after the stages named in ``after``, and
+    only ``when`` an earlier stage answered a given label."""
 
     name: Name
     model: Name
     after: tuple[Name, ...] = ()
+    when: ConditionEntry | None = None
+
+    def to_stage(self) -> Stage:
+        """The stage as the multi-model catalogue's contract type."""
+        when = None if self.when is None else StageCondition(self.when.stage, self.when.label)
+        return Stage(name=self.name, model=self.model, after=self.after, when=when)
 
 
 class PipelineEntry(_Frozen):
@@ -411,6 +444,11 @@ class Registry(_Frozen):
                         ("pipelines", index, "stages", position, "model"),
                         f"unknown model {stage.model!r}; known: {known}",
                     )
+            labels_of = {s.name: tuple(self.models[s.model].labels) for s in pipeline.stages}
+            for position, stage in enumerate(pipeline.stages):
+                problem = condition_problem(stage.to_stage(), labels_of)
+                if problem is not None:
+                    raise FieldError(("pipelines", index, "stages", position, "when"), problem)
         for index, llm_app in enumerate(self.llm_applications):
             if llm_app.name in seen:
                 raise FieldError(

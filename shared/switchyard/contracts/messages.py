@@ -261,6 +261,8 @@ class StageResult(Part):
     kind: Literal[RequestKind.STAGE] = RequestKind.STAGE
     model: Identifier
     output: str = Field(default="", max_length=4096)
+    label: Identifier | None = None
+    """A classifier stage's answer, which conditional stages after it branch on."""
 
 
 Result = Annotated[LLMResult | ClassificationResult | StageResult, Field(discriminator="kind")]

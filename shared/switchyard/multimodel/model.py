@@ -19,6 +19,7 @@ __all__ = [
     "PipelineSpec",
     "ResourceVector",
     "Stage",
+    "StageCondition",
     "WorkerSpec",
     "Workload",
 ]
@@ -90,24 +91,40 @@ class ModelSpec:
     """Seconds to load it onto a worker (placement cost)."""
     exec_s: float
     """Mean seconds to serve one request on a worker of speed 1.0."""
+    labels: tuple[tuple[str, float], ...] = ()
+    """A classifier's answers and the share of requests each gets ((label, share), the
+    shares summing to 1), which a conditional stage after it can branch on; emulated
+    workers and the simulator draw them (:mod:`switchyard.multimodel.branching`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageCondition:
+    """Run a stage only when the stage ``stage`` (one it runs after) answered ``label``."""
+
+    stage: str
+    label: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Stage:
-    """One stage of a pipeline: a model, run after the stages named in ``after``."""
+    """One stage of a pipeline: a model, run after the stages named in ``after``, and
+    only ``when`` an earlier stage answered a given label (always, when ``None``)."""
 
     name: str
     model: str
     after: tuple[str, ...] = ()
+    when: StageCondition | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipelineSpec:
     """An application: a DAG of stages (one stage for a single-model application).
 
-    A stage starts when every stage in its ``after`` has finished; a stage's output may
-    feed several later stages (shared intermediate result). A request's latency is the
-    end of its last stage minus its arrival; it meets its SLO within ``slo_s``.
+    A stage starts when every stage in its ``after`` has finished or been skipped; a
+    stage's output may feed several later stages (shared intermediate result). A stage is
+    skipped when its ``when`` does not hold, or when every stage it runs after was
+    skipped (:func:`switchyard.multimodel.branching.stage_runs`). A request's latency is
+    the end of its last stage run minus its arrival; it meets its SLO within ``slo_s``.
     """
 
     name: str

@@ -1,9 +1,10 @@
 """The pipelines the live stack serves when its registry declares none, by name
 (``SWITCHYARD_PIPELINE_CATALOGUE``).
 
-- ``txt2img`` (the default): two text-to-image applications over four models, the shape
-  of the Alibaba GenAI trace's pipelines: a prompt encoder, a Stable Diffusion
-  1.5-class base model, an upscaler and a safety checker. Resources, load and service
+- ``txt2img`` (the default): three text-to-image applications over four models, the
+  shape of the Alibaba GenAI trace's pipelines: a prompt encoder, a Stable Diffusion
+  1.5-class base model, an upscaler and a safety checker, a classifier that labels an
+  image ``safe`` or ``unsafe`` (``txt2img-checked`` upscales only a ``safe`` one). Resources, load and service
   times are assumed figures of that class of model (those of the multi-model
   simulator's auxiliary models).
 - ``alibaba-lora``: the catalogue of the Alibaba GenAI LoRA trace's bundled sample
@@ -23,7 +24,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from switchyard.multimodel.model import ModelSpec, PipelineSpec, ResourceVector, Stage
+from switchyard.multimodel.model import (
+    ModelSpec,
+    PipelineSpec,
+    ResourceVector,
+    Stage,
+    StageCondition,
+)
 
 __all__ = [
     "ALIBABA_LORA_OPTIONS",
@@ -69,6 +76,8 @@ DEFAULT_PIPELINE_MODELS = MappingProxyType(
                 resources=ResourceVector(1.0, 0.25, 4.0),
                 load_s=3.0,
                 exec_s=0.3,
+                # A classifier: the share of images it passes is an assumption.
+                labels=(("safe", 0.9), ("unsafe", 0.1)),
             ),
         )
     }
@@ -94,6 +103,22 @@ DEFAULT_PIPELINES = MappingProxyType(
                     Stage(name="generate", model="sd15-base", after=("encode",)),
                     Stage(name="upscale", model="upscaler", after=("generate",)),
                     Stage(name="check", model="safety-checker", after=("generate",)),
+                ),
+                slo_s=30.0,
+            ),
+            PipelineSpec(
+                name="txt2img-checked",
+                stages=(
+                    Stage(name="encode", model="prompt-encoder"),
+                    Stage(name="generate", model="sd15-base", after=("encode",)),
+                    Stage(name="check", model="safety-checker", after=("generate",)),
+                    # Only an image the checker passes is upscaled.
+                    Stage(
+                        name="upscale",
+                        model="upscaler",
+                        after=("generate", "check"),
+                        when=StageCondition("check", "safe"),
+                    ),
                 ),
                 slo_s=30.0,
             ),
