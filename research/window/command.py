@@ -12,9 +12,10 @@ charts with an HTML page (``--report``: :mod:`research.window.plots`).
 
 ``--sweep NAME [--values v1,v2,...]`` runs the paper's sweeps
 (:mod:`research.window.sweep`: deadline, deadline-std, apps, requests-per-window,
-penalty, heterogeneity, and the device's latency-scale and load-scale): every value runs every scheduler for every seed; the table has
-one block per value, each run in the JSON carries ``sweep`` and ``value``, and the report
-adds utility and deadline violation rate against the swept value.
+penalty, heterogeneity, and the device's latency-scale and load-scale): every value
+runs every scheduler for every seed; the table has one block per value, each run in the
+JSON carries ``sweep`` and ``value``, and the report adds utility and deadline
+violation rate against the swept value.
 
 Without ``--registry`` both commands build the bundled registry (train and profile, about 10 s)
 once into ``$XDG_CACHE_HOME/switchyard/apps/<train seed>`` (default ``~/.cache``) and

@@ -7,8 +7,9 @@ class frequency above :data:`~switchyard.selection.snapshot.CONFIDENT_THETA`), t
 unconfident ones forming a sub-group of their own, as far as the exact search's bound
 ``tau`` allows (:func:`group_requests`): splitting past it used to send the data-aware
 forms to the greedy order, which planned worse than the data-oblivious form's exact
-one. A group runs as one batch with one variant (a group larger than every profiled batch size stays one planned unit;
-:func:`~switchyard.selection.base.batch_latency_s` prices it as consecutive batches).
+one. A group runs as one batch with one variant (a group larger than every profiled
+batch size stays one planned unit; :func:`~switchyard.selection.base.batch_latency_s`
+prices it as consecutive batches).
 
 Search. With at most ``tau`` groups (default 5) every order of the groups is tried; along
 an order each group in turn takes the variant that maximises the group's summed expected

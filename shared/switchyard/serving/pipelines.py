@@ -4,9 +4,9 @@
 - ``txt2img`` (the default): three text-to-image applications over four models, the
   shape of the Alibaba GenAI trace's pipelines: a prompt encoder, a Stable Diffusion
   1.5-class base model, an upscaler and a safety checker, a classifier that labels an
-  image ``safe`` or ``unsafe`` (``txt2img-checked`` upscales only a ``safe`` one). Resources, load and service
-  times are assumed figures of that class of model (those of the multi-model
-  simulator's auxiliary models).
+  image ``safe`` or ``unsafe`` (``txt2img-checked`` upscales only a ``safe`` one).
+  Resources, load and service times (and the checker's shares) are assumed figures of
+  that class of model (those of the multi-model simulator's auxiliary models).
 - ``alibaba-lora``: the catalogue of the Alibaba GenAI LoRA trace's bundled sample
   (:func:`switchyard.multimodel.alibaba.lora_workload` with :data:`ALIBABA_LORA_OPTIONS`):
   its four most requested base models, each a single-stage pipeline and two multi-stage
