@@ -302,8 +302,8 @@ def _exact(groups: list[_Group], free: list[float], loaded: list[int]) -> list[S
     best_path: list[Step] = []
 
     def visit(depth: int, value: float, headroom: float, ceiling: list[float]) -> None:
-        """``ceiling[gi]``: the most group ``gi`` can earn from here on (its best choice in
-        the parent's state, which only falls as the workers fill: see below)."""
+        """``ceiling[gi]``: the most group ``gi`` can earn from here on (its bound in the
+        parent's state, which only falls as the workers fill: see below)."""
         nonlocal best_value, best_path
         if depth == n:
             if value > best_value:
@@ -316,34 +316,27 @@ def _exact(groups: list[_Group], free: list[float], loaded: list[int]) -> list[S
         # its best choice now (the same swap-in, a later start); one that has is bounded
         # without the swap-in (:func:`_optimistic`).
         left = [gi for gi in range(n) if not used[gi]]
-        if unique_apps:
-            # The bound tightens as each pick replaces its ceiling: stop as soon as it
-            # cannot reach the best order, before computing the rest.
-            reach = value
-            for gi in left:
-                reach += ceiling[gi]
-            if reach <= best_value + _EPS:
-                return
-            picks = []
-            for gi in left:
-                pick = _best_choice(groups[gi], free, loaded)
-                reach -= ceiling[gi] - pick[3]
-                if reach <= best_value + _EPS:
-                    return
-                picks.append(pick)
-        else:
-            picks = [_best_choice(groups[gi], free, loaded) for gi in left]
-            reach = value
-            for gi, pick in zip(left, picks, strict=True):
-                if sum(1 for gj in left if apps[gj] == apps[gi]) == 1:
-                    reach += pick[3]
-                else:
-                    reach += _optimistic(groups[gi], free, loaded)
-            if reach <= best_value + _EPS:
-                return
+        # The bound tightens as each group's own bound replaces its ceiling: stop as soon
+        # as it cannot reach the best order, before computing the rest.
+        reach = value
+        for gi in left:
+            reach += ceiling[gi]
+        if reach <= best_value + _EPS:
+            return
+        picks = []
         below = ceiling.copy()
-        for gi, pick in zip(left, picks, strict=True):
-            below[gi] = pick[3]
+        for gi in left:
+            pick = _best_choice(groups[gi], free, loaded)
+            if unique_apps or sum(1 for gj in left if apps[gj] == apps[gi]) == 1:
+                bound = pick[3]
+            else:
+                bound = _optimistic(groups[gi], free, loaded)
+            bound = min(bound, ceiling[gi])  # both bound it; the ceiling may be tighter
+            reach -= ceiling[gi] - bound
+            if reach <= best_value + _EPS:
+                return
+            picks.append(pick)
+            below[gi] = bound
         for gi, (ci, lane, end, u) in zip(left, picks, strict=True):
             group = groups[gi]
             old_free, old_loaded = free[lane], loaded[lane]
