@@ -73,6 +73,10 @@ class PipelineRun:
         self.roots = tuple(i for i, d in enumerate(indegree) if d == 0)
 
 
+_NO_LABELS: dict[str, str | None] = {}
+_NONE_SKIPPED: set[str] = set()
+
+
 class RequestRun:
     __slots__ = ("answered", "arrival_s", "deps", "index", "left", "pipeline", "scale", "skipped")
 
@@ -83,9 +87,10 @@ class RequestRun:
         self.scale = scale
         self.deps = list(pipeline.indegree)
         self.left = len(pipeline.indegree)
-        self.answered: dict[str, str | None] = {}
-        """Each answered stage's label (a branching pipeline's only)."""
-        self.skipped: set[str] = set()
+        # Each answered stage's label and the stages skipped: a branching pipeline's only
+        # (the others share these two empty ones, never written).
+        self.answered: dict[str, str | None] = {} if pipeline.branching else _NO_LABELS
+        self.skipped: set[str] = set() if pipeline.branching else _NONE_SKIPPED
 
 
 # A stage of a request: (request, stage index).
