@@ -17,6 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from switchyard.config import load_settings
 from switchyard.contracts.messages import PlacedState
+from switchyard.multimodel.branching import label_at, unit_of
+from switchyard.serving.pipelines import DEFAULT_PIPELINE_MODELS
 from switchyard.telemetry import configure_telemetry
 
 from services.embedded import EmbeddedPlan, EmbeddedStack
@@ -148,12 +150,16 @@ async def test_a_checked_call_upscales_only_what_the_emulated_checker_labels_saf
 ) -> None:
     stack = traced.stack
     answers = await _call_at_once(stack, "txt2img-checked", "a harbour", "checked", 6)
-    for answer in answers:
+    shares = DEFAULT_PIPELINE_MODELS["safety-checker"].labels
+    labels = []
+    for i, answer in enumerate(answers):
         assert answer.status_code == 200, answer.text
         body = answer.json()
         stages = {s["stage"]: s for s in body["stages"]}
         label = stages["check"]["label"]
-        assert label in ("safe", "unsafe")
+        # The emulated checker's answer is fixed by the stage's request id.
+        assert label == label_at(shares, unit_of(f"checked-{i}.check"))
+        labels.append(label)
         if label == "safe":
             assert body["skipped"] == []
             assert set(body["output"]) == {"upscale"}
@@ -162,6 +168,7 @@ async def test_a_checked_call_upscales_only_what_the_emulated_checker_labels_saf
             assert body["skipped"] == ["upscale"]
             assert set(body["output"]) == {"check"}
             assert "upscale" not in stages
+    assert labels.count("unsafe") == 1  # call 1's: both branches were taken
 
 
 async def test_one_trace_holds_every_stage_through_the_scheduler_and_a_worker(
