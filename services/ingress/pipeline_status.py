@@ -32,6 +32,7 @@ from switchyard.multimodel.branching import stage_runs
 from switchyard.multimodel.dag import topological_order
 from switchyard.multimodel.model import PipelineSpec, Stage
 
+from services.ingress.pipelines import final_outputs
 from services.ingress.tenants import public_request_id
 
 __all__ = ["SKIPPED", "pipeline_call_status"]
@@ -60,7 +61,7 @@ async def pipeline_call_status(
     answered: dict[str, str | None] = {}
     skipped: set[str] = set()
     blocks: dict[str, dict[str, Any]] = {}
-    outputs: dict[str, tuple[Stage, str]] = {}
+    outputs: dict[str, str] = {}
     failed: tuple[str, str, str | None] | None = None  # stage, status, error
     stages = {stage.name: stage for stage in pipeline.stages}
     for name in topological_order({stage.name: stage.after for stage in pipeline.stages}):
@@ -82,7 +83,7 @@ async def pipeline_call_status(
             elif failed is None:
                 failed = (name, str(completion.status), completion.error)
             if stage_result is not None:
-                outputs[name] = (stage, stage_result.output)
+                outputs[name] = stage_result.output
         elif (
             record is None
             and _settled(stage, answered, skipped)
@@ -103,10 +104,7 @@ async def pipeline_call_status(
         name, status, error = failed
         body["error"] = f"stage {name!r} {status}: {error or 'no reason given'}"
     elif body["status"] == RequestStatus.OK:
-        feeding = {before for stage, _ in outputs.values() for before in stage.after}
-        body["output"] = {
-            stage.name: output for stage, output in outputs.values() if stage.name not in feeding
-        }
+        body["output"] = final_outputs(pipeline, outputs)
     return body
 
 

@@ -50,7 +50,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,8 +274,9 @@ class PipelineCoordinator:
         """Start every stage that is ready; a stage whose answer is recorded already (a
         retry) finishes at once, and may make more ready."""
         while ready := call.ready():
+            answered = call.answered()
             for stage in ready:
-                if not stage_runs(stage, call.answered(), call.skipped):
+                if not stage_runs(stage, answered, call.skipped):
                     call.skipped.add(stage.name)
                     continue
                 run = await self._start(call, stage)
@@ -523,15 +524,21 @@ def _stage_blocks(call: PipelineCall) -> Iterator[dict[str, Any]]:
         }
 
 
+def final_outputs(pipeline: PipelineSpec, outputs: Mapping[str, str]) -> dict[str, str]:
+    """The call's answer: of the stages run (``outputs``: each one's output by name), those
+    that no stage run after them reads, in pipeline order."""
+    ran = [stage for stage in pipeline.stages if stage.name in outputs]
+    feeding = {name for stage in ran for name in stage.after}
+    return {stage.name: outputs[stage.name] for stage in ran if stage.name not in feeding}
+
+
 def pipeline_answer(call: PipelineCall, now_s: float) -> dict[str, Any]:
     """The answer of a call whose stages all finished ``ok`` or were skipped (a branch
     not taken, listed in ``skipped``): ``output`` holds the outputs of the stages run that
     no stage run after them reads, by stage name; ``latency_s`` runs from the
     call's arrival to its last stage's finish (``now_s`` when no stage says when it
     finished) and ``slo_s`` is what it is judged by, both wall seconds."""
-    ran = [stage for stage in call.pipeline.stages if stage.name in call.stages]
-    feeding = {name for stage in ran for name in stage.after}
-    runs = [call.stages[stage.name] for stage in ran]
+    runs = [call.stages[stage.name] for stage in call.pipeline.stages if stage.name in call.stages]
     finished = [
         run.completion.timeline.finished_s
         for run in runs
@@ -543,7 +550,7 @@ def pipeline_answer(call: PipelineCall, now_s: float) -> dict[str, Any]:
         "object": "pipeline.result",
         "created": int(call.arrival_s),
         "app": call.pipeline.name,
-        "output": {run.spec.name: run.output for run in runs if run.spec.name not in feeding},
+        "output": final_outputs(call.pipeline, {run.spec.name: run.output for run in runs}),
         "stages": list(_stage_blocks(call)),
         "skipped": [stage.name for stage in call.pipeline.stages if stage.name in call.skipped],
         "latency_s": latency_s,

@@ -47,13 +47,7 @@ from dataclasses import dataclass
 
 from switchyard.policies.base import DecisionContext
 from switchyard.selection.base import WindowPlan, batch_latency_s, priority
-from switchyard.selection.snapshot import (
-    CONFIDENT_THETA,
-    AppView,
-    VariantView,
-    WindowRequest,
-    WindowSnapshot,
-)
+from switchyard.selection.snapshot import AppView, VariantView, WindowRequest, WindowSnapshot
 from switchyard.selection.timeline import (
     AccuracyFn,
     ScoredPlan,
@@ -93,7 +87,7 @@ def group_requests(
     confident_label: dict[str, int | None] = {}
     for request in requests:
         by_app.setdefault(request.app, []).append(request)
-        confident_label[request.request_id] = _confident_label(request)
+        confident_label[request.request_id] = request.confident_label
     # Per application, the labels it is split by: every one of a set, one, or none.
     labels_by_app: dict[str, int | frozenset[int] | None] = dict.fromkeys(by_app)
     if split_by_label:
@@ -123,16 +117,6 @@ def group_requests(
         kept = own is not None and (own in split if isinstance(split, frozenset) else own == split)
         groups.setdefault((request.app, own if kept else None), []).append(request)
     return groups
-
-
-def _confident_label(request: WindowRequest) -> int | None:
-    """``request.predicted_label`` when ``request.confident``, else ``None``: the two
-    properties in one pass over ``theta`` (this runs for every request of a window)."""
-    theta = request.theta
-    if theta is None:
-        return None
-    top = max(theta)
-    return theta.index(top) if top > CONFIDENT_THETA else None
 
 
 class _Choice:

@@ -80,7 +80,7 @@ class WindowRequest:
         """SneakPeek's label (argmax theta), or ``None`` without an estimate."""
         if self.theta is None:
             return None
-        return max(range(len(self.theta)), key=self.theta.__getitem__)
+        return self.theta.index(max(self.theta))
 
     @property
     def sneakpeek_accuracy(self) -> float | None:
@@ -91,6 +91,15 @@ class WindowRequest:
     def confident(self) -> bool:
         """Whether SneakPeek's label is more likely than all the others together."""
         return self.theta is not None and max(self.theta) > CONFIDENT_THETA
+
+    @property
+    def confident_label(self) -> int | None:
+        """:attr:`predicted_label` when :attr:`confident`, else ``None``, in one pass."""
+        theta = self.theta
+        if theta is None:
+            return None
+        top = max(theta)
+        return theta.index(top) if top > CONFIDENT_THETA else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
