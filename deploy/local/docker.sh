@@ -68,6 +68,37 @@ timed() {
 
 engine_answers() { docker info >/dev/null 2>&1; }
 
+# is_process PID NAME: true when PID is a live process whose command name is NAME. A pid
+# file outlives its process (a crash, the end of a session), and the kernel may since have
+# given the number to another program; kill -0 alone would wait on that program.
+is_process() {
+  [[ "$1" =~ ^[0-9]+$ ]] && [[ "$(cat "/proc/$1/comm" 2>/dev/null)" == "$2" ]]
+}
+
+ours_alive() { [[ -f "$PIDFILE" ]] && is_process "$(cat "$PIDFILE" 2>/dev/null)" dockerd; }
+
+# dockerd refuses to start while its own pid file names a live process, and its containerd
+# likewise; a stale file whose number now belongs to another program is removed.
+drop_stale_daemon_pidfiles() {
+  local file name
+  for file in /var/run/docker.pid:dockerd /var/run/docker/containerd/containerd.pid:containerd; do
+    name=${file##*:}
+    file=${file%:*}
+    if [[ -f "$file" ]] && ! is_process "$(cat "$file" 2>/dev/null)" "$name"; then
+      rm -f "$file"
+    fi
+  done
+}
+
+start_dockerd() {
+  drop_stale_daemon_pidfiles
+  say "starting dockerd (log $DOCKERD_LOG)"
+  # Detached: its own session, so it outlives this shell and make; containerd and the
+  # runtime come with it.
+  setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+  echo $! >"$PIDFILE"
+}
+
 engine() {
   command -v docker >/dev/null || apt_install docker.io
   if engine_answers; then
@@ -76,24 +107,28 @@ engine() {
   fi
   command -v dockerd >/dev/null || apt_install docker.io
   [[ $(id -u) -eq 0 ]] || die "no Docker engine answers and only root can start dockerd; start it (sudo dockerd &) or join the docker group"
-  if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+  if ours_alive; then
     say "dockerd (pid $(cat "$PIDFILE")) is not answering yet; waiting for it"
+    if ! wait_for 60 engine_answers; then
+      say "dockerd (pid $(cat "$PIDFILE")) did not answer within 60 s; restarting it"
+      stop_pid "$PIDFILE" 30
+      start_dockerd
+    fi
   else
-    say "starting dockerd (log $DOCKERD_LOG)"
-    # Detached: its own session, so it outlives this shell and make; containerd and the
-    # runtime come with it.
-    setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
-    echo $! >"$PIDFILE"
+    rm -f "$PIDFILE"
+    start_dockerd
   fi
-  if ! wait_for 60 engine_answers; then
+  # A daemon restarted after an unclean stop first stops the containers it finds still
+  # running, up to 20 s each, before it answers.
+  if ! wait_for 120 engine_answers; then
     tail -n 30 "$DOCKERD_LOG" >&2 || true
-    die "dockerd did not answer within 60 s (log: $DOCKERD_LOG)"
+    die "dockerd did not answer within 120 s (log: $DOCKERD_LOG)"
   fi
   say "dockerd is up ($(docker version --format '{{.Server.Version}}' 2>/dev/null), storage driver $(docker info --format '{{.Driver}}'))"
 }
 
 stop() {
-  if [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+  if ours_alive; then
     say "stopping dockerd (pid $(cat "$PIDFILE"))"
     stop_pid "$PIDFILE" 30
   else
