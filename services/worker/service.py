@@ -274,6 +274,10 @@ class WorkerService(Service):
                 await asyncio.sleep(CHECK_RETRY_S)  # out of touch: run nothing meanwhile
                 continue
             holdings.wake.clear()  # before looking, so a wake-up during the step is kept
+            # Read before the step: a request that became ready while the step ran was
+            # not ready when it looked, and must not be taken for one ready long ago
+            # (that the step left waiting for room), or nothing would wake the engine.
+            before_s = time.time()
             stepped = await backend.step(
                 holdings.queue, self.reporter, admit=not draining, wake=holdings.wake
             )
@@ -281,9 +285,9 @@ class WorkerService(Service):
                 continue
             if draining:
                 return
-            now_s = time.time()
-            next_s = holdings.queue.next_ready_s(now_s)
-            await self._wait_for_work(None if next_s is None else max(0.0, next_s - now_s))
+            next_s = holdings.queue.next_ready_s(before_s)
+            wait_s = None if next_s is None else max(0.0, next_s - time.time())
+            await self._wait_for_work(wait_s)
 
     async def _check_holdings(self) -> bool:
         """What this worker holds checked against the ledger after it was out of touch

@@ -475,3 +475,57 @@ def test_build_backend_makes_one_from_the_settings_and_the_catalogue() -> None:
     assert backend.servable_models() == sorted(ServingCatalogue(llm={}, classification={}).models)
     with pytest.raises(ValueError, match="emulated-models worker needs the serving catalogue"):
         build_backend(settings, None)
+
+
+class TickingClock(Clock):
+    """A clock that moves on by ``tick_s`` at every reading: one step of the backend then
+    spans time, as it does on a busy machine (the process descheduled mid-step)."""
+
+    def __init__(self, tick_s: float) -> None:
+        super().__init__()
+        self.tick_s = tick_s
+
+    def __call__(self) -> float:
+        self.now_s += self.tick_s
+        return self.now_s
+
+
+@pytest.mark.parametrize("readings_before_the_end", range(1, 8))
+async def test_a_load_that_ends_during_a_step_is_not_missed_by_it(
+    readings_before_the_end: int,
+) -> None:
+    """A stage waiting for its model's load is started once the load ends, wherever in a
+    step the clock passes the load's end: a step that saw the model loading when it
+    looked for stages to start, and loaded when it looked for its next event, would
+    otherwise report nothing in progress, and the engine would wait for new work that
+    may never come."""
+    clock = TickingClock(tick_s=0.001)
+    backend = EmulatedModelsBackend("w1", MODELS, CAPACITY, gpu_type="a100", clock=clock)
+    holdings = Holdings("w1")
+    order = PlacementOrder(
+        worker_id="w1", load=["enc"], policy="test", plan_id="p", decided_at_s=T0
+    )
+    carry_out(order, backend.placement, holdings)
+    ready_at_s = backend.placement.replicas["enc"].ready_at_s
+    assignment = _stage("c1.encode", "enc")
+    spec = backend.describe(assignment)
+    holdings.add(
+        WorkItem(
+            assignment=assignment,
+            key=spec.key,
+            received_at_s=clock.now_s,
+            estimate_s=spec.estimate_s,
+        )
+    )
+    # The clock passes the load's end after this many readings of the next step.
+    clock.now_s = ready_at_s - clock.tick_s * (readings_before_the_end - 0.5)
+    sink = Sink()
+    awake = asyncio.Event()
+    awake.set()  # never sleeps
+    for _ in range(4):
+        assert await backend.step(holdings.queue, sink, admit=True, wake=awake), (
+            "the step reported nothing in progress while a stage waited for its model"
+        )
+        if sink.started_ids:
+            break
+    assert sink.started_ids == ["c1.encode"]

@@ -178,21 +178,25 @@ class EmulatedModelsBackend:
         waiting for room, then (when ``admit``) start a stage on every idle loaded model
         that has one waiting, loading models on demand. When none of that happened, sleep
         up to the next finish or load (or until ``wake``); False when nothing is in
-        progress."""
-        acted = await self._finish_due(sink)
+        progress.
+
+        The whole step judges at one reading of the clock: a load that ended between a
+        look for stages to start and a look for the next event would be in neither, and
+        the engine would wait for new work with a stage ready to run."""
+        now_s = self.clock()
+        acted = await self._finish_due(sink, now_s)
         acted = self.placement.settle(queued_by_model(queue)) or acted
         if admit:
-            acted = await self._start_ready(queue, sink) or acted
+            acted = await self._start_ready(queue, sink, now_s) or acted
         if acted:
             return True
-        next_s = self._next_event_s(queue, admit=admit)
+        next_s = self._next_event_s(queue, now_s, admit=admit)
         if next_s is None:
             return False
         await _sleep_until(next_s, self.clock, wake)
         return True
 
-    async def _finish_due(self, sink: ExecutionSink) -> bool:
-        now_s = self.clock()
+    async def _finish_due(self, sink: ExecutionSink, now_s: float) -> bool:
         due = sorted(
             (
                 r
@@ -218,11 +222,10 @@ class EmulatedModelsBackend:
             await sink.finished(item, result)
         return bool(due)
 
-    async def _start_ready(self, queue: LocalQueue, sink: ExecutionSink) -> bool:
+    async def _start_ready(self, queue: LocalQueue, sink: ExecutionSink, now_s: float) -> bool:
         """One stage for each idle loaded model with one ready in the queue (the first in
         queue order); loads on demand for stages whose model is not placed."""
         placement = self.placement
-        now_s = self.clock()
         started: list[WorkItem] = []
         busy: set[str] = set()
         loaded_on_demand = False
@@ -256,10 +259,9 @@ class EmulatedModelsBackend:
         replica.running = item
         replica.finish_at_s = start_s + self.stage_wall_s(replica.spec, payload.exec_scale)
 
-    def _next_event_s(self, queue: LocalQueue, *, admit: bool) -> float | None:
+    def _next_event_s(self, queue: LocalQueue, now_s: float, *, admit: bool) -> float | None:
         """When something may change next: a running stage's end or, when admitting, a
         load that ends while stages wait for it."""
-        now_s = self.clock()
         replicas = self.placement.replicas.values()
         events = [r.finish_at_s for r in replicas if r.running is not None]
         if admit:
