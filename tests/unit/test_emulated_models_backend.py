@@ -68,8 +68,10 @@ class Clock:
 class Worker:
     """A backend on a manual clock with the queue, holdings and sink a worker gives it."""
 
-    def __init__(self, *, speed: float = 1.0, time_scale: float = 1.0) -> None:
-        self.clock = Clock()
+    def __init__(
+        self, *, speed: float = 1.0, time_scale: float = 1.0, clock: Clock | None = None
+    ) -> None:
+        self.clock = clock or Clock()
         self.backend = EmulatedModelsBackend(
             "w1",
             MODELS,
@@ -500,32 +502,18 @@ async def test_a_load_that_ends_during_a_step_is_not_missed_by_it(
     otherwise report nothing in progress, and the engine would wait for new work that
     may never come."""
     clock = TickingClock(tick_s=0.001)
-    backend = EmulatedModelsBackend("w1", MODELS, CAPACITY, gpu_type="a100", clock=clock)
-    holdings = Holdings("w1")
-    order = PlacementOrder(
-        worker_id="w1", load=["enc"], policy="test", plan_id="p", decided_at_s=T0
-    )
-    carry_out(order, backend.placement, holdings)
-    ready_at_s = backend.placement.replicas["enc"].ready_at_s
-    assignment = _stage("c1.encode", "enc")
-    spec = backend.describe(assignment)
-    holdings.add(
-        WorkItem(
-            assignment=assignment,
-            key=spec.key,
-            received_at_s=clock.now_s,
-            estimate_s=spec.estimate_s,
-        )
-    )
+    worker = Worker(clock=clock)
+    worker.order(load=("enc",))
+    ready_at_s = worker.backend.placement.replicas["enc"].ready_at_s
+    worker.stage("c1.encode", "enc")
     # The clock passes the load's end after this many readings of the next step.
     clock.now_s = ready_at_s - clock.tick_s * (readings_before_the_end - 0.5)
-    sink = Sink()
     awake = asyncio.Event()
     awake.set()  # never sleeps
     for _ in range(4):
-        assert await backend.step(holdings.queue, sink, admit=True, wake=awake), (
+        assert await worker.backend.step(worker.queue, worker.sink, admit=True, wake=awake), (
             "the step reported nothing in progress while a stage waited for its model"
         )
-        if sink.started_ids:
+        if worker.sink.started_ids:
             break
-    assert sink.started_ids == ["c1.encode"]
+    assert worker.sink.started_ids == ["c1.encode"]
