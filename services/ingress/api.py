@@ -70,6 +70,7 @@ from services.ingress.openai_schema import (
     SwitchyardOptions,
     parse,
 )
+from services.ingress.pipeline_admission import PipelineGate
 from services.ingress.pipelines import PipelineCoordinator, PipelineOptions
 from services.ingress.quotas import Quotas
 from services.ingress.read_api import ReadApi
@@ -136,6 +137,7 @@ def build_app(
     options: ApiOptions | None = None,
     admission: Admission | None = None,
     gate: AdmissionGate | None = None,
+    pipeline_gate: PipelineGate | None = None,
     clock: Callable[[], float] = time.time,
     telemetry: Telemetry | None = None,
     decisions: FirstDecisions | None = None,
@@ -156,6 +158,8 @@ def build_app(
             a request no worker can finish before its deadline is refused with 429, one
             for a model no worker has served for a while with 503, both before anything
             is recorded or published. None: every valid request is accepted.
+        pipeline_gate: the same for pipeline calls
+            (:mod:`services.ingress.pipeline_admission`); None: every valid call accepted.
         clock: epoch seconds (arrival times).
         telemetry: the providers SERVER spans and request metrics go to; None: spans
             and metrics go to the process-wide providers.
@@ -185,6 +189,7 @@ def build_app(
         ),
         clock=clock,
         tracer_provider=telemetry.tracer_provider if telemetry is not None else None,
+        gate=pipeline_gate,
     )
     api = _Api(catalogue, desk, options, clock, pipelines)
     read = ReadApi(catalogue, desk.ledger, desk.answers, drain, time_scale=options.llm_time_scale)

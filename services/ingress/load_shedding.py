@@ -449,16 +449,21 @@ class AdmissionGate:
     def _without_worker(self, demand: Demand, now_s: float, time_left_s: float) -> Decision:
         assert self._first_refresh_s is not None
         since_s = max(self._served_at_s.get(demand.model, -math.inf), self._first_refresh_s)
-        missing_s = now_s - since_s
-        if missing_s <= self.grace_s:
-            return Decision(
-                verdict=Verdict.ADMIT,
-                time_left_s=time_left_s,
-                reason=f"no live worker for {missing_s:.1f} s, within the grace period",
-            )
+        return without_worker(now_s - since_s, self.grace_s, time_left_s, "live worker")
+
+
+def without_worker(missing_s: float, grace_s: float, time_left_s: float, what: str) -> Decision:
+    """The decision when no ``what`` has been live for ``missing_s``: admitted within
+    ``grace_s`` (a restart: the work waits for one), else 503 with ``Retry-After``."""
+    if missing_s <= grace_s:
         return Decision(
-            verdict=Verdict.NO_WORKER,
+            verdict=Verdict.ADMIT,
             time_left_s=time_left_s,
-            retry_after_s=NO_WORKER_RETRY_AFTER_S,
-            reason=f"no live worker for {missing_s:.1f} s",
+            reason=f"no {what} for {missing_s:.1f} s, within the grace period",
         )
+    return Decision(
+        verdict=Verdict.NO_WORKER,
+        time_left_s=time_left_s,
+        retry_after_s=NO_WORKER_RETRY_AFTER_S,
+        reason=f"no {what} for {missing_s:.1f} s",
+    )

@@ -333,7 +333,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         409: "The request_id was used for a different request (a retry must repeat it exactly).",
         413: "Body larger than the configured limit.",
         415: "Content-Type is not JSON.",
-        429: "Admission control: no worker can finish it before its deadline, or the "
+        429: "Admission control: no worker can finish it (for a pipeline: its stages) "
+        "before its deadline, or the "
         "tenant's rate limit or concurrency quota; see Retry-After and x-ratelimit-*.",
         502: "The worker failed (or cancelled) the request (for a pipeline: one of its "
         "stages; the message names it, its model and the reason).",

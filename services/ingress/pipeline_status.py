@@ -32,7 +32,7 @@ from switchyard.multimodel.branching import stage_runs
 from switchyard.multimodel.dag import topological_order
 from switchyard.multimodel.model import PipelineSpec, Stage
 
-from services.ingress.pipelines import final_outputs
+from services.ingress.pipeline_call import final_outputs
 from services.ingress.tenants import public_request_id
 
 __all__ = ["SKIPPED", "pipeline_call_status"]

@@ -50,12 +50,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
+from opentelemetry.trace import Status, StatusCode, TracerProvider
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -66,7 +66,6 @@ from switchyard.contracts.messages import (
     CompletionStatus,
     InferenceRequest,
     StagePayload,
-    StageResult,
 )
 from switchyard.lifecycle import CANCELLED_BY_CLIENT
 from switchyard.multimodel.branching import stage_runs
@@ -74,13 +73,14 @@ from switchyard.multimodel.model import PipelineSpec, Stage
 
 from services.ingress.auth import tenant_of
 from services.ingress.body import json_body
-from services.ingress.calls import Accepted, RequestDesk, client_gone, status_error
+from services.ingress.calls import RequestDesk, client_gone, refusal, status_error
 from services.ingress.errors import SERVER_ERROR, ApiError
 from services.ingress.openai_schema import parse
+from services.ingress.pipeline_admission import PipelineGate
 from services.ingress.pipeline_body import PipelineBody, check_stage_ids
+from services.ingress.pipeline_call import PipelineCall, StageRun, pipeline_answer, stage_blocks
 from services.ingress.responses import answer_headers
 from services.ingress.telemetry import INSTRUMENTATION_NAME, call_record
-from services.ingress.tenants import Tenant, public_request_id
 
 log = logging.getLogger("switchyard.ingress")
 
@@ -104,73 +104,6 @@ class PipelineOptions:
     time_scale: float = 1.0
 
 
-@dataclass(slots=True)
-class _StageRun:
-    """One stage of one call: its request and what became of it."""
-
-    spec: Stage
-    request_id: str
-    accepted: Accepted | None = None
-    span: Span | None = None
-    completion: Completion | None = None
-
-    @property
-    def output(self) -> str:
-        result = self.completion.result if self.completion is not None else None
-        return result.output if isinstance(result, StageResult) else ""
-
-
-@dataclass(slots=True)
-class PipelineCall:
-    """One pipeline call being coordinated.
-
-    ``arrival_s`` and ``deadline_s`` are the first call's when this one is a retry (read
-    back from its first stages' records)."""
-
-    call_id: str
-    pipeline: PipelineSpec
-    tenant: Tenant
-    input: str
-    exec_scale: float
-    arrival_s: float
-    deadline_s: float
-    slo_s: float
-    """The SLO in wall seconds (the catalogue's model seconds over the time scale)."""
-    stages: dict[str, _StageRun] = field(default_factory=dict)
-    skipped: set[str] = field(default_factory=set)
-    """Stages whose branch was not taken (:func:`switchyard.multimodel.branching.stage_runs`)."""
-
-    @property
-    def public_id(self) -> str:
-        return public_request_id(self.call_id)
-
-    def answered(self) -> dict[str, str | None]:
-        """Each answered stage's label (``None``: not a classifier)."""
-        return {
-            name: run.completion.result.label
-            if isinstance(run.completion.result, StageResult)
-            else None
-            for name, run in self.stages.items()
-            if run.completion is not None
-        }
-
-    def ready(self) -> list[Stage]:
-        """The stages neither started nor skipped whose ``after`` stages are all answered
-        or skipped, in pipeline order."""
-        done = self.skipped | {n for n, run in self.stages.items() if run.completion is not None}
-        return [
-            stage
-            for stage in self.pipeline.stages
-            if stage.name not in self.stages
-            and stage.name not in self.skipped
-            and all(name in done for name in stage.after)
-        ]
-
-    def pending(self) -> list[_StageRun]:
-        """The stages started and not answered."""
-        return [run for run in self.stages.values() if run.completion is None]
-
-
 class PipelineCoordinator:
     """Answers pipeline calls (see the module docstring).
 
@@ -179,6 +112,8 @@ class PipelineCoordinator:
         options: limits and timings.
         clock: epoch seconds.
         tracer_provider: where the stage spans go; None: the process-wide provider.
+        gate: deadline-aware admission of new calls
+            (:mod:`services.ingress.pipeline_admission`); None: every call accepted.
     """
 
     def __init__(
@@ -188,10 +123,12 @@ class PipelineCoordinator:
         *,
         clock: Callable[[], float] = time.time,
         tracer_provider: TracerProvider | None = None,
+        gate: PipelineGate | None = None,
     ) -> None:
         self.desk = desk
         self.options = options
         self.clock = clock
+        self.gate = gate
         self.tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
 
     async def infer(self, request: Request, pipeline: PipelineSpec) -> Response:
@@ -217,6 +154,8 @@ class PipelineCoordinator:
             deadline_s=arrival_s + slo_s,
             slo_s=slo_s,
         )
+        if self.gate is not None:
+            await self._admit(call, self.gate, named=body.request_id is not None)
         await self.run(call, request.receive)
         answer = pipeline_answer(call, self.clock())
         if record is not None:
@@ -225,11 +164,35 @@ class PipelineCoordinator:
             answer, headers=answer_headers(call.public_id, emulated=answer["emulated"])
         )
 
+    async def _admit(self, call: PipelineCall, gate: PipelineGate, *, named: bool) -> None:
+        """Refuse (429 or 503, nothing recorded) a new call its stages cannot finish in
+        time; a retry of a call already accepted (its first stage recorded) is not
+        judged again."""
+        decision = gate.decide(
+            call.pipeline,
+            exec_scale=call.exec_scale,
+            arrival_s=call.arrival_s,
+            deadline_s=call.deadline_s,
+            now_s=self.clock(),
+        )
+        if decision.admitted:
+            return
+        first = call.pipeline.stages[0]
+        if named and await self.desk.ledger.read(f"{call.call_id}.{first.name}") is not None:
+            return
+        log.debug(
+            "refused pipeline call %s: %s",
+            call.call_id,
+            decision.reason,
+            extra={"event": "admission_refused", "verdict": str(decision.verdict)},
+        )
+        raise refusal(decision, f"pipeline {call.pipeline.name!r}")
+
     async def run(self, call: PipelineCall, receive: Receive | None = None) -> None:
         """Run ``call``'s stages until the last is answered; raises the
         :class:`~services.ingress.errors.ApiError` the call ends with otherwise."""
         gone = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
-        waits: dict[asyncio.Future[Completion | None], _StageRun] = {}
+        waits: dict[asyncio.Future[Completion | None], StageRun] = {}
         give_up_at = time.monotonic() + self.options.answer_timeout_s
         try:
             await self._start_ready(call, waits, give_up_at)
@@ -268,7 +231,7 @@ class PipelineCoordinator:
     async def _start_ready(
         self,
         call: PipelineCall,
-        waits: dict[asyncio.Future[Completion | None], _StageRun],
+        waits: dict[asyncio.Future[Completion | None], StageRun],
         give_up_at: float,
     ) -> None:
         """Start every stage that is ready; a stage whose answer is recorded already (a
@@ -290,9 +253,9 @@ class PipelineCoordinator:
                 # awaits the answer (no publish, no span), so cancelling it is safe.
                 waits[asyncio.ensure_future(self.desk.completion(accepted, left))] = run
 
-    async def _start(self, call: PipelineCall, stage: Stage) -> _StageRun:
+    async def _start(self, call: PipelineCall, stage: Stage) -> StageRun:
         """Accept and publish ``stage``'s request (or find the earlier one, a retry)."""
-        run = _StageRun(stage, f"{call.call_id}.{stage.name}")
+        run = StageRun(stage, f"{call.call_id}.{stage.name}")
         call.stages[stage.name] = run
         run.span = self.tracer.start_span(
             f"stage {stage.name}",
@@ -368,7 +331,7 @@ class PipelineCoordinator:
 
         return make
 
-    def _finish(self, call: PipelineCall, run: _StageRun, completion: Completion) -> None:
+    def _finish(self, call: PipelineCall, run: StageRun, completion: Completion) -> None:
         """Take a stage's answer; raises the call's error when it is not ``ok``."""
         run.completion = completion
         if run.span is not None:
@@ -456,7 +419,7 @@ def stage_error(call: PipelineCall, stage: Stage, completion: Completion) -> Api
                 "model": stage.model,
                 "status": str(completion.status),
                 "error": completion.error,
-                "stages": list(_stage_blocks(call)),
+                "stages": list(stage_blocks(call)),
             }
         },
     )
@@ -495,70 +458,6 @@ def _stage_refused(call: PipelineCall, stage: Stage, exc: ApiError) -> ApiError:
         headers=exc.headers,
         extra=extra,
     )
-
-
-def _stage_blocks(call: PipelineCall) -> Iterator[dict[str, Any]]:
-    """Each answered stage, in pipeline order: who served it, how, and when."""
-    for stage in call.pipeline.stages:
-        run = call.stages.get(stage.name)
-        if run is None or run.completion is None:
-            continue
-        completion = run.completion
-        t = completion.timeline
-        result = completion.result
-        yield {
-            "stage": stage.name,
-            "model": stage.model,
-            "request_id": public_request_id(run.request_id),
-            "status": str(completion.status),
-            "label": result.label if isinstance(result, StageResult) else None,
-            "worker_id": completion.worker_id,
-            "worker_type": completion.worker_type,
-            "emulated": completion.emulated,
-            "arrival_s": t.arrival_s,
-            "assigned_s": t.assigned_s,
-            "started_s": t.started_s,
-            "finished_s": t.finished_s,
-            "latency_s": None if t.finished_s is None else t.finished_s - t.arrival_s,
-            "execution_s": t.execution_s(),
-        }
-
-
-def final_outputs(pipeline: PipelineSpec, outputs: Mapping[str, str]) -> dict[str, str]:
-    """The call's answer: of the stages run (``outputs``: each one's output by name), those
-    that no stage run after them reads, in pipeline order."""
-    ran = [stage for stage in pipeline.stages if stage.name in outputs]
-    feeding = {name for stage in ran for name in stage.after}
-    return {stage.name: outputs[stage.name] for stage in ran if stage.name not in feeding}
-
-
-def pipeline_answer(call: PipelineCall, now_s: float) -> dict[str, Any]:
-    """The answer of a call whose stages all finished ``ok`` or were skipped (a branch
-    not taken, listed in ``skipped``): ``output`` holds the outputs of the stages run that
-    no stage run after them reads, by stage name; ``latency_s`` runs from the
-    call's arrival to its last stage's finish (``now_s`` when no stage says when it
-    finished) and ``slo_s`` is what it is judged by, both wall seconds."""
-    runs = [call.stages[stage.name] for stage in call.pipeline.stages if stage.name in call.stages]
-    finished = [
-        run.completion.timeline.finished_s
-        for run in runs
-        if run.completion is not None and run.completion.timeline.finished_s is not None
-    ]
-    latency_s = (max(finished) if finished else now_s) - call.arrival_s
-    return {
-        "id": call.public_id,
-        "object": "pipeline.result",
-        "created": int(call.arrival_s),
-        "app": call.pipeline.name,
-        "output": final_outputs(call.pipeline, {run.spec.name: run.output for run in runs}),
-        "stages": list(_stage_blocks(call)),
-        "skipped": [stage.name for stage in call.pipeline.stages if stage.name in call.skipped],
-        "latency_s": latency_s,
-        "slo_s": call.slo_s,
-        "deadline_s": call.deadline_s,
-        "met_slo": call.arrival_s + latency_s <= call.deadline_s,
-        "emulated": any(run.completion is not None and run.completion.emulated for run in runs),
-    }
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -34,6 +34,7 @@ from services.ingress.dispatch import DirectDispatcher
 from services.ingress.drain import Admission
 from services.ingress.http_protocol import header_timeout_protocol
 from services.ingress.load_shedding import AdmissionGate
+from services.ingress.pipeline_admission import PipelineGate
 from services.ingress.quotas import Quotas
 from services.ingress.routing import answer_subscription, route_answers, sweep_overdue
 from services.ingress.tenants import load_key_ring
@@ -79,6 +80,8 @@ class IngressService(Service):
             if settings.admission == "deadline"
             else None
         )
+        # Built once the catalogue (its models) is known, at start.
+        self.pipeline_gate: PipelineGate | None = None
         self.dispatcher: DirectDispatcher | None = (
             DirectDispatcher(
                 ctx.bus,
@@ -126,6 +129,13 @@ class IngressService(Service):
             self.catalogue = await asyncio.to_thread(
                 _load_catalogue, settings.registry, settings.cache_dir
             )
+        if self.gate is not None:
+            self.pipeline_gate = PipelineGate(
+                self.catalogue.models,
+                slack=settings.admission_slack,
+                grace_s=settings.admission_grace_s,
+                worker_timeout_s=settings.worker_timeout_s,
+            )
         app = build_app(
             self.catalogue,
             self._publish,
@@ -138,6 +148,7 @@ class IngressService(Service):
             ),
             admission=self.admission,
             gate=self.gate,
+            pipeline_gate=self.pipeline_gate,
             # A context built without real telemetry (tests) gets the global providers.
             telemetry=self.ctx.telemetry if isinstance(self.ctx.telemetry, Telemetry) else None,
             decisions=self.dispatcher,
@@ -232,6 +243,8 @@ class IngressService(Service):
                 failing = False
                 if self.gate is not None:
                     self.gate.observe(view)
+                if self.pipeline_gate is not None:
+                    self.pipeline_gate.observe(view)
             await asyncio.sleep(period_s)
 
     async def answers_routine(self) -> None:

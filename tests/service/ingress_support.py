@@ -62,6 +62,7 @@ from switchyard.state.memory import MemoryStateStore
 from services.ingress.answers import AnswerRegistry
 from services.ingress.api import ApiOptions, build_app
 from services.ingress.drain import Admission
+from services.ingress.pipeline_admission import PipelineGate
 from services.ingress.quotas import Quotas
 from services.ingress.routing import answer_subscription, route_answers
 from services.ingress.tenants import KeyRing
@@ -359,8 +360,10 @@ class Stack:
         publish: Callable[[InferenceRequest], Awaitable[object]] | None = None,
         keys: KeyRing | None = None,
         clock: Callable[[], float] = time.time,
+        pipeline_gate: PipelineGate | None = None,
     ) -> Replica:
-        """A replica; with ``keys``, its tenants' limits kept in the stack's state."""
+        """A replica; with ``keys``, its tenants' limits kept in the stack's state; with
+        ``pipeline_gate``, pipeline calls pass it first."""
         answers, routing = await routed_answers(self.bus, self.state, instance_id, self.stopping)
         self.tasks.append(routing)
         admission = Admission()
@@ -374,6 +377,7 @@ class Stack:
             clock=clock,
             keys=keys,
             quotas=Quotas(self.state, hold_s=30.0) if keys is not None else None,
+            pipeline_gate=pipeline_gate,
         )
         client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://ingress", timeout=10.0

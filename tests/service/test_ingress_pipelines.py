@@ -21,13 +21,21 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from starlette.types import Message
+from switchyard.cluster import ClusterView, WorkerRecord, WorkerStatus
 from switchyard.config import load_settings
-from switchyard.contracts.messages import InferenceRequest, StagePayload
+from switchyard.contracts.messages import (
+    Heartbeat,
+    InferenceRequest,
+    PlacedModel,
+    PlacedState,
+    StagePayload,
+)
 from switchyard.lifecycle import RequestLedger
 from switchyard.serving.pipelines import DEFAULT_PIPELINES
 from switchyard.telemetry import configure_telemetry
 
 from services.ingress.api import ApiOptions, build_app
+from services.ingress.pipeline_admission import PipelineGate
 from tests.service.ingress_support import (
     Replica,
     Stack,
@@ -296,6 +304,78 @@ async def test_a_call_timed_out_resumes_on_retry(stack: Stack, worker: StageWork
     assert resumed.status_code == 200, resumed.text
     assert resumed.json()["output"]["check"].startswith("safety-checker<generate=sd15-base<")
     assert worker.stages_ran("slow-1") == ["encode", "generate", "check"]
+
+
+# -- admission control ------------------------------------------------------------------
+
+
+def _pipeline_gate(stack: Stack, *, upscales_queued: int) -> PipelineGate:
+    """A gate that has read one live emulated-models worker (time scale 10) holding
+    every model, ``upscales_queued`` upscales waiting for its upscaler."""
+    models = stack.catalogue.models
+    now_s = time.time()
+    heartbeat = Heartbeat(
+        worker_id=WORKER_ID,
+        worker_type="a100",
+        sequence=1,
+        interval_s=0.5,
+        queue_length=upscales_queued,
+        queued_work_s=0.0,
+        running=0,
+        utilization=0.0,
+        backend="emulated-models",
+        placed=[
+            PlacedModel(
+                model=name,
+                state=PlacedState.READY,
+                queued=upscales_queued if name == "upscaler" else 0,
+            )
+            for name in models
+        ],
+        time_scale=10.0,
+        sent_at_s=now_s,
+    )
+    gate = PipelineGate(models, worker_timeout_s=30.0)
+    record = WorkerRecord(
+        worker_id=WORKER_ID,
+        status=WorkerStatus.ALIVE,
+        last_seen_s=now_s,
+        age_s=0.0,
+        heartbeat=heartbeat,
+    )
+    gate.observe(ClusterView(now_s=now_s, workers=(record,)))
+    return gate
+
+
+async def test_a_call_its_stages_cannot_finish_in_time_is_refused_before_any_stage_starts(
+    stack: Stack, worker: StageWorker
+) -> None:
+    # 30 model seconds of SLO at time scale 10: 3 s; 20 upscales of 0.3 s queued: 6 s.
+    options = ApiOptions(answer_timeout_s=5.0, llm_time_scale=10.0)
+    busy = await stack.replica(
+        options=options, pipeline_gate=_pipeline_gate(stack, upscales_queued=20)
+    )
+    body = {"input": "a red fox", "request_id": "late-1"}
+    refused = await busy.client.post("/v1/apps/txt2img-hd/infer", json=body)
+    error = assert_error(refused, 429, param=None, names="pipeline 'txt2img-hd'")
+    assert error["code"] == "overloaded"
+    assert int(refused.headers["Retry-After"]) >= 3
+    assert worker.stages_seen("late-1") == []
+    assert (await busy.client.get("/v1/requests/late-1")).status_code == 404
+    # txt2img has no upscale stage: its calls still fit.
+    fits = await busy.client.post("/v1/apps/txt2img/infer", json={"input": "a cat"})
+    assert fits.status_code == 200, fits.text
+    # The same call on an idle cluster is admitted and answered.
+    idle = await stack.replica(
+        "ingress-b", options=options, pipeline_gate=_pipeline_gate(stack, upscales_queued=0)
+    )
+    answered = await idle.client.post("/v1/apps/txt2img-hd/infer", json=body)
+    assert answered.status_code == 200, answered.text
+    # Accepted once, a retry is not judged again: it gets the call's answer.
+    retried = await busy.client.post("/v1/apps/txt2img-hd/infer", json=body)
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["output"] == answered.json()["output"]
+    assert worker.stages_ran("late-1") == ["encode", "generate", "upscale", "check"]
 
 
 # -- the client going away ---------------------------------------------------------------

@@ -1,0 +1,282 @@
+"""Deadline-aware admission control for pipeline calls: admit a call only when its
+stages, each on the worker that can finish it soonest, can all be done before the call's
+deadline.
+
+Pure and synchronous, like :mod:`services.ingress.load_shedding` (whose verdicts,
+slack, grace and ``Retry-After`` rule it shares): :class:`PipelineGate` holds the
+monitor's last :class:`~switchyard.cluster.ClusterView` and this replica's admissions
+since each worker's last heartbeat, and :meth:`PipelineGate.decide` judges one call at
+the time passed in, before any of its stages is recorded, so a refused call leaves
+nothing behind.
+
+**The estimate.** A live ``emulated-models`` worker lists in its heartbeat the models
+placed on it (``placed``: loading, ready or draining) with the stages queued and running
+on each; each placed model is one replica serving one stage at a time. For stage ``s``
+on model ``m`` and worker ``w`` (``m`` placed there and not draining):
+
+- *service time* ``e = exec_s * exec_scale / speed / time_scale`` (the catalogue's model
+  seconds on that worker, in wall seconds);
+- the replica is *free* after ``max(load left, backlog)``: the load time left
+  (``ready_in_s``), and ``(queued + running) * e`` (a running stage counted whole: it
+  errs long by less than one stage) plus ``e`` for each stage of a call this replica
+  admitted to that worker since its heartbeat, both less the seconds since the monitor
+  received the heartbeat;
+- the stage *starts* when the replica is free and its ``after`` stages are done, and
+  *finishes* ``e`` later. Its finish is the earliest over the workers holding ``m``.
+  A model placed on no live worker finishes after its load time and service on the
+  fastest worker: the placement service loads models stages wait for (a later round,
+  so the estimate errs short).
+
+The call's *expected* time is its critical path: the latest finish of its stages. A
+conditional stage counts as run (the deadline holds for the branch that runs most).
+It is **refused with 429** when that exceeds ``slack`` times the time left to the
+deadline, unless the call would miss it even on idle workers with every model loaded
+and it waits behind no one (it delays nobody). **503** when no live worker has served
+``emulated-models`` stages for longer than the grace period. Before the first read of
+the cluster the gate admits everything.
+
+A retry of a call already accepted is not judged again (the coordinator checks for its
+first stage's record before refusing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from switchyard.cluster import ClusterView, WorkerRecord
+from switchyard.contracts.messages import Heartbeat, PlacedState
+from switchyard.multimodel.model import ModelSpec, PipelineSpec
+
+from services.ingress.load_shedding import Decision, Verdict, without_worker
+
+__all__ = ["PipelineGate"]
+
+
+@dataclass(slots=True)
+class _Admitted:
+    """The stage service times this replica sent to one model on one worker since that
+    worker's last heartbeat, with when each was admitted."""
+
+    stages: list[tuple[float, float]] = field(default_factory=list)
+
+    def forget_before(self, sent_at_s: float) -> None:
+        self.stages = [(at_s, work_s) for at_s, work_s in self.stages if at_s >= sent_at_s]
+
+    @property
+    def work_s(self) -> float:
+        return sum(work_s for _, work_s in self.stages)
+
+
+@dataclass(frozen=True, slots=True)
+class _Finish:
+    """Where and when one stage is estimated to finish."""
+
+    finish_s: float
+    worker_id: str | None
+    service_s: float
+
+
+def _takes_stages(heartbeat: Heartbeat) -> bool:
+    return heartbeat.backend == "emulated-models"
+
+
+def _service_s(spec: ModelSpec, exec_scale: float, heartbeat: Heartbeat) -> float:
+    return spec.exec_s * exec_scale / heartbeat.speed / heartbeat.time_scale
+
+
+class PipelineGate:
+    """The cluster as last read, this replica's stage admissions since, and the decision.
+
+    Args:
+        models: the serving catalogue's multi-model models by name.
+        slack: a call is refused when its expected time exceeds ``slack`` times the time
+            left to its deadline (> 0).
+        grace_s: how long there may be no live ``emulated-models`` worker before calls
+            get 503.
+        worker_timeout_s: a worker not heard from for this long is not live.
+    """
+
+    def __init__(
+        self,
+        models: Mapping[str, ModelSpec],
+        *,
+        slack: float = 1.0,
+        grace_s: float = 10.0,
+        worker_timeout_s: float = 2.0,
+    ) -> None:
+        if not (math.isfinite(slack) and slack > 0):
+            raise ValueError(f"slack must be a finite number > 0, got {slack}")
+        self.models = models
+        self.slack = slack
+        self.grace_s = grace_s
+        self.worker_timeout_s = worker_timeout_s
+        self._view: ClusterView | None = None
+        self._first_refresh_s: float | None = None
+        self._served_at_s: float | None = None
+        self._admitted: dict[tuple[str, str], _Admitted] = {}
+
+    def observe(self, view: ClusterView) -> None:
+        """Take a fresh read of the monitor's records (at ``view.now_s``): the admissions
+        a worker's newer heartbeat accounts for are forgotten."""
+        if self._first_refresh_s is None:
+            self._first_refresh_s = view.now_s
+        sent_at_s = {
+            record.worker_id: record.heartbeat.sent_at_s
+            for record in view.workers
+            if record.heartbeat is not None
+        }
+        for key, admitted in list(self._admitted.items()):
+            worker_id = key[0]
+            if worker_id not in sent_at_s:
+                del self._admitted[key]
+                continue
+            admitted.forget_before(sent_at_s[worker_id])
+            if not admitted.stages:
+                del self._admitted[key]
+        if any(self._live(record) for record in view.workers):
+            self._served_at_s = view.now_s
+        self._view = view
+
+    def _live(self, record: WorkerRecord) -> bool:
+        return (
+            record.takes_work(self.worker_timeout_s)
+            and record.heartbeat is not None
+            and _takes_stages(record.heartbeat)
+        )
+
+    def decide(
+        self,
+        pipeline: PipelineSpec,
+        *,
+        exec_scale: float,
+        arrival_s: float,
+        deadline_s: float,
+        now_s: float,
+    ) -> Decision:
+        """Admit or refuse one call of ``pipeline`` at ``now_s``; an admitted call's
+        stages are accounted to the workers they were judged on until those workers'
+        next heartbeats."""
+        time_left_s = deadline_s - now_s
+        view = self._view
+        if view is None:
+            return Decision(
+                verdict=Verdict.ADMIT,
+                time_left_s=time_left_s,
+                reason="no cluster view yet (fail open)",
+            )
+        live = [record for record in view.workers if self._live(record)]
+        if not live:
+            return self._without_worker(now_s, time_left_s)
+        loaded = self._path(pipeline, live, exec_scale, now_s, idle=False)
+        expected_s = max(f.finish_s for f in loaded.values()) - now_s
+        idle = self._path(pipeline, live, exec_scale, now_s, idle=True)
+        idle_s = max(f.finish_s for f in idle.values()) - now_s
+        budget_s = self.slack * time_left_s
+        fits_idle = idle_s <= budget_s
+        waits = expected_s > idle_s + 1e-9
+        if expected_s > budget_s and (fits_idle or waits):
+            relative_s = self.slack * (deadline_s - arrival_s)
+            return Decision(
+                verdict=Verdict.OVERLOADED,
+                wait_s=max(0.0, expected_s - idle_s),
+                service_s=idle_s,
+                time_left_s=time_left_s,
+                retry_after_s=max(1, math.ceil(expected_s - relative_s)),
+                reason=(
+                    f"expected {expected_s:.3f} s for its stages ({idle_s:.3f} s on idle "
+                    f"workers) > {self.slack:g} x {time_left_s:.3f} s left"
+                ),
+            )
+        for stage in pipeline.stages:
+            finish = loaded[stage.name]
+            if finish.worker_id is not None:
+                key = (finish.worker_id, stage.model)
+                self._admitted.setdefault(key, _Admitted()).stages.append((now_s, finish.service_s))
+        return Decision(
+            verdict=Verdict.ADMIT,
+            wait_s=max(0.0, expected_s - idle_s),
+            service_s=idle_s,
+            time_left_s=time_left_s,
+            reason="fits its deadline"
+            if fits_idle
+            else "cannot fit even idle, waits behind no one (not overload)",
+        )
+
+    def _path(
+        self,
+        pipeline: PipelineSpec,
+        live: list[WorkerRecord],
+        exec_scale: float,
+        now_s: float,
+        *,
+        idle: bool,
+    ) -> dict[str, _Finish]:
+        """Each stage's estimated finish, in pipeline order (``after`` stages first);
+        ``idle``: on workers with nothing queued and every model loaded."""
+        finish: dict[str, _Finish] = {}
+        for stage in pipeline.stages:
+            ready_s = max((finish[name].finish_s for name in stage.after), default=now_s)
+            spec = self.models[stage.model]
+            best: _Finish | None = None
+            for record in live:
+                found = self._on(record, spec, exec_scale, ready_s, now_s, idle=idle)
+                if found is not None and (best is None or found.finish_s < best.finish_s):
+                    best = found
+            if best is None:
+                best = self._on_fastest(live, spec, exec_scale, ready_s, now_s, load=not idle)
+            finish[stage.name] = best
+        return finish
+
+    def _on(
+        self,
+        record: WorkerRecord,
+        spec: ModelSpec,
+        exec_scale: float,
+        ready_s: float,
+        now_s: float,
+        *,
+        idle: bool,
+    ) -> _Finish | None:
+        """When a stage of ``spec`` ready at ``ready_s`` finishes on ``record``'s worker;
+        None when the model is not placed there (or is draining)."""
+        heartbeat = record.heartbeat
+        assert heartbeat is not None
+        service_s = _service_s(spec, exec_scale, heartbeat)
+        if idle:
+            return _Finish(ready_s + service_s, record.worker_id, service_s)
+        placed = next((p for p in heartbeat.placed if p.model == spec.name), None)
+        if placed is None or placed.state is PlacedState.DRAINING:
+            return None
+        since_s = max(0.0, now_s - record.last_seen_s)
+        admitted = self._admitted.get((record.worker_id, spec.name))
+        backlog_s = (placed.queued + placed.running) * service_s - since_s
+        backlog_s = max(0.0, backlog_s) + (admitted.work_s if admitted else 0.0)
+        free_s = now_s + max(placed.ready_in_s - since_s, backlog_s, 0.0)
+        return _Finish(max(ready_s, free_s) + service_s, record.worker_id, service_s)
+
+    def _on_fastest(
+        self,
+        live: list[WorkerRecord],
+        spec: ModelSpec,
+        exec_scale: float,
+        ready_s: float,
+        now_s: float,
+        *,
+        load: bool,
+    ) -> _Finish:
+        """A stage whose model no live worker holds: its service on the fastest live
+        worker, after its load there (``load``) when that ends later than ``ready_s``."""
+        heartbeats = [r.heartbeat for r in live if r.heartbeat is not None]
+        fastest = max(heartbeats, key=lambda h: h.speed * h.time_scale)
+        service_s = _service_s(spec, exec_scale, fastest)
+        loaded_s = now_s + spec.load_s / fastest.time_scale if load else now_s
+        return _Finish(max(ready_s, loaded_s) + service_s, None, service_s)
+
+    def _without_worker(self, now_s: float, time_left_s: float) -> Decision:
+        assert self._first_refresh_s is not None
+        since_s = self._served_at_s if self._served_at_s is not None else self._first_refresh_s
+        return without_worker(
+            now_s - since_s, self.grace_s, time_left_s, "live emulated-models worker"
+        )
