@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-disaggregation bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-pipeline-agreement bench-guidellm bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-disaggregation bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-pipeline-agreement bench-pipeline-admission bench-guidellm bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -34,6 +34,7 @@ help:
 	@echo "make bench-recovery  worker-kill recovery (services as processes): detection, re-assignment, lost/doubled"
 	@echo "make bench-agreement  sim-to-live agreement: 2,000 rows of each Azure trace, live stack against the simulator"
 	@echo "make bench-pipeline-agreement  sim-to-live agreement for pipelines: the LoRA sample's calls, embedded stack against the multi-model simulator"
+	@echo "make bench-pipeline-admission  pipeline calls at multiples of capacity, admission control on and off: goodput and latency"
 	@echo "make bench-worker-stream  an emulated worker on Kafka: wall against modelled time, streamed and not"
 	@echo "make bench-bus-overhead  the bus's Python cost a message (memory transport), with and without per-message spans"
 	@echo "make bench-embedded  the embedded default under the demo's load: CPU per request, control plane by kind"
@@ -192,6 +193,12 @@ bench-agreement: deps
 # bench/results/pipeline_agreement/.
 bench-pipeline-agreement: deps
 	$(BIN)/python -m bench.pipeline_agreement --time-scale 50,25 --placement-update-hz 5,2.5
+
+# txt2img-hd calls at 0.5 to 4 times the cluster's capacity through the embedded stack,
+# admission control off and on (the same arrivals): goodput and latency; a few minutes.
+# Table on stdout, JSON in bench/results/pipeline_admission/.
+bench-pipeline-admission: deps
+	$(BIN)/python -m bench.pipeline_admission
 
 # A third-party benchmark client: guidellm 0.8.1 (in a cached virtual environment of its
 # own, about 6 GB) and the load generator replay one Poisson plan against the embedded

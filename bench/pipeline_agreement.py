@@ -162,7 +162,7 @@ def checked_catalogue(settings: Settings, workload: Workload) -> ServingCatalogu
     return catalogue
 
 
-async def _wait_for_workers(stack: EmbeddedStack, count: int) -> None:
+async def wait_for_model_workers(stack: EmbeddedStack, count: int) -> None:
     """Until the scheduler routes to and the placement service places on ``count``
     workers (the stack's own start waits for none of the emulated-models workers)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -227,7 +227,7 @@ async def run_live(
     )
     await stack.start()
     try:
-        await _wait_for_workers(stack, workers)
+        await wait_for_model_workers(stack, workers)
         result = await replay(
             plan_of(workload),
             stack.url,

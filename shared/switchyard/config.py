@@ -311,7 +311,8 @@ class Settings(BaseModel):
             "Ingress admission control. deadline: a request that no worker serving its model "
             "can finish before its deadline (estimated from the monitor's heartbeats) is "
             "refused with 429 and Retry-After, one for a model no live worker has served for "
-            "SWITCHYARD_ADMISSION_GRACE_S with 503; off: every valid request is queued."
+            "SWITCHYARD_ADMISSION_GRACE_S with 503 (a pipeline call: its stages' critical "
+            "path on the emulated-models workers); off: every valid request is queued."
         ),
     )
     admission_slack: float = Field(
