@@ -40,12 +40,11 @@ from switchyard.serving.artifacts import settings_catalogue
 from switchyard.serving.catalogue import ServingCatalogue
 from switchyard.stats import quantile
 
-from bench.pipeline_agreement import wait_for_model_workers
+from bench.pipeline_agreement import model_workers_stack
 from cli.stack_demo import send_logs_to_file
 from loadgen.mixes import PlannedRequest
 from loadgen.replay import replay
 from loadgen.replay_records import OK, REJECTED, ReplayResult
-from services.embedded import EmbeddedPlan, EmbeddedStack
 
 RESULTS = Path(__file__).parent / "results" / "pipeline_admission"
 WARM_UP_CALLS = 4
@@ -141,14 +140,7 @@ async def run_mode(
     pipeline: str,
 ) -> ReplayResult:
     """``plan`` through a fresh embedded stack, after the warm-up calls."""
-    stack = EmbeddedStack(
-        settings,
-        EmbeddedPlan(llm_workers=(), torch_workers=0, model_workers=workers, http_port=0),
-        catalogue,
-    )
-    await stack.start()
-    try:
-        await wait_for_model_workers(stack, workers)
+    async with model_workers_stack(settings, catalogue, workers) as stack:
         warm_up = [
             PlannedRequest(
                 index=i, arrival_s=0.0, kind="pipeline", app=pipeline, workload="pipeline"
@@ -164,8 +156,6 @@ async def run_mode(
             timeout_s=settings.answer_timeout_s,
             progress=False,
         )
-    finally:
-        await stack.stop()
 
 
 def _ms(value: float | None) -> str:

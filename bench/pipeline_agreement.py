@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,25 @@ async def wait_for_model_workers(stack: EmbeddedStack, count: int) -> None:
         await asyncio.sleep(0.05)
 
 
+@contextlib.asynccontextmanager
+async def model_workers_stack(
+    settings: Settings, catalogue: ServingCatalogue, workers: int
+) -> AsyncIterator[EmbeddedStack]:
+    """A started embedded stack with ``workers`` emulated-models workers and no others,
+    once the scheduler and the placement service see them all; stopped on leaving."""
+    stack = EmbeddedStack(
+        settings,
+        EmbeddedPlan(llm_workers=(), torch_workers=0, model_workers=workers, http_port=0),
+        catalogue,
+    )
+    await stack.start()
+    try:
+        await wait_for_model_workers(stack, workers)
+        yield stack
+    finally:
+        await stack.stop()
+
+
 async def _ledger_counts(stack: EmbeddedStack, result: ReplayResult) -> dict[str, int]:
     """The request records of the stages of every 200 answer: how many there are, are
     ``ok``, were re-assigned (epoch > 0), and the runs superseded (answers refused)."""
@@ -220,14 +240,7 @@ async def run_live(
 ) -> tuple[ReplayResult, dict[str, int], dict[str, Any]]:
     """Replay ``workload`` through a fresh embedded stack; returns the replay, the ledger
     counts and the placement figures (rounds, loads, unloads, refusals)."""
-    stack = EmbeddedStack(
-        settings,
-        EmbeddedPlan(llm_workers=(), torch_workers=0, model_workers=workers, http_port=0),
-        catalogue,
-    )
-    await stack.start()
-    try:
-        await wait_for_model_workers(stack, workers)
+    async with model_workers_stack(settings, catalogue, workers) as stack:
         result = await replay(
             plan_of(workload),
             stack.url,
@@ -245,8 +258,6 @@ async def run_live(
             "plans_refused": placement.plans_refused,
             "worker_loads": _worker_loads(stack),
         }
-    finally:
-        await stack.stop()
     return result, ledger, figures
 
 
