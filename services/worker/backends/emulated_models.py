@@ -180,12 +180,12 @@ class EmulatedModelsBackend:
         up to the next finish or load (or until ``wake``); False when nothing is in
         progress.
 
-        The whole step judges at one reading of the clock: a load that ended between a
-        look for stages to start and a look for the next event would be in neither, and
+        The look for stages to start and the look for the next event share one reading
+        of the clock: a load that ended between two readings would be in neither, and
         the engine would wait for new work with a stage ready to run."""
-        now_s = self.clock()
-        acted = await self._finish_due(sink, now_s)
+        acted = await self._finish_due(sink, self.clock())
         acted = self.placement.settle(queued_by_model(queue)) or acted
+        now_s = self.clock()  # after the finishes' awaits: stages may have come meanwhile
         if admit:
             acted = await self._start_ready(queue, sink, now_s) or acted
         if acted:
