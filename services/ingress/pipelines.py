@@ -22,6 +22,10 @@ that deadline is due at once.
 
 How a call ends:
 
+- with admission control on, a new call its stages cannot finish before its deadline:
+  429 (or 503 without a live emulated-models worker) with ``Retry-After``, before any
+  stage is recorded (:mod:`services.ingress.pipeline_admission`; a retry of a call
+  already accepted is not judged again);
 - every stage ``ok`` or skipped: 200 with the outputs of the stages run that nothing
   run after reads, each stage's worker, status and times, and the stages skipped
   (:func:`pipeline_answer`);
