@@ -97,9 +97,12 @@ def poisson_plan(
     ]
 
 
-def stack_settings(base: Settings, *, admission: str, time_scale: float) -> Settings:
+def stack_settings(
+    base: Settings, *, admission: str, time_scale: float, slack: float = 1.0
+) -> Settings:
     return base.model_copy(
         update={
+            "admission_slack": slack,
             "pipeline_catalogue": "txt2img",
             "worker_time_scale": time_scale,
             "heartbeat_interval_s": 0.1,
@@ -186,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--time-scale", type=float, default=20.0)
     parser.add_argument("--duration", type=float, default=150.0, help="model seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--slack", type=float, default=1.0, help="SWITCHYARD_ADMISSION_SLACK of the gated runs"
+    )
     args = parser.parse_args(argv)
     loads = [float(part) for part in args.loads.split(",") if part.strip()]
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -202,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"{args.pipeline} on {args.workers} emulated-models workers: capacity "
         f"{capacity:.3f} calls a model second, SLO {slo_s:g} model s, time scale "
-        f"{args.time_scale:g}, {args.duration:g} model s a run",
+        f"{args.time_scale:g}, {args.duration:g} model s a run, admission slack {args.slack:g}",
         flush=True,
     )
     rows: list[ModeResult] = []
@@ -210,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for load in loads:
         plan = poisson_plan(args.pipeline, load * capacity, args.duration, args.seed)
         for admission in ("off", "deadline"):
-            settings = stack_settings(base, admission=admission, time_scale=args.time_scale)
+            settings = stack_settings(
+                base, admission=admission, time_scale=args.time_scale, slack=args.slack
+            )
             result = asyncio.run(
                 run_mode(settings, catalogue, plan, workers=args.workers, pipeline=args.pipeline)
             )
@@ -231,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "time_scale": args.time_scale,
         "duration_model_s": args.duration,
         "seed": args.seed,
+        "slack": args.slack,
         "capacity_per_model_s": capacity,
         "slo_model_s": slo_s,
         "wall_s": time.monotonic() - started,

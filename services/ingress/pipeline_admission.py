@@ -17,10 +17,12 @@ on model ``m`` and worker ``w`` (``m`` placed there and not draining):
 - *service time* ``e = exec_s * exec_scale / speed / time_scale`` (the catalogue's model
   seconds on that worker, in wall seconds);
 - the replica is *free* after ``max(load left, backlog)``: the load time left
-  (``ready_in_s``), and ``(queued + running) * e`` (a running stage counted whole: it
-  errs long by less than one stage) plus ``e`` for each stage of a call this replica
-  admitted to that worker since its heartbeat, both less the seconds since the monitor
-  received the heartbeat;
+  (``ready_in_s``) and ``(queued + running) * e`` (a running stage counted whole: it
+  errs long by less than one stage), both less the seconds since the monitor received
+  the heartbeat, plus this replica's own work to come for ``m`` shared among the
+  workers holding it: the stages of the calls it admitted that are not yet sent (an
+  upscale waits for its generate: no heartbeat lists it yet), and those sent since the
+  oldest live heartbeat (not listed yet either);
 - the stage *starts* when the replica is free and its ``after`` stages are done, and
   *finishes* ``e`` later. Its finish is the earliest over the workers holding ``m``.
   A model placed on no live worker finishes after its load time and service on the
@@ -35,15 +37,20 @@ and it waits behind no one (it delays nobody). **503** when no live worker has s
 ``emulated-models`` stages for longer than the grace period. Before the first read of
 the cluster the gate admits everything.
 
-A retry of a call already accepted is not judged again (the coordinator checks for its
-first stage's record before refusing).
+The coordinator reports each admitted call's stages as it sends them
+(:meth:`PipelineGate.stage_sent`), skips them (:meth:`PipelineGate.stage_dropped`) and
+ends the call (:meth:`PipelineGate.call_ended`). Replicas do not share this account:
+with several ingress replicas each sees the others' calls only as their stages reach
+the workers. A retry of a call already accepted is not judged again (the coordinator
+checks for its first stage's record before refusing).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from switchyard.cluster import ClusterView, WorkerRecord
 from switchyard.contracts.messages import Heartbeat, PlacedState
@@ -54,19 +61,13 @@ from services.ingress.load_shedding import Decision, Verdict, without_worker
 __all__ = ["PipelineGate"]
 
 
-@dataclass(slots=True)
-class _Admitted:
-    """The stage service times this replica sent to one model on one worker since that
-    worker's last heartbeat, with when each was admitted."""
+@dataclass(frozen=True, slots=True)
+class _Work:
+    """One stage's service time on a model (wall seconds), and when it was sent."""
 
-    stages: list[tuple[float, float]] = field(default_factory=list)
-
-    def forget_before(self, sent_at_s: float) -> None:
-        self.stages = [(at_s, work_s) for at_s, work_s in self.stages if at_s >= sent_at_s]
-
-    @property
-    def work_s(self) -> float:
-        return sum(work_s for _, work_s in self.stages)
+    model: str
+    service_s: float
+    sent_at_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,26 +116,24 @@ class PipelineGate:
         self._view: ClusterView | None = None
         self._first_refresh_s: float | None = None
         self._served_at_s: float | None = None
-        self._admitted: dict[tuple[str, str], _Admitted] = {}
+        self._to_send: dict[str, dict[str, _Work]] = {}
+        """The stages not yet sent of each call admitted here, by call id and stage."""
+        self._sent: list[_Work] = []
+        """Stages sent since the oldest live heartbeat (no heartbeat lists them yet)."""
 
     def observe(self, view: ClusterView) -> None:
         """Take a fresh read of the monitor's records (at ``view.now_s``): the admissions
         a worker's newer heartbeat accounts for are forgotten."""
         if self._first_refresh_s is None:
             self._first_refresh_s = view.now_s
-        sent_at_s = {
-            record.worker_id: record.heartbeat.sent_at_s
+        heard_s = [
+            record.heartbeat.sent_at_s
             for record in view.workers
-            if record.heartbeat is not None
-        }
-        for key, admitted in list(self._admitted.items()):
-            worker_id = key[0]
-            if worker_id not in sent_at_s:
-                del self._admitted[key]
-                continue
-            admitted.forget_before(sent_at_s[worker_id])
-            if not admitted.stages:
-                del self._admitted[key]
+            if self._live(record) and record.heartbeat is not None
+        ]
+        if heard_s:
+            oldest_s = min(heard_s)
+            self._sent = [work for work in self._sent if work.sent_at_s >= oldest_s]
         if any(self._live(record) for record in view.workers):
             self._served_at_s = view.now_s
         self._view = view
@@ -154,10 +153,10 @@ class PipelineGate:
         arrival_s: float,
         deadline_s: float,
         now_s: float,
+        call_id: str,
     ) -> Decision:
-        """Admit or refuse one call of ``pipeline`` at ``now_s``; an admitted call's
-        stages are accounted to the workers they were judged on until those workers'
-        next heartbeats."""
+        """Admit or refuse the call ``call_id`` of ``pipeline`` at ``now_s``; an admitted
+        call's stages count as work to come on their models until sent and heard of."""
         time_left_s = deadline_s - now_s
         view = self._view
         if view is None:
@@ -169,9 +168,9 @@ class PipelineGate:
         live = [record for record in view.workers if self._live(record)]
         if not live:
             return self._without_worker(now_s, time_left_s)
-        loaded = self._path(pipeline, live, exec_scale, now_s, idle=False)
+        loaded = self._path(pipeline, live, exec_scale, now_s, own_s=self._own_work_s(live))
         expected_s = max(f.finish_s for f in loaded.values()) - now_s
-        idle = self._path(pipeline, live, exec_scale, now_s, idle=True)
+        idle = self._path(pipeline, live, exec_scale, now_s, own_s=None)
         idle_s = max(f.finish_s for f in idle.values()) - now_s
         budget_s = self.slack * time_left_s
         fits_idle = idle_s <= budget_s
@@ -189,11 +188,10 @@ class PipelineGate:
                     f"workers) > {self.slack:g} x {time_left_s:.3f} s left"
                 ),
             )
-        for stage in pipeline.stages:
-            finish = loaded[stage.name]
-            if finish.worker_id is not None:
-                key = (finish.worker_id, stage.model)
-                self._admitted.setdefault(key, _Admitted()).stages.append((now_s, finish.service_s))
+        self._to_send[call_id] = {
+            stage.name: _Work(stage.model, loaded[stage.name].service_s)
+            for stage in pipeline.stages
+        }
         return Decision(
             verdict=Verdict.ADMIT,
             wait_s=max(0.0, expected_s - idle_s),
@@ -211,17 +209,26 @@ class PipelineGate:
         exec_scale: float,
         now_s: float,
         *,
-        idle: bool,
+        own_s: Mapping[str, float] | None,
     ) -> dict[str, _Finish]:
         """Each stage's estimated finish, in pipeline order (``after`` stages first);
-        ``idle``: on workers with nothing queued and every model loaded."""
+        ``own_s``: this replica's work to come per holder of each model; None: on idle
+        workers with every model loaded."""
+        idle = own_s is None
         finish: dict[str, _Finish] = {}
         for stage in pipeline.stages:
             ready_s = max((finish[name].finish_s for name in stage.after), default=now_s)
             spec = self.models[stage.model]
             best: _Finish | None = None
             for record in live:
-                found = self._on(record, spec, exec_scale, ready_s, now_s, idle=idle)
+                found = self._on(
+                    record,
+                    spec,
+                    exec_scale,
+                    ready_s,
+                    now_s,
+                    None if own_s is None else own_s.get(spec.name, 0.0),
+                )
                 if found is not None and (best is None or found.finish_s < best.finish_s):
                     best = found
             if best is None:
@@ -236,25 +243,58 @@ class PipelineGate:
         exec_scale: float,
         ready_s: float,
         now_s: float,
-        *,
-        idle: bool,
+        own_s: float | None,
     ) -> _Finish | None:
-        """When a stage of ``spec`` ready at ``ready_s`` finishes on ``record``'s worker;
-        None when the model is not placed there (or is draining)."""
+        """When a stage of ``spec`` ready at ``ready_s`` finishes on ``record``'s worker,
+        behind ``own_s`` of this replica's work to come (None: the worker idle, the model
+        loaded); None when the model is not placed there (or is draining)."""
         heartbeat = record.heartbeat
         assert heartbeat is not None
         service_s = _service_s(spec, exec_scale, heartbeat)
-        if idle:
+        if own_s is None:
             return _Finish(ready_s + service_s, record.worker_id, service_s)
         placed = next((p for p in heartbeat.placed if p.model == spec.name), None)
         if placed is None or placed.state is PlacedState.DRAINING:
             return None
         since_s = max(0.0, now_s - record.last_seen_s)
-        admitted = self._admitted.get((record.worker_id, spec.name))
         backlog_s = (placed.queued + placed.running) * service_s - since_s
-        backlog_s = max(0.0, backlog_s) + (admitted.work_s if admitted else 0.0)
+        backlog_s = max(0.0, backlog_s) + own_s
         free_s = now_s + max(placed.ready_in_s - since_s, backlog_s, 0.0)
         return _Finish(max(ready_s, free_s) + service_s, record.worker_id, service_s)
+
+    def _own_work_s(self, live: list[WorkerRecord]) -> dict[str, float]:
+        """This replica's work to come per model (its admitted calls' stages not sent,
+        and those sent that no heartbeat lists yet), shared among the model's holders."""
+        work_s: dict[str, float] = {}
+        for work in itertools.chain(
+            (w for stages in self._to_send.values() for w in stages.values()), self._sent
+        ):
+            work_s[work.model] = work_s.get(work.model, 0.0) + work.service_s
+        holders: dict[str, int] = {}
+        for record in live:
+            assert record.heartbeat is not None
+            for placed in record.heartbeat.placed:
+                if placed.state is not PlacedState.DRAINING:
+                    holders[placed.model] = holders.get(placed.model, 0) + 1
+        return {model: s / max(1, holders.get(model, 0)) for model, s in work_s.items()}
+
+    # -- what the coordinator reports ----------------------------------------------------
+
+    def stage_sent(self, call_id: str, stage: str, now_s: float) -> None:
+        """A stage of an admitted call was accepted and published at ``now_s``: it counts
+        until a heartbeat sent after it can list it."""
+        work = self._to_send.get(call_id, {}).pop(stage, None)
+        if work is not None:
+            self._sent.append(replace(work, sent_at_s=now_s))
+
+    def stage_dropped(self, call_id: str, stage: str) -> None:
+        """A stage of an admitted call will not run (its branch was not taken)."""
+        self._to_send.get(call_id, {}).pop(stage, None)
+
+    def call_ended(self, call_id: str) -> None:
+        """An admitted call ended (answered, failed, timed out or its client gone): its
+        stages not sent will not be."""
+        self._to_send.pop(call_id, None)
 
     def _on_fastest(
         self,

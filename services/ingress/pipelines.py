@@ -178,6 +178,7 @@ class PipelineCoordinator:
             arrival_s=call.arrival_s,
             deadline_s=call.deadline_s,
             now_s=self.clock(),
+            call_id=call.call_id,
         )
         if decision.admitted:
             return
@@ -221,6 +222,8 @@ class PipelineCoordinator:
                     self._finish(call, run, completion)
                 await self._start_ready(call, waits, give_up_at)
         finally:
+            if self.gate is not None:
+                self.gate.call_ended(call.call_id)
             for future in waits:
                 future.cancel()
             if gone is not None:
@@ -245,8 +248,12 @@ class PipelineCoordinator:
             for stage in ready:
                 if not stage_runs(stage, answered, call.skipped):
                     call.skipped.add(stage.name)
+                    if self.gate is not None:
+                        self.gate.stage_dropped(call.call_id, stage.name)
                     continue
                 run = await self._start(call, stage)
+                if self.gate is not None:
+                    self.gate.stage_sent(call.call_id, stage.name, self.clock())
                 accepted = run.accepted
                 assert accepted is not None
                 if accepted.stored is not None:

@@ -6,6 +6,8 @@ for the grace period; the gate fails open before its first read of the cluster."
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from switchyard.cluster import ClusterView, WorkerRecord, WorkerStatus
 from switchyard.contracts.messages import Heartbeat, PlacedModel, PlacedState
@@ -91,14 +93,18 @@ def gate_seeing(*heartbeats: Heartbeat, slack: float = 1.0) -> PipelineGate:
     return gate
 
 
+_calls = itertools.count()
+
+
 def judge(gate: PipelineGate, deadline_in_s: float, *, exec_scale: float = 1.0,
-          now_s: float = NOW) -> Verdict:  # fmt: skip
+          now_s: float = NOW, call_id: str | None = None) -> Verdict:  # fmt: skip
     return gate.decide(
         PIPELINE,
         exec_scale=exec_scale,
         arrival_s=now_s,
         deadline_s=now_s + deadline_in_s,
         now_s=now_s,
+        call_id=call_id or f"call-{next(_calls)}",
     ).verdict
 
 
@@ -118,7 +124,7 @@ def test_a_stage_queue_that_pushes_the_path_past_the_deadline_refuses_with_retry
     # Four upscales queued: the call's upscale waits 4 x 3 s after its generate.
     busy = beat("w1", *every_model(up=4))
     decision = gate_seeing(busy).decide(
-        PIPELINE, exec_scale=1.0, arrival_s=NOW, deadline_s=NOW + 10.0, now_s=NOW
+        PIPELINE, exec_scale=1.0, arrival_s=NOW, deadline_s=NOW + 10.0, now_s=NOW, call_id="c"
     )
     assert decision.verdict is Verdict.OVERLOADED
     # Upscale is free after 12 s, then runs 3 s: 15 s expected, 5 s over.
@@ -173,20 +179,31 @@ def test_times_follow_the_workers_speed_the_time_scale_and_the_calls_exec_scale(
     assert judge(gate_seeing(fast), 1.6, exec_scale=2.0) is Verdict.ADMIT
 
 
-def test_admitted_calls_count_against_their_stages_workers_until_the_next_heartbeat() -> None:
+def test_admitted_calls_count_until_they_end_or_a_heartbeat_lists_their_stages() -> None:
     gate = gate_seeing(beat("w1", *every_model()))
-    # Each admitted call adds its stages to the queues it was judged on (3 s of upscale
+    # Each admitted call's stages are work to come on their models (3 s of upscale
     # each): the fifth call's upscale starts after 12 s of them, 15 s in all.
-    verdicts = [judge(gate, 12.0) for _ in range(5)]
+    verdicts = [judge(gate, 12.0, call_id=f"c{i}") for i in range(5)]
     assert verdicts == [Verdict.ADMIT] * 4 + [Verdict.OVERLOADED]
-    # A heartbeat sent after them reports what they queued; the local count is dropped.
-    gate.observe(
-        ClusterView(
-            now_s=NOW + 0.1,
-            workers=(record(beat("w1", *every_model(up=0), sent_at_s=NOW + 0.05)),),
-        )
-    )
-    assert judge(gate, 12.0, now_s=NOW + 0.1) is Verdict.ADMIT
+    # Two calls end (answered, or their client gone): their stages not sent never will be.
+    gate.call_ended("c0")
+    gate.call_ended("c1")
+    assert judge(gate, 12.0, call_id="c5") is Verdict.ADMIT  # behind c2, c3: 9 s
+    # A skipped stage is no work to come; sent stages count until a heartbeat lists them.
+    gate.stage_dropped("c2", "upscale")
+    for call_id in ("c2", "c3", "c5"):
+        for stage in PIPELINE.stages:
+            gate.stage_sent(call_id, stage.name, NOW + 0.01)
+    # Still to come: 1.5 s of encodes, 6 s of generates and 6 s of upscales (c2's was
+    # skipped, else 9 s): a new call's upscale is ready at 8 s, free at 6 s, done at 11 s.
+    assert judge(gate, 10.5) is Verdict.OVERLOADED
+    assert judge(gate, 11.5, call_id="c6") is Verdict.ADMIT
+    sent_after = beat("w1", *every_model(), sent_at_s=NOW + 0.05)
+    gate.observe(ClusterView(now_s=NOW + 0.1, workers=(record(sent_after),)))
+    # That heartbeat lists whatever of the sent stages still waits (here: nothing); only
+    # c6, not sent yet, is still to come: 0.5 + 2 + 3 s ahead of the next call, 7 s.
+    assert judge(gate, 6.9) is Verdict.OVERLOADED
+    assert judge(gate, 7.1) is Verdict.ADMIT
 
 
 def test_no_live_emulated_models_worker_admits_within_the_grace_then_answers_503() -> None:
@@ -195,7 +212,12 @@ def test_no_live_emulated_models_worker_admits_within_the_grace_then_answers_503
     gate.observe(ClusterView(now_s=NOW, workers=(record(llm_only),)))
     assert judge(gate, 30.0, now_s=NOW + 5.0) is Verdict.ADMIT
     decision = gate.decide(
-        PIPELINE, exec_scale=1.0, arrival_s=NOW + 11.0, deadline_s=NOW + 41.0, now_s=NOW + 11.0
+        PIPELINE,
+        exec_scale=1.0,
+        arrival_s=NOW + 11.0,
+        deadline_s=NOW + 41.0,
+        now_s=NOW + 11.0,
+        call_id="c",
     )
     assert decision.verdict is Verdict.NO_WORKER
     assert decision.retry_after_s == NO_WORKER_RETRY_AFTER_S
