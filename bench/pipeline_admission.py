@@ -16,7 +16,8 @@ place the models (not counted), then a Poisson stream of ``--duration`` model se
 open-loop; a call's latency is read in model seconds (wall times ``time_scale``).
 Reported per load and mode: calls offered, answered, refused (429 or 503), answered
 within the pipeline's SLO, goodput (calls within the SLO per model second of offered
-stream), and the latency P50 and P99 of the answered calls.
+stream), and the latency P50 and P99 of the answered calls. ``--slack`` sets
+``SWITCHYARD_ADMISSION_SLACK`` of the runs with the gate (default 1.0).
 
 Run ``make bench-pipeline-admission`` or ``python -m bench.pipeline_admission [options]``;
 the table goes to stdout, the JSON to ``bench/results/pipeline_admission/``, the

@@ -4,8 +4,8 @@ deadline.
 
 Pure and synchronous, like :mod:`services.ingress.load_shedding` (whose verdicts,
 slack, grace and ``Retry-After`` rule it shares): :class:`PipelineGate` holds the
-monitor's last :class:`~switchyard.cluster.ClusterView` and this replica's admissions
-since each worker's last heartbeat, and :meth:`PipelineGate.decide` judges one call at
+monitor's last :class:`~switchyard.cluster.ClusterView` and the work still to come of
+the calls this replica admitted, and :meth:`PipelineGate.decide` judges one call at
 the time passed in, before any of its stages is recorded, so a refused call leaves
 nothing behind.
 
@@ -122,8 +122,8 @@ class PipelineGate:
         """Stages sent since the oldest live heartbeat (no heartbeat lists them yet)."""
 
     def observe(self, view: ClusterView) -> None:
-        """Take a fresh read of the monitor's records (at ``view.now_s``): the admissions
-        a worker's newer heartbeat accounts for are forgotten."""
+        """Take a fresh read of the monitor's records (at ``view.now_s``): the stages
+        sent before every live worker's latest heartbeat are left to the heartbeats."""
         if self._first_refresh_s is None:
             self._first_refresh_s = view.now_s
         heard_s = [
@@ -134,6 +134,8 @@ class PipelineGate:
         if heard_s:
             oldest_s = min(heard_s)
             self._sent = [work for work in self._sent if work.sent_at_s >= oldest_s]
+        else:
+            self._sent.clear()  # no worker to list them, and no estimate to make
         if any(self._live(record) for record in view.workers):
             self._served_at_s = view.now_s
         self._view = view
