@@ -72,10 +72,9 @@ class _Work:
 
 @dataclass(frozen=True, slots=True)
 class _Finish:
-    """Where and when one stage is estimated to finish."""
+    """When one stage is estimated to finish, and its service time there."""
 
     finish_s: float
-    worker_id: str | None
     service_s: float
 
 
@@ -216,7 +215,6 @@ class PipelineGate:
         """Each stage's estimated finish, in pipeline order (``after`` stages first);
         ``own_s``: this replica's work to come per holder of each model; None: on idle
         workers with every model loaded."""
-        idle = own_s is None
         finish: dict[str, _Finish] = {}
         for stage in pipeline.stages:
             ready_s = max((finish[name].finish_s for name in stage.after), default=now_s)
@@ -233,8 +231,8 @@ class PipelineGate:
                 )
                 if found is not None and (best is None or found.finish_s < best.finish_s):
                     best = found
-            if best is None:
-                best = self._on_fastest(live, spec, exec_scale, ready_s, now_s, load=not idle)
+            if best is None:  # only when not idle: idle, every worker serves every model
+                best = self._loaded_first(live, spec, exec_scale, ready_s, now_s)
             finish[stage.name] = best
         return finish
 
@@ -254,7 +252,7 @@ class PipelineGate:
         assert heartbeat is not None
         service_s = _service_s(spec, exec_scale, heartbeat)
         if own_s is None:
-            return _Finish(ready_s + service_s, record.worker_id, service_s)
+            return _Finish(ready_s + service_s, service_s)
         placed = next((p for p in heartbeat.placed if p.model == spec.name), None)
         if placed is None or placed.state is PlacedState.DRAINING:
             return None
@@ -262,7 +260,7 @@ class PipelineGate:
         backlog_s = (placed.queued + placed.running) * service_s - since_s
         backlog_s = max(0.0, backlog_s) + own_s
         free_s = now_s + max(placed.ready_in_s - since_s, backlog_s, 0.0)
-        return _Finish(max(ready_s, free_s) + service_s, record.worker_id, service_s)
+        return _Finish(max(ready_s, free_s) + service_s, service_s)
 
     def _own_work_s(self, live: list[WorkerRecord]) -> dict[str, float]:
         """This replica's work to come per model (its admitted calls' stages not sent,
@@ -298,23 +296,21 @@ class PipelineGate:
         stages not sent will not be."""
         self._to_send.pop(call_id, None)
 
-    def _on_fastest(
+    def _loaded_first(
         self,
         live: list[WorkerRecord],
         spec: ModelSpec,
         exec_scale: float,
         ready_s: float,
         now_s: float,
-        *,
-        load: bool,
     ) -> _Finish:
         """A stage whose model no live worker holds: its service on the fastest live
-        worker, after its load there (``load``) when that ends later than ``ready_s``."""
+        worker, after its load there when that ends later than ``ready_s``."""
         heartbeats = [r.heartbeat for r in live if r.heartbeat is not None]
         fastest = max(heartbeats, key=lambda h: h.speed * h.time_scale)
         service_s = _service_s(spec, exec_scale, fastest)
-        loaded_s = now_s + spec.load_s / fastest.time_scale if load else now_s
-        return _Finish(max(ready_s, loaded_s) + service_s, None, service_s)
+        loaded_s = now_s + spec.load_s / fastest.time_scale
+        return _Finish(max(ready_s, loaded_s) + service_s, service_s)
 
     def _without_worker(self, now_s: float, time_left_s: float) -> Decision:
         assert self._first_refresh_s is not None
