@@ -51,7 +51,9 @@ def _markdown(reports: list[FaultReport], config: FaultRunConfig) -> str:
     lines = [
         f"Each fault during {config.requests:,} calls at {config.rate_rps:g}/s (LLM "
         "completions; in the `estimator-kill` row a third of them classification calls on "
-        f"a torch worker; Poisson, emulated workers at time scale {config.time_scale:g}, policy "
+        "a torch worker; in the `models-worker-kill` and `placement-kill` rows a third of "
+        "them, in `ingress-kill` a quarter, calls to the `txt2img` pipelines on two emulated "
+        f"multi-model nodes; Poisson, emulated workers at time scale {config.time_scale:g}, policy "
         f"`{config.policy}`), on {platform.node()} ({platform.machine()}), "
         f"{time.strftime('%Y-%m-%d')}.",
         "",

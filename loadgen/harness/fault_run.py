@@ -3,7 +3,9 @@ every request.
 
 :func:`run_fault` starts the stack (:func:`start_fault_stack`), replays open-loop
 Poisson arrivals of LLM completions with client-chosen request ids, injects the fault a
-third of the way in (:mod:`loadgen.harness.faults`), and when the replay is over:
+third of the way in (:mod:`loadgen.harness.faults`), and when the replay is over (a
+pipeline call's stages, ``{call id}.{stage}`` in the ledger, are looked at as requests of
+their own):
 
 1. reads the ledger for every call that was *refused* (429, or 503 other than
    ``outcome_unknown``: "nothing was started"): a record there means the refusal was
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -41,9 +44,17 @@ from typing import Any
 import httpx
 from switchyard.errors import StateError
 from switchyard.lifecycle import RequestLedger
+from switchyard.serving.pipelines import DEFAULT_PIPELINES
 from switchyard.traces import resolve_trace
 
-from loadgen.harness.faults import CUT_WORKER, TORCH_WORKER, WORKERS, Fault, FaultContext
+from loadgen.harness.faults import (
+    CUT_WORKER,
+    MODEL_WORKERS,
+    TORCH_WORKER,
+    WORKERS,
+    Fault,
+    FaultContext,
+)
 from loadgen.harness.infra import PrivateInfra
 from loadgen.harness.network_cut import NetworkCut
 from loadgen.harness.process_stack import ProcessStack, gather_bounded
@@ -79,6 +90,7 @@ class FaultReport:
     summary: str
     requests: int
     classification_calls: int
+    pipeline_calls: int
     answered_first_call: int
     refused: int
     unknown_outcome: int
@@ -118,6 +130,7 @@ class FaultReport:
             "fault": self.fault,
             "requests": self.requests,
             "classification calls": self.classification_calls,
+            "pipeline calls": self.pipeline_calls,
             "answered first call": self.answered_first_call,
             "refused": self.refused,
             "unknown": self.unknown_outcome,
@@ -172,6 +185,11 @@ async def start_fault_stack(
         stack.start_service("estimator")
         stack.start_torch_worker(TORCH_WORKER)
         workers += 1
+    if fault.pipeline_share > 0:
+        stack.start_service("placement")
+        for worker in MODEL_WORKERS:
+            stack.start_models_worker(worker)
+        workers += len(MODEL_WORKERS)
     stack.start_service("ingress")
     await stack.wait_ready(workers=workers, timeout_s=120.0)
     if fault.schedulers > 1:
@@ -179,16 +197,48 @@ async def start_fault_stack(
     return stack, cut
 
 
-def fault_plan(config: FaultRunConfig, classification_share: float = 0.0) -> list[PlannedRequest]:
+PIPELINES = tuple(sorted(DEFAULT_PIPELINES))
+"""The pipelines a plan's pipeline calls go to (the default ``txt2img`` catalogue's)."""
+
+
+def fault_plan(
+    config: FaultRunConfig, classification_share: float = 0.0, pipeline_share: float = 0.0
+) -> list[PlannedRequest]:
     """Poisson arrivals at ``rate_rps`` with conversation-like lengths; with
-    ``classification_share`` above 0, that fraction of them classification calls."""
+    ``classification_share`` above 0, that fraction of them classification calls; with
+    ``pipeline_share`` above 0, that fraction of them (drawn by ``seed``) calls to the
+    :data:`PIPELINES` in turn, at the same arrival times."""
     spec = f"poisson:rate_rps={config.rate_rps:g},requests={config.requests},seed={config.seed}"
     trace = resolve_trace(spec)
     if classification_share <= 0:
-        return build_plan(trace, "llm", config.requests, config.seed)
-    return build_plan(
-        trace, "mixed", config.requests, config.seed, classification_share=classification_share
-    )
+        plan = build_plan(trace, "llm", config.requests, config.seed)
+    else:
+        plan = build_plan(
+            trace, "mixed", config.requests, config.seed, classification_share=classification_share
+        )
+    if pipeline_share <= 0:
+        return plan
+    rng = random.Random(f"fault-plan:{config.seed}")
+    chosen = sorted(rng.sample(range(len(plan)), round(len(plan) * pipeline_share)))
+    for turn, index in enumerate(chosen):
+        call = plan[index]
+        plan[index] = PlannedRequest(
+            index=call.index,
+            arrival_s=call.arrival_s,
+            kind="pipeline",
+            app=PIPELINES[turn % len(PIPELINES)],
+            workload="pipeline",
+            exec_scale=1.0,
+        )
+    return plan
+
+
+def stage_ids(request: PlannedRequest, request_id: str) -> list[str]:
+    """The ledger ids of a pipeline call's stages (``{call id}.{stage}``; the stack has
+    no tenants, so the call's id is the client's); none for any other call."""
+    if request.kind != "pipeline":
+        return []
+    return [f"{request_id}.{stage.name}" for stage in DEFAULT_PIPELINES[request.app].stages]
 
 
 async def _retry_until_final(
@@ -216,17 +266,29 @@ async def _retry_until_final(
 
 def _served(document: dict[str, Any] | None) -> tuple[Any, Any]:
     """Who served an answer and what it said (an LLM answer's length, a classification
-    answer's label): a second run elsewhere differs."""
+    answer's label, a pipeline answer's stages with their workers and labels): a second
+    run elsewhere differs."""
     if not document:
         return None, None
+    if document.get("object") == "pipeline.result":
+        return "pipeline", _stage_runs(document.get("stages") or [])
     if "label" in document:  # a classification answer: its fields at the top
         return document.get("worker_id"), document.get("label")
     usage = document.get("usage") or {}
     return (document.get("switchyard") or {}).get("worker_id"), usage.get("completion_tokens")
 
 
+def _stage_runs(stages: Any) -> tuple[tuple[Any, ...], ...]:
+    """Each stage of a pipeline answer as ``(stage, worker, status, label)``."""
+    return tuple(
+        (s.get("stage"), s.get("worker_id"), s.get("status"), s.get("label")) for s in stages
+    )
+
+
 def _recorded(record: RequestRecord) -> tuple[Any, Any]:
     """:func:`_served` of the answer the replay read."""
+    if record.kind == "pipeline":
+        return "pipeline", _stage_runs(record.stages or ())
     if record.kind == "classification":
         return record.worker_id, record.label
     return record.worker_id, record.completion_tokens
@@ -281,7 +343,7 @@ async def run_fault(
 
 async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> FaultReport:
     stack = ctx.stack
-    plan = fault_plan(config, fault.classification_share)
+    plan = fault_plan(config, fault.classification_share, fault.pipeline_share)
     run_id = new_run_id()
     start_wall_s = time.time()
     began = time.monotonic()
@@ -299,12 +361,16 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
     by_id = {r.request_id: r for r in records}
     planned = {p.request_id(run_id): p for p in plan}
 
-    # 1. A refusal must be true: nothing of it may be in the ledger.
+    stages = {rid: stage_ids(call, rid) for rid, call in planned.items() if call.kind == "pipeline"}
+
+    # 1. A refusal must be true: nothing of it (nor of a pipeline call's stages) may be in
+    # the ledger.
     await _reconnected(stack)
     ledger = RequestLedger(stack.state)
     refused = [r.request_id for r in records if _refused(r)]
-    found = await gather_bounded([ledger.read(rid) for rid in refused])
-    refused_then_run = sorted(rid for rid, rec in zip(refused, found, strict=True) if rec)
+    looked_up = [(rid, one) for rid in refused for one in [rid, *stages.get(rid, [])]]
+    found = await gather_bounded([ledger.read(one) for _, one in looked_up])
+    refused_then_run = sorted({rid for (rid, _), rec in zip(looked_up, found, strict=True) if rec})
 
     # 2. Every call without an answer is retried until it has one.
     unanswered = [r.request_id for r in records if r.outcome != OK]
@@ -341,13 +407,19 @@ async def _run(ctx: FaultContext, fault: Fault, config: FaultRunConfig) -> Fault
     )
 
     # 4. Nothing ran twice (the bus and the ledger, read back).
-    report = await analyse(stack, result, worker_killed=False)
+    report = await analyse(
+        stack,
+        result,
+        worker_killed=False,
+        stage_ids=[one for ids in stages.values() for one in ids],
+    )
     stall, longest_wait, recovery = _fault_times(records, start_wall_s, injected_at_s, healed_at_s)
     return FaultReport(
         fault=fault.name,
         summary=fault.summary,
         requests=len(records),
         classification_calls=sum(1 for r in records if r.kind == "classification"),
+        pipeline_calls=sum(1 for r in records if r.kind == "pipeline"),
         answered_first_call=sum(1 for r in records if r.outcome == OK),
         refused=len(refused),
         unknown_outcome=len(unanswered) - len(refused),

@@ -8,7 +8,9 @@ every fault: a monitor, a predictor, a rebalancer, one scheduler (two for
 the scheduler faults), three emulated LLM workers and an ingress, each its own process,
 over a broker and a Redis of the run's own (:class:`~loadgen.harness.infra.PrivateInfra`).
 A fault whose replay has classification calls (``classification_share``) also runs the
-estimator and a worker with the real torch models.
+estimator and a worker with the real torch models; one whose replay has pipeline calls
+(``pipeline_share``) also runs the placement service and two emulated multi-model nodes
+(:data:`MODEL_WORKERS`), which serve the ``txt2img`` catalogue's stages.
 
 A killed service is started again by the harness where a supervisor (compose's
 ``restart``, a Deployment) would do it; a killed worker and a killed scheduler replica
@@ -33,6 +35,9 @@ WORKERS = ("w1", "w2", "w3")
 TORCH_WORKER = "t1"
 """The torch worker of a stack with classification calls (not one of :data:`WORKERS`:
 the worker faults pick among those)."""
+MODEL_WORKERS = ("m1", "m2")
+"""The emulated multi-model nodes of a stack with pipeline calls (not among
+:data:`WORKERS`: ``models-worker-kill`` picks among these)."""
 CUT_WORKER = "w3"
 """The worker started as a user of its own, the one ``worker-cut`` cuts off."""
 RESTART_AFTER_S = 1.0
@@ -60,9 +65,9 @@ class FaultContext:
         self.events.append((now_s, what))
         return now_s
 
-    async def busiest_worker(self) -> str:
-        """The running worker holding the most requests now."""
-        running = [w for w in WORKERS if self.stack.processes[w].running()]
+    async def busiest_worker(self, among: tuple[str, ...] = WORKERS) -> str:
+        """The running worker of ``among`` holding the most requests now."""
+        running = [w for w in among if self.stack.processes[w].running()]
         return await busiest_worker(self.stack, running)
 
     async def kill_and_restart(self, name: str) -> tuple[float, float]:
@@ -97,6 +102,9 @@ class Fault:
         classification_share: the fraction of the replay's calls that are
             classification calls; above 0 the stack also runs the estimator and
             :data:`TORCH_WORKER`.
+        pipeline_share: the fraction of the replay's calls that are pipeline calls;
+            above 0 the stack also runs the placement service and
+            :data:`MODEL_WORKERS`.
     """
 
     name: str
@@ -105,12 +113,20 @@ class Fault:
     env: Mapping[str, str] = field(default_factory=dict)
     schedulers: int = 1
     classification_share: float = 0.0
+    pipeline_share: float = 0.0
 
 
 async def _worker_kill(ctx: FaultContext) -> tuple[float, float]:
     victim = await ctx.busiest_worker()
     killed_at_s = ctx.stack.kill(victim)
     ctx.note(f"SIGKILL {victim}")
+    return killed_at_s, killed_at_s
+
+
+async def _models_worker_kill(ctx: FaultContext) -> tuple[float, float]:
+    victim = await ctx.busiest_worker(MODEL_WORKERS)
+    killed_at_s = ctx.stack.kill(victim)
+    ctx.note(f"SIGKILL {victim} (of the multi-model nodes)")
     return killed_at_s, killed_at_s
 
 
@@ -223,9 +239,18 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault("worker-slow", "a worker stopped half of the time for 10 s", _worker_slow),
         Fault(
+            "models-worker-kill",
+            "SIGKILL of the busiest multi-model node (not restarted); a third of the calls "
+            "are pipelines",
+            _models_worker_kill,
+            pipeline_share=1 / 3,
+        ),
+        Fault(
             "ingress-kill",
-            "SIGKILL of the ingress the client calls, restarted 1 s later",
+            "SIGKILL of the ingress the client calls, restarted 1 s later; a quarter of the "
+            "calls are pipelines, which the ingress coordinates",
             _kill_and_restart("ingress"),
+            pipeline_share=1 / 4,
         ),
         Fault(
             "scheduler-kill",
@@ -256,6 +281,13 @@ FAULTS: dict[str, Fault] = {
             "SIGKILL of the estimator, restarted 1 s later; a third of the calls classify",
             _kill_and_restart("estimator"),
             classification_share=1 / 3,
+        ),
+        Fault(
+            "placement-kill",
+            "SIGKILL of the placement service, restarted 1 s later; a third of the calls "
+            "are pipelines",
+            _kill_and_restart("placement"),
+            pipeline_share=1 / 3,
         ),
         Fault(
             "rebalancer-kill",

@@ -291,6 +291,21 @@ class ProcessStack:
         }
         return self.start_service("worker", name=worker_id, env=own, argv_prefix=argv_prefix)
 
+    def start_models_worker(
+        self, worker_id: str, env: Mapping[str, str] | None = None
+    ) -> ServiceProcess:
+        """Start an emulated multi-model node called ``worker_id`` (also its process name)
+        with the compose file's resource vector (16 cores, 2 GPUs, 128 GiB of host memory):
+        it serves pipeline stages of the models the placement service orders it to load."""
+        own = {
+            "SWITCHYARD_WORKER_ID": worker_id,
+            "SWITCHYARD_WORKER_BACKEND": "emulated-models",
+            "SWITCHYARD_WORKER_CPU_CORES": "16",
+            "SWITCHYARD_WORKER_GPUS": "2",
+            "SWITCHYARD_WORKER_HOST_MEM_GIB": "128",
+        }
+        return self.start_service("worker", name=worker_id, env={**own, **(env or {})})
+
     def start_torch_worker(
         self, worker_id: str, env: Mapping[str, str] | None = None
     ) -> ServiceProcess:

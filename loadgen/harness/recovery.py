@@ -172,11 +172,16 @@ async def analyse(
     killed: str | None = None,
     killed_at_s: float | None = None,
     worker_killed: bool = True,
+    stage_ids: Sequence[str] = (),
 ) -> RecoveryReport:
     """Everything :class:`RecoveryReport` holds, for ``result`` on ``stack``; ``killed``
-    is the process killed at ``killed_at_s`` (a worker when ``worker_killed``)."""
+    is the process killed at ``killed_at_s`` (a worker when ``worker_killed``).
+    ``stage_ids`` are the requests of the replay's pipeline calls' stages: what ran
+    twice or was held by a worker declared down is looked for among them too (a call's
+    own id has no run of its own)."""
     records = result.records
     ids = [r.request_id for r in records]
+    runs = [*ids, *stage_ids]
     ok_ids = [r.request_id for r in records if r.status_code == 200]
     answers_doubled = sorted(i for i, n in Counter(ok_ids).items() if n > 1)
     failures = [
@@ -201,10 +206,10 @@ async def analyse(
         for r in inbox
         if isinstance(r.message, Assignment)
     ]
-    wanted = set(ids)
+    wanted = set(runs)
     ledger = RequestLedger(stack.state)
     request_records = dict(
-        zip(ids, await gather_bounded([ledger.read(rid) for rid in ids]), strict=True)
+        zip(runs, await gather_bounded([ledger.read(rid) for rid in runs]), strict=True)
     )
     two_runs, redeliveries = _doubled_runs(completions, wanted)
     superseded = {rid for rid, rec in request_records.items() if rec and rec.superseded_runs}

@@ -45,6 +45,7 @@ def infra() -> Iterator[PrivateInfra]:
     [
         "worker-freeze",
         "worker-cut",
+        "models-worker-kill",
         "ingress-kill",
         "scheduler-freeze",
         "monitor-kill",
@@ -64,6 +65,7 @@ async def test_a_fault_during_a_replay_loses_doubles_and_reruns_nothing(
     detail = json.dumps(report.to_json(), indent=1)[:6000]
     assert report.requests == config.requests, detail
     assert report.classification_calls > 0 or FAULTS[fault].classification_share == 0, detail
+    assert report.pipeline_calls > 0 or FAULTS[fault].pipeline_share == 0, detail
     assert report.lost == [], detail
     assert report.refused_then_run == [], detail
     assert report.answers_differ == [], detail
