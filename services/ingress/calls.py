@@ -491,9 +491,13 @@ def unattainable(reason: str, what: str) -> ApiError:
     )
 
 
-def refusal(decision: Decision, what: str) -> ApiError:
+def refusal(
+    decision: Decision, what: str, *, judged_on: str = "on the least-loaded worker"
+) -> ApiError:
     """The answer to a request the admission gate refused: 429 (overloaded) or 503 (no
-    live worker), both with ``Retry-After``; nothing was recorded or published."""
+    live worker), both with ``Retry-After``; nothing was recorded or published.
+    ``judged_on`` says where the estimated wait and service are (a pipeline call's are
+    its stages' critical path)."""
     retry = str(decision.retry_after_s)
     if decision.verdict is Verdict.NO_WORKER:
         return ApiError(
@@ -507,7 +511,7 @@ def refusal(decision: Decision, what: str) -> ApiError:
     return ApiError(
         429,
         f"{what} is overloaded: the estimated wait is {decision.wait_s:.2f} s plus "
-        f"{decision.service_s:.2f} s of service on the least-loaded worker, more than the "
+        f"{decision.service_s:.2f} s of service {judged_on}, more than the "
         f"{max(0.0, decision.time_left_s):.2f} s left to the request's deadline; nothing "
         f"was started, retry after {retry} s",
         type_=SERVER_ERROR,

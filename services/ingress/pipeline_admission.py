@@ -31,8 +31,25 @@ on model ``m`` and worker ``w`` (``m`` placed there and not draining):
 
 The call's *expected* time is its critical path: the latest finish of its stages. A
 conditional stage counts as run (the deadline holds for the branch that runs most).
-It is **refused with 429** when that exceeds ``slack`` times the time left to the
-deadline, unless the call would miss it even on idle workers with every model loaded
+
+**Calibration.** The estimate is a queue model's, and past capacity the gate admits
+calls right up to their deadline, so any error that makes it short turns an admitted
+call into a miss. As GAPS calibrates its service-time predictions, the gate learns from
+the calls it admitted: when one is answered (:meth:`PipelineGate.call_ended` with its
+answer time), it keeps how much later than estimated it finished, and adds the
+:data:`CALIBRATION_QUANTILE` of those errors (when positive) to every expected time.
+An error counts for :data:`CALIBRATION_HORIZON` times its call's relative deadline after
+its answer, and only the latest :data:`CALIBRATION_WINDOW` count: late finishes widen
+the margin, it shrinks again as admitted calls finish on time, and it lapses when no
+call has been admitted for a while (a margin that refused everything would otherwise
+never be corrected). With fewer than :data:`CALIBRATION_MIN_CALLS` errors counting there
+is no margin: a quantile of a handful is their worst. A call admitted while one of its
+models was placed nowhere teaches nothing: it also waits for the placement service's
+next round, which the estimate leaves out, and a cold start's first calls would
+otherwise set a margin far larger than any error after them.
+
+It is **refused with 429** when the calibrated expected time exceeds ``slack`` times
+the time left to the deadline, unless the call would miss it even on idle workers with every model loaded
 and it waits behind no one (it delays nobody). **503** when no live worker has served
 ``emulated-models`` stages for longer than the grace period. Before the first read of
 the cluster the gate admits everything.
@@ -49,6 +66,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -58,7 +76,24 @@ from switchyard.multimodel.model import ModelSpec, PipelineSpec
 
 from services.ingress.load_shedding import Decision, Verdict, without_worker
 
-__all__ = ["PipelineGate"]
+__all__ = [
+    "CALIBRATION_HORIZON",
+    "CALIBRATION_MIN_CALLS",
+    "CALIBRATION_QUANTILE",
+    "CALIBRATION_WINDOW",
+    "PipelineGate",
+]
+
+CALIBRATION_WINDOW = 200
+"""Admitted calls whose estimate errors calibrate the gate (the latest answered)."""
+CALIBRATION_QUANTILE = 0.9
+"""The quantile of those errors added to every expected time: about this share of the
+calls admitted at the edge of their deadline should meet it."""
+CALIBRATION_MIN_CALLS = 20
+"""Errors that must count before the gate adds any margin."""
+CALIBRATION_HORIZON = 4.0
+"""How long an error counts after its call was answered, in that call's relative
+deadlines (``deadline - arrival``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +107,12 @@ class _Work:
 
 @dataclass(frozen=True, slots=True)
 class _Finish:
-    """When one stage is estimated to finish, and its service time there."""
+    """When one stage is estimated to finish, and its service time there; ``placed``:
+    on a worker its model is placed on (not loaded first where none holds it)."""
 
     finish_s: float
     service_s: float
+    placed: bool = True
 
 
 def _takes_stages(heartbeat: Heartbeat) -> bool:
@@ -119,6 +156,12 @@ class PipelineGate:
         """The stages not yet sent of each call admitted here, by call id and stage."""
         self._sent: list[_Work] = []
         """Stages sent since the oldest live heartbeat (no heartbeat lists them yet)."""
+        self._expected: dict[str, tuple[float, float]] = {}
+        """Each call admitted here: when it is expected to be answered (uncalibrated),
+        and how long its error will count."""
+        self._errors: deque[tuple[float, float]] = deque(maxlen=CALIBRATION_WINDOW)
+        """``(counts until, error)``: how much later than expected the latest admitted
+        calls were answered."""
 
     def observe(self, view: ClusterView) -> None:
         """Take a fresh read of the monitor's records (at ``view.now_s``): the stages
@@ -170,12 +213,14 @@ class PipelineGate:
         if not live:
             return self._without_worker(now_s, time_left_s)
         loaded = self._path(pipeline, live, exec_scale, now_s, own_s=self._own_work_s(live))
-        expected_s = max(f.finish_s for f in loaded.values()) - now_s
+        estimate_s = max(f.finish_s for f in loaded.values()) - now_s
+        margin_s = self.margin_s(now_s)
+        expected_s = estimate_s + margin_s
         idle = self._path(pipeline, live, exec_scale, now_s, own_s=None)
         idle_s = max(f.finish_s for f in idle.values()) - now_s
         budget_s = self.slack * time_left_s
         fits_idle = idle_s <= budget_s
-        waits = expected_s > idle_s + 1e-9
+        waits = estimate_s > idle_s + 1e-9
         if expected_s > budget_s and (fits_idle or waits):
             relative_s = self.slack * (deadline_s - arrival_s)
             return Decision(
@@ -185,14 +230,20 @@ class PipelineGate:
                 time_left_s=time_left_s,
                 retry_after_s=max(1, math.ceil(expected_s - relative_s)),
                 reason=(
-                    f"expected {expected_s:.3f} s for its stages ({idle_s:.3f} s on idle "
-                    f"workers) > {self.slack:g} x {time_left_s:.3f} s left"
+                    f"expected {expected_s:.3f} s for its stages (calibration "
+                    f"{margin_s:+.3f} s; {idle_s:.3f} s on idle workers) > "
+                    f"{self.slack:g} x {time_left_s:.3f} s left"
                 ),
             )
         self._to_send[call_id] = {
             stage.name: _Work(stage.model, loaded[stage.name].service_s)
             for stage in pipeline.stages
         }
+        if all(finish.placed for finish in loaded.values()):
+            # One that waits for a model placed nowhere waits for the placement service's
+            # next round too: that error is the round's, not the queues', and is not learnt.
+            horizon_s = CALIBRATION_HORIZON * max(0.0, deadline_s - arrival_s)
+            self._expected[call_id] = (now_s + estimate_s, horizon_s)
         return Decision(
             verdict=Verdict.ADMIT,
             wait_s=max(0.0, expected_s - idle_s),
@@ -291,10 +342,25 @@ class PipelineGate:
         """A stage of an admitted call will not run (its branch was not taken)."""
         self._to_send.get(call_id, {}).pop(stage, None)
 
-    def call_ended(self, call_id: str) -> None:
-        """An admitted call ended (answered, failed, timed out or its client gone): its
-        stages not sent will not be."""
+    def call_ended(self, call_id: str, answered_at_s: float | None = None) -> None:
+        """An admitted call ended: its stages not sent will not be. ``answered_at_s``:
+        when every stage had answered (None: it failed, timed out or its client left),
+        which calibrates the estimates that follow."""
         self._to_send.pop(call_id, None)
+        expected = self._expected.pop(call_id, None)
+        if expected is None or answered_at_s is None:
+            return
+        expected_at_s, horizon_s = expected
+        self._errors.append((answered_at_s + horizon_s, answered_at_s - expected_at_s))
+
+    def margin_s(self, now_s: float) -> float:
+        """What the gate adds to every expected time at ``now_s`` (see the module
+        docstring): the calibration quantile of the errors that still count, or 0 with
+        too few."""
+        errors = sorted(error_s for until_s, error_s in self._errors if until_s >= now_s)
+        if len(errors) < CALIBRATION_MIN_CALLS:
+            return 0.0
+        return max(0.0, errors[min(len(errors) - 1, int(CALIBRATION_QUANTILE * len(errors)))])
 
     def _loaded_first(
         self,
@@ -310,7 +376,7 @@ class PipelineGate:
         fastest = max(heartbeats, key=lambda h: h.speed * h.time_scale)
         service_s = _service_s(spec, exec_scale, fastest)
         loaded_s = now_s + spec.load_s / fastest.time_scale
-        return _Finish(max(ready_s, loaded_s) + service_s, service_s)
+        return _Finish(max(ready_s, loaded_s) + service_s, service_s, placed=False)
 
     def _without_worker(self, now_s: float, time_left_s: float) -> Decision:
         assert self._first_refresh_s is not None

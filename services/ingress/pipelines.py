@@ -191,7 +191,11 @@ class PipelineCoordinator:
             decision.reason,
             extra={"event": "admission_refused", "verdict": str(decision.verdict)},
         )
-        raise refusal(decision, f"pipeline {call.pipeline.name!r}")
+        raise refusal(
+            decision,
+            f"pipeline {call.pipeline.name!r}",
+            judged_on="along its stages' critical path on the emulated-models workers",
+        )
 
     async def run(self, call: PipelineCall, receive: Receive | None = None) -> None:
         """Run ``call``'s stages until the last is answered; raises the
@@ -199,6 +203,7 @@ class PipelineCoordinator:
         gone = asyncio.ensure_future(_disconnected(receive)) if receive is not None else None
         waits: dict[asyncio.Future[Completion | None], StageRun] = {}
         give_up_at = time.monotonic() + self.options.answer_timeout_s
+        answered_at_s: float | None = None
         try:
             await self._start_ready(call, waits, give_up_at)
             while waits:
@@ -221,9 +226,10 @@ class PipelineCoordinator:
                         raise self._timeout(call)
                     self._finish(call, run, completion)
                 await self._start_ready(call, waits, give_up_at)
+            answered_at_s = self.clock()
         finally:
             if self.gate is not None:
-                self.gate.call_ended(call.call_id)
+                self.gate.call_ended(call.call_id, answered_at_s)
             for future in waits:
                 future.cancel()
             if gone is not None:

@@ -359,6 +359,8 @@ async def test_a_call_its_stages_cannot_finish_in_time_is_refused_before_any_sta
     refused = await busy.client.post("/v1/apps/txt2img-hd/infer", json=body)
     error = assert_error(refused, 429, param=None, names="pipeline 'txt2img-hd'")
     assert error["code"] == "overloaded"
+    assert "critical path" in error["message"]
+    assert "least-loaded" not in error["message"]
     assert int(refused.headers["Retry-After"]) >= 3
     assert worker.stages_seen("late-1") == []
     assert (await busy.client.get("/v1/requests/late-1")).status_code == 404

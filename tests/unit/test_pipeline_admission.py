@@ -228,3 +228,70 @@ def test_slack_below_one_keeps_headroom() -> None:
     busy = beat("w1", *every_model(up=1))  # upscale free after 3 s: 6 s expected
     assert judge(gate_seeing(busy, slack=1.0), 10.0) is Verdict.ADMIT
     assert judge(gate_seeing(busy, slack=0.5), 10.0) is Verdict.OVERLOADED
+
+
+def _admit_and_answer(gate: PipelineGate, calls: int, late_by_s: float) -> float:
+    """``calls`` calls admitted on idle workers (deadline 30 s), one after the other,
+    each answered ``late_by_s`` after its estimate; returns when the last was answered."""
+    answered_at_s = NOW
+    for _ in range(calls):
+        call_id = f"calibration-{next(_calls)}"
+        assert judge(gate, 30.0, call_id=call_id) is Verdict.ADMIT
+        answered_at_s = NOW + IDLE_PATH_S + late_by_s
+        gate.call_ended(call_id, answered_at_s)
+    return answered_at_s
+
+
+def test_calls_answered_later_than_estimated_widen_every_later_estimate() -> None:
+    gate = gate_seeing(beat("w1", *every_model()))
+    assert judge(gate, IDLE_PATH_S + 2.0, call_id="before") is Verdict.ADMIT
+    gate.call_ended("before")  # failed: it teaches nothing
+    _admit_and_answer(gate, 40, late_by_s=4.0)
+    assert gate.margin_s(NOW) == pytest.approx(4.0)
+    # 5.5 s estimated + 4 s learned > 7.5 s left, though on idle workers it fits.
+    decision = gate.decide(
+        PIPELINE, exec_scale=1.0, arrival_s=NOW, deadline_s=NOW + 7.5, now_s=NOW, call_id="c"
+    )
+    assert decision.verdict is Verdict.OVERLOADED
+    assert "calibration +4.000 s" in decision.reason
+    assert judge(gate, IDLE_PATH_S + 4.5) is Verdict.ADMIT
+
+
+def test_the_margin_is_the_quantile_of_the_errors_never_below_zero() -> None:
+    gate = gate_seeing(beat("w1", *every_model()))
+    _admit_and_answer(gate, 90, late_by_s=-1.0)  # answered early: no negative margin
+    assert gate.margin_s(NOW) == 0.0
+    _admit_and_answer(gate, 10, late_by_s=6.0)  # a tenth late: the 0.9 quantile is late
+    assert gate.margin_s(NOW) == pytest.approx(6.0)
+    # Only the latest 200 count: of 200 late ones, 20 are left after 180 early ones (the
+    # 0.9 quantile is still late), and 19 after one more (it is not).
+    _admit_and_answer(gate, 200, late_by_s=6.0)
+    _admit_and_answer(gate, 180, late_by_s=-1.0)  # 20 late ones left: the 0.9 quantile
+    assert gate.margin_s(NOW) == pytest.approx(6.0)
+    _admit_and_answer(gate, 1, late_by_s=-1.0)
+    assert gate.margin_s(NOW) == 0.0
+
+
+def test_a_few_late_calls_are_no_margin_and_an_old_margin_lapses() -> None:
+    gate = gate_seeing(beat("w1", *every_model()))
+    _admit_and_answer(gate, 5, late_by_s=20.0)  # a handful: their worst is no quantile
+    assert gate.margin_s(NOW) == 0.0
+    assert judge(gate, IDLE_PATH_S + 1.0, call_id="after") is Verdict.ADMIT
+    gate.call_ended("after")
+    answered_at_s = _admit_and_answer(gate, 40, late_by_s=20.0)
+    assert gate.margin_s(answered_at_s) == pytest.approx(20.0)
+    # An error counts for 4 relative deadlines (4 x 30 s) after its answer: with nothing
+    # admitted since, the margin lapses and calls are admitted again.
+    assert gate.margin_s(answered_at_s + 119.0) == pytest.approx(20.0)
+    assert gate.margin_s(answered_at_s + 121.0) == 0.0
+
+
+def test_calls_that_wait_for_a_model_placed_nowhere_teach_nothing() -> None:
+    # A cold start: no worker holds the upscaler yet, so every call also waits for the
+    # placement service's next round, which no estimate includes.
+    gate = gate_seeing(beat("w1", *(p for p in every_model() if p.model != "up")))
+    for _ in range(40):
+        call_id = f"cold-{next(_calls)}"
+        assert judge(gate, 60.0, call_id=call_id) is Verdict.ADMIT
+        gate.call_ended(call_id, NOW + 30.0)
+    assert gate.margin_s(NOW) == 0.0
