@@ -52,8 +52,9 @@ def _markdown(reports: list[FaultReport], config: FaultRunConfig) -> str:
         f"Each fault during {config.requests:,} calls at {config.rate_rps:g}/s (LLM "
         "completions; in the `estimator-kill` row a third of them classification calls on "
         "a torch worker; in the `models-worker-kill` and `placement-kill` rows a third of "
-        "them, in `ingress-kill` a quarter, calls to the `txt2img` pipelines on two emulated "
-        f"multi-model nodes; Poisson, emulated workers at time scale {config.time_scale:g}, policy "
+        "them, in `ingress-kill`, `broker-kill` and `redis-empty` a quarter, calls to the "
+        "`txt2img` pipelines on two emulated multi-model nodes; Poisson, emulated workers at "
+        f"time scale {config.time_scale:g}, policy "
         f"`{config.policy}`), on {platform.node()} ({platform.machine()}), "
         f"{time.strftime('%Y-%m-%d')}.",
         "",

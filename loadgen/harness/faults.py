@@ -294,13 +294,20 @@ FAULTS: dict[str, Fault] = {
             "SIGKILL of the rebalancer, restarted 1 s later",
             _kill_and_restart("rebalancer"),
         ),
-        Fault("broker-kill", "SIGKILL of the Kafka broker, restarted at once", _broker_kill),
+        Fault(
+            "broker-kill",
+            "SIGKILL of the Kafka broker, restarted at once; a quarter of the calls are pipelines",
+            _broker_kill,
+            pipeline_share=1 / 4,
+        ),
         Fault("broker-restart", "a graceful restart of the Kafka broker", _broker_restart),
         Fault("redis-kill", "SIGKILL of Redis, restarted 1 s later", _redis_kill),
         Fault(
             "redis-empty",
-            "SIGKILL of Redis, restarted 1 s later without its data",
+            "SIGKILL of Redis, restarted 1 s later without its data; a quarter of the calls "
+            "are pipelines",
             _redis_empty,
+            pipeline_share=1 / 4,
         ),
     )
 }

@@ -41,6 +41,9 @@ from loadgen.mixes import PlannedRequest
 from loadgen.replay import replay
 from loadgen.replay_records import ReplayResult
 
+DECLARED_DEAD = frozenset({"heartbeat-timeout", "failed"})
+"""The ``WorkerDown`` reasons that declare a worker dead (held when declared down)."""
+
 
 @dataclass
 class RecoveryReport:
@@ -214,10 +217,13 @@ async def analyse(
     two_runs, redeliveries = _doubled_runs(completions, wanted)
     superseded = {rid for rid, rec in request_records.items() if rec and rec.superseded_runs}
     runs_doubled = sorted(set(two_runs) | superseded)
+    # Only a worker declared dead may have run on what it held; what the monitor took
+    # back from a live worker ("unclaimed") never reached it, so a second run of that is
+    # no more allowed than any other.
     held_when_down = {
         rid
         for e in events
-        if isinstance(e.message, WorkerDown)
+        if isinstance(e.message, WorkerDown) and e.message.reason in DECLARED_DEAD
         for rid in e.message.orphaned_request_ids
         if rid in wanted
     }

@@ -193,7 +193,7 @@ class RequestDesk:
         if self.gate is not None and demand is not None:
             decision = self.gate.decide(demand, self.clock())
             if not decision.admitted:
-                earlier = await self._read(request_id) if client_id is not None else None
+                earlier = await self.read(request_id) if client_id is not None else None
                 if earlier is not None:
                     _same_call_or_conflict(earlier, make_request(request_id))
                     return await self._existing(earlier, stream=stream)
@@ -208,7 +208,7 @@ class RequestDesk:
         request = make_request(request_id)
         refused = self.decisions.refusal(request) if self.decisions is not None else None
         if refused is not None:
-            earlier = await self._read(request_id) if client_id is not None else None
+            earlier = await self.read(request_id) if client_id is not None else None
             if earlier is not None:
                 _same_call_or_conflict(earlier, request)
                 return await self._existing(earlier, stream=stream)
@@ -264,7 +264,9 @@ class RequestDesk:
             ) from None
         return Accepted(request_id, waiter=waiter)
 
-    async def _read(self, request_id: str) -> RequestRecord | None:
+    async def read(self, request_id: str) -> RequestRecord | None:
+        """The ledger's record of ``request_id`` (scoped), or None; 503 (retry shortly)
+        while the state store cannot be read."""
         try:
             return await self.ledger.read(request_id)
         except Exception as exc:

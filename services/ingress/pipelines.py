@@ -34,6 +34,10 @@ How a call ends:
   later stage is started (a stage already running beside it runs on, unwaited);
 - no answer within ``answer_timeout_s`` (the whole call): 504 naming what is pending; the
   stages run on, and a retry with the same ``request_id`` resumes the call;
+- a stage that cannot be recorded or published (the store or the bus unavailable): the
+  first stages' refusal as any request's (503: nothing was started); a later stage's,
+  once others are recorded, ``503 outcome_unknown`` naming the call: it was started, and
+  a retry with its id resumes it;
 - the client goes away: the stages that have not started are cancelled, none is started
   after, and the call ends as any call whose client left (499).
 
@@ -183,7 +187,7 @@ class PipelineCoordinator:
         if decision.admitted:
             return
         first = call.pipeline.stages[0]
-        if named and await self.desk.ledger.read(f"{call.call_id}.{first.name}") is not None:
+        if named and await self.desk.read(f"{call.call_id}.{first.name}") is not None:
             return
         log.debug(
             "refused pipeline call %s: %s",
@@ -294,7 +298,8 @@ class PipelineCoordinator:
                     tenant=call.tenant,
                 )
         except ApiError as exc:
-            raise _stage_refused(call, stage, exc) from None
+            started = any(other.accepted is not None for other in call.stages.values())
+            raise _stage_refused(call, stage, exc, started=started) from None
         record = run.accepted.record
         if not stage.after and record is not None and record.arrival_s is not None:
             # A retry: the call arrived when its first stages did, and is due then.
@@ -442,10 +447,13 @@ def stage_error(call: PipelineCall, stage: Stage, completion: Completion) -> Api
     )
 
 
-def _stage_refused(call: PipelineCall, stage: Stage, exc: ApiError) -> ApiError:
+def _stage_refused(call: PipelineCall, stage: Stage, exc: ApiError, *, started: bool) -> ApiError:
     """A stage's request refused before anything ran it (409 id reused, 503 store or bus
     unavailable, outcome unknown): the same status, told about the call, not the stage's
-    own request id (a client retries the call)."""
+    own request id (a client retries the call). ``started``: other stages of the call are
+    recorded already, so a refusal that would say "nothing was started" (a 429 or 503)
+    is ``503 outcome_unknown`` instead: the call was started, and a retry resumes it."""
+    code = exc.code
     if exc.code == "request_id_reused":
         message = (
             f"request_id {call.public_id!r} was used for a different call (another "
@@ -458,6 +466,13 @@ def _stage_refused(call: PipelineCall, stage: Stage, exc: ApiError) -> ApiError:
             f"been queued; call again with request_id {call.public_id!r} to resume it (no "
             f"stage runs twice)"
         )
+    elif started and exc.status in (429, 503):
+        code = "outcome_unknown"
+        message = (
+            f"pipeline call {call.public_id} was started, but its stage {stage.name!r} "
+            f"(model {stage.model!r}) could not be: {exc.message}; call again with "
+            f"request_id {call.public_id!r} to resume it (no stage runs twice)"
+        )
     else:
         message = (
             f"pipeline {call.pipeline.name!r} call {call.public_id}: stage {stage.name!r} "
@@ -467,11 +482,11 @@ def _stage_refused(call: PipelineCall, stage: Stage, exc: ApiError) -> ApiError:
     if "switchyard" in extra:
         extra["switchyard"] = {**extra["switchyard"], "request_id": call.public_id}
     return ApiError(
-        exc.status,
+        503 if code != exc.code else exc.status,
         message,
         type_=exc.type_,
         param=exc.param,
-        code=exc.code,
+        code=code,
         headers=exc.headers,
         extra=extra,
     )

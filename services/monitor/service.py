@@ -230,9 +230,20 @@ class MonitorService(Service):
             await self.check_liveness()
             if time.monotonic() - swept_s >= SWEEP_PERIOD_S:
                 swept_s = time.monotonic()
-                await self.unclaimed.sweep()
+                await self.sweep_unclaimed()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.check_period_s)
+
+    async def sweep_unclaimed(self) -> int:
+        """Take back what live workers never received (:mod:`services.monitor.unclaimed`);
+        returns how many. Nothing while the store has no generation (it lost its data
+        and is being restored, here or by another replica): the requests read back come
+        back assigned, before the answers that settle most of them, and no heartbeat
+        lists a request its worker finished long ago, so the sweep would take back and
+        run again what was answered."""
+        if self.state_watch.known is None:
+            return 0
+        return await self.unclaimed.sweep()
 
     async def check_liveness(self) -> list[str]:
         """Declare down every alive worker silent for longer than the timeout; returns the

@@ -11,7 +11,9 @@ hour back from the answers topic, and the requests and assignments from theirs
 only then writes a new generation. Meanwhile the request ledger refuses calls that name
 their request id (503 ``state_restoring``): one that was answered before the loss gets
 its answer once it is back, and one still in flight waits for its one answer, never a
-second run. Workers record themselves again with their next heartbeat.
+second run. Workers record themselves again with their next heartbeat. The monitor's
+unclaimed sweep waits as well (:meth:`MonitorService.sweep_unclaimed
+<services.monitor.service.MonitorService.sweep_unclaimed>`).
 
 A store without a generation when the monitor starts (a new one, or one that lost its
 data while no monitor ran) is restored the same way; on a new stack the topics are

@@ -30,6 +30,7 @@ from switchyard.contracts.messages import (
     PlacedState,
     StagePayload,
 )
+from switchyard.errors import StateError
 from switchyard.lifecycle import RequestLedger
 from switchyard.serving.pipelines import DEFAULT_PIPELINES
 from switchyard.telemetry import configure_telemetry
@@ -289,6 +290,53 @@ async def test_a_retry_asking_something_else_is_a_409(
     )
     error = assert_error(other, 409, param="request_id", names="'reused-1'")
     assert error["code"] == "request_id_reused"
+
+
+async def test_a_stage_not_recorded_after_others_were_is_outcome_unknown_and_resumes(
+    stack: Stack, ingress: Replica, worker: StageWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store fails once as generate is recorded: encode has run already, so the call
+    # was started, and "nothing was started" (a plain 503) would be untrue.
+    real = stack.state.run_script_many
+    failures = [StateError("Redis at redis://store is unreachable")]
+
+    async def flaky(script: Any, calls: Any) -> Any:
+        if failures and any(keys[0].endswith("down-1.generate") for keys, _ in calls):
+            raise failures.pop()
+        return await real(script, calls)
+
+    monkeypatch.setattr(stack.state, "run_script_many", flaky)
+    body = {"input": "a storm", "request_id": "down-1"}
+    first = await ingress.client.post("/v1/apps/txt2img/infer", json=body)
+    error = assert_error(first, 503, param=None, names="'down-1'")
+    assert error["code"] == "outcome_unknown"
+    assert "was started" in error["message"]
+    assert "'generate'" in error["message"]
+    assert worker.stages_ran("down-1") == ["encode"]
+    retried = await ingress.client.post("/v1/apps/txt2img/infer", json=body)
+    assert retried.status_code == 200, retried.text
+    assert worker.stages_ran("down-1") == ["encode", "generate", "check"]
+
+
+async def test_a_refused_call_whose_earlier_record_cannot_be_read_is_a_503(
+    stack: Stack, worker: StageWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The gate refuses; looking for an accepted call of the same id fails with the store.
+    busy = await stack.replica(
+        options=ApiOptions(answer_timeout_s=5.0, llm_time_scale=10.0),
+        pipeline_gate=_pipeline_gate(stack, upscales_queued=20),
+    )
+
+    async def unreachable(key: str) -> dict[str, str]:
+        raise StateError(f"hgetall {key!r} failed: Redis is unreachable")
+
+    monkeypatch.setattr(stack.state, "hgetall", unreachable)
+    refused = await busy.client.post(
+        "/v1/apps/txt2img-hd/infer", json={"input": "a red fox", "request_id": "dark-1"}
+    )
+    error = assert_error(refused, 503, param=None, names="state store is unavailable")
+    assert error["code"] == "unavailable"
+    assert worker.stages_seen("dark-1") == []
 
 
 async def test_a_call_timed_out_resumes_on_retry(stack: Stack, worker: StageWorker) -> None:

@@ -10,6 +10,7 @@ import time
 from switchyard.contracts.messages import Heartbeat
 from switchyard.contracts.topics import HEARTBEATS
 from switchyard.lifecycle import Fence
+from switchyard.state import keys
 
 from services.monitor.unclaimed import UNCLAIMED_GRACE_S
 from tests.service.monitor_support import (
@@ -28,6 +29,11 @@ async def test_a_request_a_live_worker_never_received_is_taken_back_and_announce
 ) -> None:
     await stack.collect_worker_events()
     monitor = await stack.monitor()
+
+    async def restored() -> bool:  # a new store is restored (from empty topics) first
+        return monitor.state_watch.known is not None
+
+    await eventually(restored, what="the new store's generation")
     now_s = time.time()
     old_s = now_s - UNCLAIMED_GRACE_S - 1.0
     await stack.send(
@@ -112,3 +118,32 @@ async def test_a_heartbeat_that_proves_nothing_takes_nothing_back(stack: Stack) 
         record = await stack.ledger.read(request_id)
         assert record is not None
         assert record.epoch == 1, request_id
+
+
+async def test_nothing_is_taken_back_while_the_store_is_being_restored(stack: Stack) -> None:
+    monitor = await stack.monitor(run=False)
+    watch = monitor.state_watch
+    await watch.check()
+    await watch.settled()
+    now_s = time.time()
+    old_s = now_s - UNCLAIMED_GRACE_S - 1.0
+    # What a restore writes back first: an assignment its worker finished long ago (so
+    # no heartbeat lists it), its answer not yet restored.
+    await stack.send("w1", {"answered-long-ago": old_s})
+    await monitor.handle_heartbeat(
+        heartbeat("w1", 1, sent_at_s=now_s, inbox_read_through_s=now_s - 0.1)
+    )
+    await stack.state.delete(keys.STATE_GENERATION)  # the store lost its data
+    assert await watch.check()
+    assert watch.restoring
+    assert await monitor.sweep_unclaimed() == 0
+    record = await stack.ledger.read("answered-long-ago")
+    assert record is not None
+    assert record.epoch == 0
+    # Restored (its generation back), the store is swept again.
+    await watch.settled()
+    now_s = time.time()
+    await monitor.handle_heartbeat(
+        heartbeat("w1", 2, sent_at_s=now_s, inbox_read_through_s=now_s - 0.1)
+    )
+    assert await monitor.sweep_unclaimed() == 1
