@@ -49,10 +49,10 @@ next round, which the estimate leaves out, and a cold start's first calls would
 otherwise set a margin far larger than any error after them.
 
 It is **refused with 429** when the calibrated expected time exceeds ``slack`` times
-the time left to the deadline, unless the call would miss it even on idle workers with every model loaded
-and it waits behind no one (it delays nobody). **503** when no live worker has served
-``emulated-models`` stages for longer than the grace period. Before the first read of
-the cluster the gate admits everything.
+the time left to the deadline, unless the call would miss it even on idle workers with
+every model loaded and it waits behind no one (it delays nobody). **503** when no live
+worker has served ``emulated-models`` stages for longer than the grace period. Before
+the first read of the cluster the gate admits everything.
 
 The coordinator reports each admitted call's stages as it sends them
 (:meth:`PipelineGate.stage_sent`), skips them (:meth:`PipelineGate.stage_dropped`) and

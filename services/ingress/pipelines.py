@@ -453,7 +453,7 @@ def _stage_refused(call: PipelineCall, stage: Stage, exc: ApiError, *, started: 
     own request id (a client retries the call). ``started``: other stages of the call are
     recorded already, so a refusal that would say "nothing was started" (a 429 or 503)
     is ``503 outcome_unknown`` instead: the call was started, and a retry resumes it."""
-    code = exc.code
+    status, code = exc.status, exc.code
     if exc.code == "request_id_reused":
         message = (
             f"request_id {call.public_id!r} was used for a different call (another "
@@ -467,7 +467,7 @@ def _stage_refused(call: PipelineCall, stage: Stage, exc: ApiError, *, started: 
             f"stage runs twice)"
         )
     elif started and exc.status in (429, 503):
-        code = "outcome_unknown"
+        status, code = 503, "outcome_unknown"
         message = (
             f"pipeline call {call.public_id} was started, but its stage {stage.name!r} "
             f"(model {stage.model!r}) could not be: {exc.message}; call again with "
@@ -482,7 +482,7 @@ def _stage_refused(call: PipelineCall, stage: Stage, exc: ApiError, *, started: 
     if "switchyard" in extra:
         extra["switchyard"] = {**extra["switchyard"], "request_id": call.public_id}
     return ApiError(
-        503 if code != exc.code else exc.status,
+        status,
         message,
         type_=exc.type_,
         param=exc.param,
