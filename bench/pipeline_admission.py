@@ -16,7 +16,9 @@ place the models (not counted), then a Poisson stream of ``--duration`` model se
 open-loop; a call's latency is read in model seconds (wall times ``time_scale``).
 Reported per load and mode: calls offered, answered, refused (429 or 503), answered
 within the pipeline's SLO, goodput (calls within the SLO per model second of offered
-stream), and the latency P50 and P99 of the answered calls. ``--slack`` sets
+stream), the latency P50 and P99 of the answered calls, and the stages they ran (fewer
+than their pipeline's where a conditional stage's branch was not taken:
+``txt2img-checked`` upscales only what its checker labels ``safe``). ``--slack`` sets
 ``SWITCHYARD_ADMISSION_SLACK`` of the runs with the gate (default 1.0).
 
 Run ``make bench-pipeline-admission`` or ``python -m bench.pipeline_admission [options]``;
@@ -65,6 +67,9 @@ class ModeResult:
     goodput_per_model_s: float
     p50_model_s: float | None
     p99_model_s: float | None
+    stages_run: int
+    """Stages the answered calls ran (a conditional stage whose branch was not taken is
+    skipped, and not counted)."""
 
 
 def capacity_per_model_s(catalogue: ServingCatalogue, pipeline: str, workers: int) -> float:
@@ -132,6 +137,7 @@ def summarise(
         goodput_per_model_s=within / duration_s,
         p50_model_s=quantile(latencies, 0.5) if latencies else None,
         p99_model_s=quantile(latencies, 0.99) if latencies else None,
+        stages_run=sum(len(r.stages or ()) for r in answered),
     )
 
 
@@ -169,14 +175,15 @@ def _ms(value: float | None) -> str:
 def format_table(rows: Sequence[ModeResult], slo_s: float) -> str:
     lines = [
         f"{'load':>5} {'admission':>9} {'offered':>7} {'answered':>8} {'refused':>7} "
-        f"{'in SLO':>6} {'other':>5} {'goodput/s':>9} {'P50 s':>6} {'P99 s':>6}",
+        f"{'in SLO':>6} {'other':>5} {'goodput/s':>9} {'P50 s':>6} {'P99 s':>6} "
+        f"{'stages':>6}",
     ]
     for row in rows:
         lines.append(
             f"{row.load:>5g} {row.admission:>9} {row.offered:>7} {row.answered:>8} "
             f"{row.refused:>7} {row.within_slo:>6} {row.other:>5} "
             f"{row.goodput_per_model_s:>9.3f} {_ms(row.p50_model_s):>6} "
-            f"{_ms(row.p99_model_s):>6}"
+            f"{_ms(row.p99_model_s):>6} {row.stages_run:>6}"
         )
     lines.append(f"(SLO {slo_s:g} model s; latencies and goodput in model seconds)")
     return "\n".join(lines)
