@@ -116,18 +116,16 @@ class Fault:
     pipeline_share: float = 0.0
 
 
-async def _worker_kill(ctx: FaultContext) -> tuple[float, float]:
-    victim = await ctx.busiest_worker()
-    killed_at_s = ctx.stack.kill(victim)
-    ctx.note(f"SIGKILL {victim}")
-    return killed_at_s, killed_at_s
+def _kill_busiest(among: tuple[str, ...]) -> FaultRun:
+    """SIGKILL of the busiest worker of ``among``, not restarted."""
 
+    async def run(ctx: FaultContext) -> tuple[float, float]:
+        victim = await ctx.busiest_worker(among)
+        killed_at_s = ctx.stack.kill(victim)
+        ctx.note(f"SIGKILL {victim}")
+        return killed_at_s, killed_at_s
 
-async def _models_worker_kill(ctx: FaultContext) -> tuple[float, float]:
-    victim = await ctx.busiest_worker(MODEL_WORKERS)
-    killed_at_s = ctx.stack.kill(victim)
-    ctx.note(f"SIGKILL {victim} (of the multi-model nodes)")
-    return killed_at_s, killed_at_s
+    return run
 
 
 async def _worker_freeze(ctx: FaultContext) -> tuple[float, float]:
@@ -226,7 +224,9 @@ async def _redis_kill(ctx: FaultContext) -> tuple[float, float]:
 FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
-        Fault("worker-kill", "SIGKILL of the busiest worker (not restarted)", _worker_kill),
+        Fault(
+            "worker-kill", "SIGKILL of the busiest worker (not restarted)", _kill_busiest(WORKERS)
+        ),
         Fault(
             "worker-freeze",
             "SIGSTOP of the busiest worker past the worker timeout, then SIGCONT",
@@ -242,7 +242,7 @@ FAULTS: dict[str, Fault] = {
             "models-worker-kill",
             "SIGKILL of the busiest multi-model node (not restarted); a third of the calls "
             "are pipelines",
-            _models_worker_kill,
+            _kill_busiest(MODEL_WORKERS),
             pipeline_share=1 / 3,
         ),
         Fault(
