@@ -14,6 +14,10 @@ and bursts of arrivals compressed by it queue in the control plane of a small ma
 a slower replay takes as much longer. The defaults (conversation x2, code x1) keep the
 overhead to a few percent of a median latency.
 
+``--chunked-prefill TOKENS`` runs both sides with chunked prefill at that budget (the
+workers' ``SWITCHYARD_WORKER_CHUNKED_PREFILL_TOKENS``, the simulator's option of the
+same name).
+
 ``--sensitivity`` runs the simulator alone: the same slices with every arrival delayed by
 an exponential jitter of mean ``--jitter-ms`` (six seeds), to show how far the simulated
 P50 and P99 move with timing differences smaller than the live control plane's.
@@ -35,10 +39,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from switchyard.perf import performance_model
 from switchyard.stats import quantile
 from switchyard.traces import resolve_trace
 from switchyard.traces.transform import head
 
+from loadgen.replay_records import OK
 from research.llm.agreement import DEFAULT_TOLERANCE, Agreement, format_table, simulate
 from research.llm.agreement_stack import measure
 
@@ -75,7 +81,13 @@ def sensitivity(args: argparse.Namespace, profiles: list[str], seeds: int = 6) -
             p99: list[float] = []
             for run in runs:
                 latencies = sorted(
-                    s.latency_s for s in simulate(run, policy=policy, profiles=profiles).values()
+                    s.latency_s
+                    for s in simulate(
+                        run,
+                        policy=policy,
+                        profiles=profiles,
+                        chunked_prefill_tokens=args.chunked_prefill,
+                    ).values()
                 )
                 p50.append(quantile(latencies, 0.5))
                 p99.append(quantile(latencies, 0.99))
@@ -100,11 +112,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="speed-up per trace, TRACE=FACTOR,... (default: %(default)s)",
     )
     parser.add_argument("--workers", default=DEFAULT_WORKERS, help="worker profiles, in order")
+    parser.add_argument(
+        "--chunked-prefill",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="chunked prefill at this token budget, live and simulated (default: off)",
+    )
     parser.add_argument("--sensitivity", action="store_true", help="simulator only, jittered")
     parser.add_argument("--jitter-ms", type=float, default=10.0)
     args = parser.parse_args(argv)
     speedups = _speedups(args.speedups)
     profiles = args.workers.split(",")
+    if args.chunked_prefill is not None:
+        for profile in profiles:
+            problem = performance_model(profile).chunk_budget_problem(args.chunked_prefill)
+            if problem is not None:
+                parser.error(f"--chunked-prefill: {problem}")
     if args.sensitivity:
         sensitivity(args, profiles)
         return
@@ -123,10 +147,25 @@ def main(argv: Sequence[str] | None = None) -> None:
                         speedup=speedup,
                         profiles=profiles,
                         log_dir=Path(logs) / f"{trace}-{policy}",
+                        chunked_prefill_tokens=args.chunked_prefill,
                     )
                 )
                 rows.append(agreement)
-                records.append({**agreement.to_json(), "replay": result.config()})
+                for record in result.records:
+                    if record.outcome != OK or record.latency_s is None:
+                        print(
+                            f"  not answered live: row {record.index} ({record.prompt_tokens} "
+                            f"prompt tokens): {record.outcome} {record.status_code} "
+                            f"{record.error_code} {record.error_message}",
+                            flush=True,
+                        )
+                records.append(
+                    {
+                        **agreement.to_json(),
+                        "chunked_prefill_tokens": args.chunked_prefill,
+                        "replay": result.config(),
+                    }
+                )
                 verdict = "agrees" if agreement.within() else "disagrees"
                 print(
                     f"{trace} {policy} x{speedup:g}: P50 {agreement.p50_gap:+.1%}, "
@@ -135,9 +174,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                     flush=True,
                 )
     print()
-    print(f"first {args.limit} rows; workers {', '.join(profiles)}; trace seconds")
+    chunking = "off" if args.chunked_prefill is None else f"{args.chunked_prefill} tokens"
+    print(
+        f"first {args.limit} rows; workers {', '.join(profiles)}; chunked prefill "
+        f"{chunking}; trace seconds"
+    )
     print(format_table(rows))
-    out = RESULTS / "agreement.json"
+    out = RESULTS / (
+        "agreement.json"
+        if args.chunked_prefill is None
+        else f"agreement-chunked-{args.chunked_prefill}.json"
+    )
     out.write_text(json.dumps(records, indent=2))
     print(f"\nwritten {out}")
 

@@ -51,7 +51,6 @@ from switchyard.slo import token_slos
 from switchyard.traces import head, resolve_trace
 
 from research.llm.capacity_run import capacity_cell, held_rps, run_capacity
-from research.llm.chunked import check_budget
 from research.llm.disaggregation import pool_problem
 from research.llm.experiment import ExperimentConfig
 
@@ -250,7 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"--{problem}")
     for budget in settings:
         for profile in dict.fromkeys(p for search in searches for p in search.profiles):
-            problem = None if budget is None else check_budget(budget, performance_model(profile))
+            problem = (
+                None if budget is None else performance_model(profile).chunk_budget_problem(budget)
+            )
             if problem is not None:
                 parser.error(f"--chunked-prefill: {problem}")
     if args.processes <= 1:

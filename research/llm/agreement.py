@@ -98,10 +98,12 @@ def simulate(
     profiles: Sequence[str],
     seed: int = 0,
     options: PolicyOptions | None = None,
+    chunked_prefill_tokens: int | None = None,
 ) -> dict[int, SimulatedLatency]:
     """Simulate ``rows`` under ``policy`` on one worker per entry of ``profiles`` (in that
-    order, as the live stack's workers are started); returns each completed request by
-    its row index.
+    order, as the live stack's workers are started), with chunked prefill at
+    ``chunked_prefill_tokens`` when given; returns each completed request by its row
+    index.
 
     Raises:
         UnknownPolicyError, SimulationError: a bad policy name, an unknown profile, or
@@ -111,7 +113,12 @@ def simulate(
         raise AgreementError("at least one worker profile is needed")
     simulator = Simulator(
         make_llm_policy(policy, options or PolicyOptions()),
-        SimulationConfig(workers=len(profiles), profiles=tuple(profiles), seed=seed),
+        SimulationConfig(
+            workers=len(profiles),
+            profiles=tuple(profiles),
+            seed=seed,
+            chunked_prefill_tokens=chunked_prefill_tokens,
+        ),
     )
     simulator.run(rows)
     return {

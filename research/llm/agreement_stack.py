@@ -4,8 +4,9 @@ What the agreement test asserts and ``bench/agreement_bench.py`` records: the st
 on the real Kafka broker and Redis, each service a process of its own, with one emulated
 worker per profile (started in the order given, as the simulator numbers its workers),
 the scheduler running ``policy`` and the workers' time scale equal to the replay's
-speed-up. Admission control is off: the simulator has none, and a refusal would take a
-request out of one side of the comparison only.
+speed-up; with a chunked-prefill budget, the workers and the simulator both prefill in
+chunks of it. Admission control is off: the simulator has none, and a refusal would
+take a request out of one side of the comparison only.
 """
 
 from __future__ import annotations
@@ -56,18 +57,23 @@ async def run_live(
 
 
 def agreement_stack(
-    prefix: str, log_dir: Path, *, policy: str, speedup: float, kafka: str, redis: str
+    prefix: str,
+    log_dir: Path,
+    *,
+    policy: str,
+    speedup: float,
+    kafka: str,
+    redis: str,
+    chunked_prefill_tokens: int | None = None,
 ) -> ProcessStack:
     """The stack :func:`run_live` runs on: the policy under test, no admission control,
-    emulated time ``speedup`` times faster than modelled."""
+    emulated time ``speedup`` times faster than modelled, chunked prefill at
+    ``chunked_prefill_tokens`` when given."""
+    env = {"SWITCHYARD_ADMISSION": "off"}
+    if chunked_prefill_tokens is not None:
+        env["SWITCHYARD_WORKER_CHUNKED_PREFILL_TOKENS"] = str(chunked_prefill_tokens)
     return ProcessStack(
-        kafka,
-        redis,
-        prefix,
-        log_dir,
-        time_scale=speedup,
-        llm_policy=policy,
-        extra_env={"SWITCHYARD_ADMISSION": "off"},
+        kafka, redis, prefix, log_dir, time_scale=speedup, llm_policy=policy, extra_env=env
     )
 
 
@@ -81,6 +87,7 @@ async def measure(
     log_dir: Path,
     kafka: str | None = None,
     redis: str | None = None,
+    chunked_prefill_tokens: int | None = None,
 ) -> tuple[Agreement, ReplayResult]:
     """The live run and the simulation of one slice, compared."""
     stack = agreement_stack(
@@ -90,13 +97,16 @@ async def measure(
         speedup=speedup,
         kafka=kafka or os.environ.get("SWITCHYARD_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
         redis=redis or os.environ.get("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        chunked_prefill_tokens=chunked_prefill_tokens,
     )
     try:
         result = await run_live(stack, trace, limit, speedup=speedup, profiles=profiles)
     finally:
         await stack.close()
     rows = head(resolve_trace(trace), limit).requests
-    simulated = simulate(rows, policy=policy, profiles=profiles)
+    simulated = simulate(
+        rows, policy=policy, profiles=profiles, chunked_prefill_tokens=chunked_prefill_tokens
+    )
     agreement = compare(
         result.records,
         simulated,

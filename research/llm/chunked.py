@@ -54,21 +54,7 @@ from switchyard.policies.snapshot import WorkerRole
 from research.llm.instance import Phase, SimInstance
 from research.llm.request import SimRequest
 
-__all__ = ["ChunkedInstance", "check_budget"]
-
-
-def check_budget(tokens: int, perf: PerformanceModel) -> str | None:
-    """Why ``tokens`` cannot be the chunked-prefill budget of ``perf`` (None: it can)."""
-    if tokens < 1:
-        return f"the chunked-prefill budget must be at least 1 token, got {tokens}"
-    if tokens < perf.max_batch_slots:
-        return (
-            f"the chunked-prefill budget ({tokens} tokens) must be at least the "
-            f"{perf.max_batch_slots} batch slots of {perf.name}: every running request "
-            "decodes one token of it per iteration (vLLM asks the same of "
-            "max_num_batched_tokens and max_num_seqs)"
-        )
-    return None
+__all__ = ["ChunkedInstance"]
 
 
 class ChunkedInstance(SimInstance):
@@ -86,7 +72,7 @@ class ChunkedInstance(SimInstance):
         budget: int,
         changed: list[SimInstance] | None = None,
     ) -> None:
-        problem = check_budget(budget, perf)
+        problem = perf.chunk_budget_problem(budget)
         if problem is not None:
             raise ValueError(problem)
         super().__init__(index, worker_id, perf, role, changed=changed)

@@ -164,7 +164,6 @@ def _run(args: argparse.Namespace) -> int:
     from switchyard.progress import Progress
     from switchyard.traces import head, resolve_trace, scale_load
 
-    from research.llm.chunked import check_budget
     from research.llm.experiment import ExperimentConfig, run_experiment
     from research.report import format_table, runs_to_json, write_report
 
@@ -176,7 +175,7 @@ def _run(args: argparse.Namespace) -> int:
     for profile in args.gpu:
         perf = performance_model(profile)
         if args.chunked_prefill is not None:
-            problem = check_budget(args.chunked_prefill, perf)
+            problem = perf.chunk_budget_problem(args.chunked_prefill)
             if problem is not None:
                 raise ValueError(f"--chunked-prefill: {problem}")
     make_predictor(args.predictor)

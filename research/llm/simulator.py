@@ -50,7 +50,7 @@ from switchyard.prediction import (
     make_predictor,
 )
 
-from research.llm.chunked import ChunkedInstance, check_budget
+from research.llm.chunked import ChunkedInstance
 from research.llm.config import SimulationConfig, SimulationError
 from research.llm.disaggregation import Pools, worker_roles
 from research.llm.instance import Phase, SimInstance
@@ -121,7 +121,7 @@ class Simulator:
             ]
         else:
             for model in models:
-                problem = check_budget(chunked, model)
+                problem = model.chunk_budget_problem(chunked)
                 if problem is not None:
                     raise SimulationError(problem)
             self.instances = [
@@ -299,6 +299,8 @@ class Simulator:
             perf.interconnect_bytes_per_s,
             perf.prefill_per_token_s,
             perf.prefill_per_token_sq_s,
+            perf.prefill_base_s,
+            self.config.chunked_prefill_tokens,
         )
 
     def _cluster(self, now_s: float) -> ClusterSnapshot:

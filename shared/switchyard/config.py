@@ -468,6 +468,17 @@ class Settings(BaseModel):
             "below its profile's; unset: the profile's."
         ),
     )
+    worker_chunked_prefill_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Chunked prefill on an emulated-llm worker (vLLM's enable_chunked_prefill) at "
+            "this token budget per iteration (max_num_batched_tokens), at least the "
+            "profile's batch slots; unset: whole prompts are prefilled in iterations of "
+            "their own."
+        ),
+    )
     worker_device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Torch device of a torch worker; auto: CUDA when present."
     )

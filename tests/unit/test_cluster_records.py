@@ -146,6 +146,19 @@ def test_policies_see_the_held_work_as_predicted_when_the_worker_reports_it() ->
     assert worker_view(heartbeat(predicted_work_s=None)).queued_work_s == 4.5
 
 
+def test_a_worker_that_prefills_in_chunks_is_seen_to_and_its_first_tokens_come_later() -> None:
+    perf = performance_model(A100)
+    whole = worker_view(heartbeat(time_scale=10.0))
+    chunked = worker_view(heartbeat(time_scale=10.0, chunked_prefill_tokens=512))
+    assert (whole.chunk_budget_tokens, chunked.chunk_budget_tokens) == (None, 512)
+    assert chunked.prefill_base_s == pytest.approx(perf.prefill_base_s / 10.0)
+    # 8,000 tokens: one iteration whole; in chunks of what 512 leaves after the one
+    # running request's token, 16 iterations, each at least the reported decode step.
+    compute_s = whole.uncached_prefill_s(8000, 0)
+    assert compute_s == chunked.prefill_compute_s(8000, 0)
+    assert chunked.uncached_prefill_s(8000, 0) == pytest.approx(compute_s + 16 * 0.02)
+
+
 def test_reported_slots_and_kv_capacity_win_over_the_profile() -> None:
     view = worker_view(heartbeat(max_slots=8, kv_capacity_tokens=5000), alive=False)
     assert (view.max_slots, view.kv_capacity_tokens, view.alive) == (8, 5000, False)

@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 
 from switchyard.config import Settings
+from switchyard.errors import ConfigError
 from switchyard.multimodel.model import ResourceVector
 from switchyard.perf import performance_model
 from switchyard.serving import ServingCatalogue
@@ -95,6 +96,7 @@ def build_backend(settings: Settings, catalogue: ServingCatalogue | None) -> Bac
 
     Raises:
         UnknownProfileError: an emulated backend's ``worker_profile`` is not a profile.
+        ConfigError: a chunked-prefill budget below the emulated profile's batch slots.
         ValueError: a torch or emulated-models backend without a catalogue.
     """
     if settings.worker_backend == "emulated-llm":
@@ -103,7 +105,13 @@ def build_backend(settings: Settings, catalogue: ServingCatalogue | None) -> Bac
             # Heartbeats report the cap, so policies see the slots this worker really has.
             slots = min(perf.max_batch_slots, settings.worker_max_slots)
             perf = dataclasses.replace(perf, max_batch_slots=slots)
-        return EmulatedLlmBackend(perf, time_scale=settings.worker_time_scale)
+        chunked = settings.worker_chunked_prefill_tokens
+        problem = None if chunked is None else perf.chunk_budget_problem(chunked)
+        if problem is not None:
+            raise ConfigError(f"SWITCHYARD_WORKER_CHUNKED_PREFILL_TOKENS: {problem}")
+        return EmulatedLlmBackend(
+            perf, time_scale=settings.worker_time_scale, chunked_prefill_tokens=chunked
+        )
     if catalogue is None:
         raise ValueError(f"a {settings.worker_backend} worker needs the serving catalogue")
     if settings.worker_backend == "emulated-models":

@@ -1,7 +1,7 @@
 """The emulated LLM backend: continuous batching that spends modelled time.
 
-It runs no model. It plays a vLLM-like engine (no chunked prefill) for one performance
-profile (``GPU/model``, :mod:`switchyard.perf`) exactly as the simulator's instance
+It runs no model. It plays a vLLM-like engine for one performance profile
+(``GPU/model``, :mod:`switchyard.perf`) exactly as the simulator's instance
 (:mod:`research.llm.instance`) does, but in real time:
 
 - between iterations it admits waiting requests in queue order while a slot is free and
@@ -21,6 +21,17 @@ profile (``GPU/model``, :mod:`switchyard.perf`) exactly as the simulator's insta
   ends at the first step boundary after new work arrives, as a real engine admits at
   its next iteration; without one (or while a request streams its tokens), groups last
   at most :data:`STEP_QUANTUM_WALL_S`.
+
+With a chunked-prefill budget (``chunked_prefill_tokens``, the worker's
+``SWITCHYARD_WORKER_CHUNKED_PREFILL_TOKENS``; vLLM's ``enable_chunked_prefill`` with
+``max_num_batched_tokens``) it plays the simulator's :mod:`research.llm.chunked` instead:
+while a prompt is being prefilled, each iteration decodes one token for every running
+request, gives the partly prefilled prompts (in admission order) the next chunk of what
+the budget has left, and admits waiting requests in queue order while budget, a slot and
+KV-cache memory are left, each taking a chunk; it lasts
+:meth:`PerformanceModel.mixed_iteration_s`. A prompt's first token comes at the end of
+the iteration that prefills its last chunk. With nothing to prefill, it decodes in
+groups as above.
 
 An emulated request generates exactly ``max_output_tokens`` (there is no end of sequence
 in an emulation, as with a benchmark's ``ignore_eos``). Its text is filler, one word a
@@ -42,6 +53,7 @@ import asyncio
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
 from switchyard.contracts.messages import Assignment, LLMPayload, LLMResult, ResourceVector
@@ -71,26 +83,55 @@ def emulated_text(first_token: int, tokens: int) -> str:
     )
 
 
+@dataclass(slots=True)
+class _Prefilling:
+    """A request admitted under chunked prefill whose prompt is not all prefilled yet."""
+
+    item: WorkItem
+    context_tokens: int
+    """Context tokens whose KV cache it has: earlier chunks and a cached prefix."""
+    left_tokens: int
+    """Context tokens still to prefill."""
+
+
 class EmulatedLlmBackend:
     """Continuous batching on :class:`PerformanceModel` ``perf``, ``time_scale`` times faster
-    than modelled.
+    than modelled; with ``chunked_prefill_tokens``, chunked prefill at that token budget
+    per iteration.
 
     Attributes:
         modelled_now_s: the modelled clock: modelled seconds spent in iterations so far.
-        iterations: how many iterations (prefills plus decode steps) ran.
+        iterations: how many iterations (prefills, mixed iterations plus decode groups) ran.
+
+    Raises:
+        ValueError: a time scale that is not positive, or a chunked-prefill budget that
+            cannot cover the profile's batch slots.
     """
 
     name = "emulated-llm"
     emulated = True
 
-    def __init__(self, perf: PerformanceModel, *, time_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        perf: PerformanceModel,
+        *,
+        time_scale: float = 1.0,
+        chunked_prefill_tokens: int | None = None,
+    ) -> None:
         if not time_scale > 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
+        if chunked_prefill_tokens is not None:
+            problem = perf.chunk_budget_problem(chunked_prefill_tokens)
+            if problem is not None:
+                raise ValueError(problem)
         self.perf = perf
         self.time_scale = time_scale
+        self.chunked_prefill_tokens = chunked_prefill_tokens
         self.modelled_now_s = 0.0
         self.iterations = 0
         self._running: dict[str, WorkItem] = {}
+        # Chunked prefill: the running requests still prefilling, in admission order.
+        self._prefilling: dict[str, _Prefilling] = {}
         self.prefix_cache = PrefixCache(perf.kv_capacity_tokens // PREFIX_BLOCK_TOKENS)
         self._reserved_tokens = 0
         self._pace_s: float | None = None  # loop time the current iteration should end at
@@ -167,6 +208,13 @@ class EmulatedLlmBackend:
     ) -> bool:
         if not self._running:
             self._pace_s = None  # idle until now: pacing starts afresh
+        if self.chunked_prefill_tokens is not None:
+            if await self._mixed_iteration(queue, sink, admit=admit):
+                return True
+            if self._running:
+                await self._decode(sink, wake)
+                return True
+            return False
         admitted: list[WorkItem] = []
         if admit:
             ready = queue.ready(time.time())
@@ -196,6 +244,67 @@ class EmulatedLlmBackend:
         await sink.started(admitted)
         await self._spend(self.perf.prefill_s([self._uncached_tokens(i) for i in admitted]))
         await self._yield_tokens(admitted, sink)
+
+    async def _mixed_iteration(
+        self, queue: LocalQueue, sink: ExecutionSink, *, admit: bool
+    ) -> bool:
+        """One chunked-prefill iteration (the module docstring), if there is a chunk to
+        prefill; False when nothing is being prefilled and nothing could be admitted."""
+        budget = self.chunked_prefill_tokens
+        assert budget is not None
+        decoding = [item for key, item in self._running.items() if key not in self._prefilling]
+        room = budget - len(decoding)  # every running request decodes one token of it
+        chunks: list[tuple[_Prefilling, int]] = []
+        for part in self._prefilling.values():
+            if room <= 0:
+                break
+            tokens = min(part.left_tokens, room)
+            chunks.append((part, tokens))
+            room -= tokens
+        if admit and room > 0 and len(chunks) == len(self._prefilling):
+            admitted: list[WorkItem] = []
+            kv_free_tokens = self.perf.kv_capacity_tokens - self._reserved_tokens
+            free_slots = self.perf.max_batch_slots - len(self._running)
+            for item in queue.ready(time.time()):
+                need = kv_reservation_tokens(item)
+                if room <= 0 or len(admitted) >= free_slots or need > kv_free_tokens:
+                    break  # queue order: the first that does not fit blocks the rest
+                admitted.append(item)
+                kv_free_tokens -= need
+                new_tokens = self._uncached_tokens(item)
+                part = _Prefilling(item, item.context_tokens - new_tokens, new_tokens)
+                tokens = min(new_tokens, room)
+                chunks.append((part, tokens))
+                room -= tokens
+            if admitted:
+                queue.take(admitted)
+                for item in admitted:
+                    self._running[item.request_id] = item
+                    self._reserved_tokens += kv_reservation_tokens(item)
+                    item.emulated = EmulatedTimes(started_s=self.modelled_now_s)
+                for part, _ in chunks[len(chunks) - len(admitted) :]:
+                    self._prefilling[part.item.request_id] = part
+                await sink.started(admitted)
+        if not chunks:
+            return False
+        kv_tokens = sum(item.context_tokens for item in decoding)
+        await self._spend(
+            self.perf.mixed_iteration_s(
+                [(part.context_tokens, tokens) for part, tokens in chunks], len(decoding), kv_tokens
+            )
+        )
+        first_tokens: list[WorkItem] = []
+        for part, tokens in chunks:
+            key = part.item.request_id
+            if self._prefilling.get(key) is not part:
+                continue  # preempted during the iteration
+            part.context_tokens += tokens
+            part.left_tokens -= tokens
+            if part.left_tokens <= 0:
+                del self._prefilling[key]
+                first_tokens.append(part.item)
+        await self._yield_tokens(decoding + first_tokens, sink)
+        return True
 
     def _uncached_tokens(self, item: WorkItem) -> int:
         """The tokens of ``item``'s prefill that its cached prefix does not spare."""
@@ -307,16 +416,19 @@ class EmulatedLlmBackend:
 
     def _release(self, item: WorkItem) -> None:
         del self._running[item.request_id]
+        self._prefilling.pop(item.request_id, None)
         self._reserved_tokens -= kv_reservation_tokens(item)
 
     def preempt(self, request_id: str) -> Preemption | None:
         item = self._running.get(request_id)
         if item is None:
             return None
+        part = self._prefilling.get(request_id)
+        # A prompt taken mid-prefill has the KV cache of its prefilled chunks only.
+        kv_tokens = item.context_tokens if part is None else part.context_tokens
         self._release(item)
         if self._interrupt is not None:
             self._interrupt.set()  # the batch changed: end the group at the next step
-        kv_tokens = item.context_tokens
         return Preemption(item, kv_tokens, self.wall_s(self.perf.kv_transfer_s(kv_tokens)))
 
     # -- reporting ------------------------------------------------------------------------------
@@ -352,6 +464,7 @@ class EmulatedLlmBackend:
             kv_capacity_tokens=perf.kv_capacity_tokens,
             running_kv_tokens=kv_tokens,
             decode_step_s=self.wall_s(perf.decode_step_s(len(running), kv_tokens)),
+            chunked_prefill_tokens=self.chunked_prefill_tokens,
             # The KV cache is the memory requests compete for; the GPUs are the instance's.
             capacity=ResourceVector(
                 cpu=cpu,

@@ -35,6 +35,7 @@ class ProfileConstants:
     interconnect_bytes_per_s: float
     prefill_per_token_s: float = 0.0
     prefill_per_token_sq_s: float = 0.0
+    prefill_base_s: float = 0.0
 
 
 _UNKNOWN_PROFILE = ProfileConstants(
@@ -68,6 +69,7 @@ def profile_constants(profile: str) -> ProfileConstants:
         interconnect_bytes_per_s=perf.interconnect_bytes_per_s,
         prefill_per_token_s=perf.prefill_per_token_s,
         prefill_per_token_sq_s=perf.prefill_per_token_sq_s,
+        prefill_base_s=perf.prefill_base_s,
     )
 
 
@@ -110,6 +112,8 @@ def worker_view(heartbeat: Heartbeat, *, alive: bool = True) -> WorkerView:
         interconnect_bytes_per_s=constants.interconnect_bytes_per_s * scale,
         prefill_per_token_s=constants.prefill_per_token_s / scale,
         prefill_per_token_sq_s=constants.prefill_per_token_sq_s / scale,
+        prefill_base_s=constants.prefill_base_s / scale,
+        chunk_budget_tokens=heartbeat.chunked_prefill_tokens,
     )
 
 

@@ -14,6 +14,7 @@ from pydantic import (
     Field,
     NonNegativeFloat,
     NonNegativeInt,
+    PositiveInt,
     model_validator,
 )
 
@@ -359,6 +360,11 @@ class Heartbeat(Message):
     kv_capacity_tokens: NonNegativeInt = 0
     queued_tokens: NonNegativeInt = 0
     decode_step_s: NonNegativeFloat = 0.0
+    chunked_prefill_tokens: PositiveInt | None = Field(
+        default=None,
+        description="An LLM worker that prefills in chunks: the tokens one iteration "
+        "processes (vLLM's max_num_batched_tokens). None: whole prompts.",
+    )
     outstanding: list[QueuedEntry] = Field(default_factory=list)
     outstanding_total: NonNegativeInt = 0
     draining: bool = Field(

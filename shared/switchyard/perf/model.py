@@ -246,6 +246,24 @@ class PerformanceModel:
             _check_count(batch_size, "batch_size")
         return time_s
 
+    def chunk_budget_problem(self, tokens: int) -> str | None:
+        """Why ``tokens`` cannot be this instance's chunked-prefill budget (None: it can).
+
+        Every running request decodes one token of the budget per iteration, so it must
+        cover every batch slot (vLLM asks the same of ``max_num_batched_tokens`` and
+        ``max_num_seqs``).
+        """
+        if tokens < 1:
+            return f"the chunked-prefill budget must be at least 1 token, got {tokens}"
+        if tokens < self.max_batch_slots:
+            return (
+                f"the chunked-prefill budget ({tokens} tokens) must be at least the "
+                f"{self.max_batch_slots} batch slots of {self.name}: every running request "
+                "decodes one token of it per iteration (vLLM asks the same of "
+                "max_num_batched_tokens and max_num_seqs)"
+            )
+        return None
+
     # -- whole requests ------------------------------------------------------------------
 
     def idle_service_s(self, prompt_tokens: int, output_tokens: int) -> float:

@@ -12,10 +12,12 @@ For each worker the cost, in seconds, is the sum of four terms:
   this policy, and GAPS) weighs a hit against queues of decode work a batch drains
   thirty at a time, so it almost never follows one: on the Mooncake trace it reused 2
   to 5 % of prompt tokens from cache where llm-d's endpoint picker reused 18 %.
-- **The pause it imposes**: a prefill stops every decode running on its worker (the
-  engine does not chunk prefills), so its own prefill counts again, ``stall_weight``
-  times the share of the worker's batch slots running. This is what keeps the
-  time-per-output-token objective of the requests already running.
+- **The pause it imposes**: a whole prefill stops every decode running on its worker,
+  and one in chunks slows each of their iterations by its chunk, as much in all; so its
+  own prefill compute counts again, ``stall_weight`` times the share of the worker's
+  batch slots running. This is what keeps the time-per-output-token objective of the
+  requests already running. (On a worker that chunks, the first-token term also counts
+  each chunk's iteration, :meth:`~switchyard.policies.snapshot.WorkerView.uncached_prefill_s`.)
 - **Memory**: the share of the worker's KV cache in use, ``kv_weight`` seconds when full
   (a request waits for memory to free before it starts).
 - **Load**: requests outstanding over batch slots, ``load_weight`` seconds for a full
@@ -63,14 +65,21 @@ class CacheAwareRouter:
         load_weight_s = self.load_weight_s
 
         def cost(worker: WorkerView) -> float:
-            own_s = worker.uncached_prefill_s(prompt, cached.get(worker.worker_id, 0))
+            hit = cached.get(worker.worker_id, 0)
+            own_s = worker.uncached_prefill_s(prompt, hit)
+            stall_s = (
+                own_s
+                if worker.chunk_budget_tokens is None
+                else worker.prefill_compute_s(prompt, hit)
+            )
             slots = worker.max_slots if worker.max_slots > 0 else 1
             ahead_s = worker.prefill_per_token_s * worker.waiting_prompt_tokens
             capacity = worker.kv_capacity_tokens
             kv_share = worker.kv_used_tokens / capacity if capacity > 0 else 0.0
             return (
                 ahead_s
-                + own_s * (1.0 + stall_weight * worker.running / slots)
+                + own_s
+                + stall_s * stall_weight * worker.running / slots
                 + kv_weight_s * (kv_share if kv_share < 1.0 else 1.0)
                 + load_weight_s * worker.outstanding / slots
             )

@@ -98,12 +98,38 @@ class WorkerView:
     """What the square of a prompt's length adds to its prefill (attention; profile
     constant): a prompt of ``p`` tokens whose first ``c`` are cached is spared
     ``per_token * c + per_token_sq * (p**2 - (p - c)**2)``."""
+    prefill_base_s: float = 0.0
+    """The fixed time of a prefill iteration (profile constant; 0: not known)."""
+    chunk_budget_tokens: int | None = None
+    """Tokens one iteration processes when the worker prefills in chunks (chunked
+    prefill's budget, vLLM's ``max_num_batched_tokens``); None: whole prompts."""
 
-    def uncached_prefill_s(self, prompt_tokens: int, cached_tokens: int) -> float:
-        """Seconds this worker's prefill of the prompt takes, alone, past a cached prefix
-        of ``cached_tokens`` (the profile's per-iteration base left out: milliseconds)."""
+    def prefill_compute_s(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """Seconds of prefill compute the prompt needs on this worker past a cached prefix
+        of ``cached_tokens``, whole or in chunks alike (the per-iteration base left out)."""
         rest = prompt_tokens - cached_tokens
         return self.prefill_per_token_s * rest + self.prefill_per_token_sq_s * rest * rest
+
+    def uncached_prefill_s(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """Seconds this worker's prefill of the prompt takes past a cached prefix of
+        ``cached_tokens``, with its running batch as reported.
+
+        Whole prompts: its compute alone, the profile's per-iteration base left out
+        (milliseconds). In chunks: each chunk is what the budget leaves after a token
+        for every running request, and each chunk's iteration also pays the larger of
+        that base and the running batch's decode step (the decodes ride along), which
+        for a long prompt on a small budget is tenths of a second.
+        """
+        compute_s = self.prefill_compute_s(prompt_tokens, cached_tokens)
+        rest = prompt_tokens - cached_tokens
+        budget = self.chunk_budget_tokens
+        if budget is None or rest <= 0:
+            return compute_s
+        iterations = -(-rest // max(1, budget - self.running))
+        step_s = self.decode_step_s
+        if self.prefill_base_s > step_s:
+            step_s = self.prefill_base_s
+        return compute_s + iterations * step_s
 
     def prefill_saved_s(self, prompt_tokens: int, cached_tokens: int) -> float:
         """Prefill seconds a cached prefix of ``cached_tokens`` spares this worker."""

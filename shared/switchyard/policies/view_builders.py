@@ -69,6 +69,8 @@ _new = object.__new__
     _w_interconnect_bytes_per_s,
     _w_prefill_per_token_s,
     _w_prefill_per_token_sq_s,
+    _w_prefill_base_s,
+    _w_chunk_budget_tokens,
 ) = _slot_setters(
     WorkerView,
     (
@@ -91,6 +93,8 @@ _new = object.__new__
         "interconnect_bytes_per_s",
         "prefill_per_token_s",
         "prefill_per_token_sq_s",
+        "prefill_base_s",
+        "chunk_budget_tokens",
     ),
 )
 
@@ -115,6 +119,8 @@ def new_worker_view(
     interconnect_bytes_per_s: float,
     prefill_per_token_s: float,
     prefill_per_token_sq_s: float,
+    prefill_base_s: float,
+    chunk_budget_tokens: int | None,
 ) -> WorkerView:
     """Exactly ``WorkerView(worker_id=worker_id, ...)`` with every field given."""
     view: WorkerView = _new(WorkerView)
@@ -137,6 +143,8 @@ def new_worker_view(
     _w_interconnect_bytes_per_s(view, interconnect_bytes_per_s)
     _w_prefill_per_token_s(view, prefill_per_token_s)
     _w_prefill_per_token_sq_s(view, prefill_per_token_sq_s)
+    _w_prefill_base_s(view, prefill_base_s)
+    _w_chunk_budget_tokens(view, chunk_budget_tokens)
     return view
 
 
