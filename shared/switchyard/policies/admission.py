@@ -4,16 +4,17 @@ its objective wherever it runs.
 :class:`TtftFeasible` (``ttft-feasible``) refuses a request whose time-to-first-token
 objective no eligible worker can meet even idle: its prefill compute alone, past the
 prefix the worker's cache already holds (``RequestView.cached_tokens``), takes longer
-than the objective times ``slack``. Such a request is late whatever the scheduler does, and its
-long prefill (a 15,000-token prompt takes 1.4 s of an A100's time) pauses every decode
-on its worker meanwhile, so serving it costs requests that could be on time. The
+than the objective times ``slack``. Such a request is late whatever the scheduler does,
+and its long prefill (a 15,000-token prompt takes 1.4 s of an A100's time) pauses every
+decode on its worker meanwhile, so serving it costs requests that could be on time. The
 judgement leaves out the wait for the prefills queued ahead and the profile's fixed
 per-iteration cost (about 10 ms, once per chunk on a worker that prefills in chunks):
 it refuses only what is certain to be late and errs towards admitting. (Counting each
 chunk's iteration was tried: with 2,048-token chunks it raised the code trace's capacity
-at 90 % by 8 % and cost the Mooncake trace its 90 % capacity, where a prefix cached
-between admission and prefill makes the count too long; docs/benchmarks.md.) A request without a TTFT objective, or on a worker whose profile
-does not say how long a prefill takes, is admitted.
+at 90 % by 8 % and cost the Mooncake trace its 90 % capacity, likely because a prefix
+cached between admission and prefill makes the count too long; docs/benchmarks.md.)
+A request without a TTFT objective, or on a worker whose profile does not say how long
+a prefill takes, is admitted.
 
 Refused requests count as misses in every figure (:mod:`switchyard.slo`): admission
 raises goodput only by what the capacity it spares buys the requests that are left.
