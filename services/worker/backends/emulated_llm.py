@@ -211,37 +211,36 @@ class EmulatedLlmBackend:
         if self.chunked_prefill_tokens is not None:
             if await self._mixed_iteration(queue, sink, admit=admit):
                 return True
-            if self._running:
-                await self._decode(sink, wake)
+        elif admit and (ready := queue.ready(time.time())):
+            admitted = admit_continuous(
+                ready,
+                free_slots=self.perf.max_batch_slots - len(self._running),
+                kv_free_tokens=self.perf.kv_capacity_tokens - self._reserved_tokens,
+                prefill_token_budget=self.perf.max_batched_tokens,
+            )
+            if admitted:
+                await self._prefill(admitted, queue, sink)
                 return True
-            return False
-        admitted: list[WorkItem] = []
-        if admit:
-            ready = queue.ready(time.time())
-            if ready:
-                admitted = admit_continuous(
-                    ready,
-                    free_slots=self.perf.max_batch_slots - len(self._running),
-                    kv_free_tokens=self.perf.kv_capacity_tokens - self._reserved_tokens,
-                    prefill_token_budget=self.perf.max_batched_tokens,
-                )
-        if admitted:
-            await self._prefill(admitted, queue, sink)
-            return True
         if self._running:
             await self._decode(sink, wake)
             return True
         return False
 
-    async def _prefill(
+    async def _start(
         self, admitted: list[WorkItem], queue: LocalQueue, sink: ExecutionSink
     ) -> None:
+        """Move ``admitted`` from the queue into the running batch, reserving their KV."""
         queue.take(admitted)
         for item in admitted:
             self._running[item.request_id] = item
             self._reserved_tokens += kv_reservation_tokens(item)
             item.emulated = EmulatedTimes(started_s=self.modelled_now_s)
         await sink.started(admitted)
+
+    async def _prefill(
+        self, admitted: list[WorkItem], queue: LocalQueue, sink: ExecutionSink
+    ) -> None:
+        await self._start(admitted, queue, sink)
         await self._spend(self.perf.prefill_s([self._uncached_tokens(i) for i in admitted]))
         await self._yield_tokens(admitted, sink)
 
@@ -262,29 +261,23 @@ class EmulatedLlmBackend:
             chunks.append((part, tokens))
             room -= tokens
         if admit and room > 0 and len(chunks) == len(self._prefilling):
-            admitted: list[WorkItem] = []
+            admitted: list[_Prefilling] = []
             kv_free_tokens = self.perf.kv_capacity_tokens - self._reserved_tokens
             free_slots = self.perf.max_batch_slots - len(self._running)
             for item in queue.ready(time.time()):
                 need = kv_reservation_tokens(item)
                 if room <= 0 or len(admitted) >= free_slots or need > kv_free_tokens:
                     break  # queue order: the first that does not fit blocks the rest
-                admitted.append(item)
                 kv_free_tokens -= need
                 new_tokens = self._uncached_tokens(item)
                 part = _Prefilling(item, item.context_tokens - new_tokens, new_tokens)
+                admitted.append(part)
                 tokens = min(new_tokens, room)
                 chunks.append((part, tokens))
                 room -= tokens
             if admitted:
-                queue.take(admitted)
-                for item in admitted:
-                    self._running[item.request_id] = item
-                    self._reserved_tokens += kv_reservation_tokens(item)
-                    item.emulated = EmulatedTimes(started_s=self.modelled_now_s)
-                for part, _ in chunks[len(chunks) - len(admitted) :]:
-                    self._prefilling[part.item.request_id] = part
-                await sink.started(admitted)
+                self._prefilling.update((part.item.request_id, part) for part in admitted)
+                await self._start([part.item for part in admitted], queue, sink)
         if not chunks:
             return False
         kv_tokens = sum(item.context_tokens for item in decoding)
