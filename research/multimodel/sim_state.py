@@ -35,6 +35,12 @@ class PipelineRun:
         for i, stage in enumerate(spec.stages):
             if stage.name in index:
                 raise SimulationInputError(f"pipeline {spec.name!r}: stage {stage.name!r} twice")
+            if stage.llm is not None:
+                raise SimulationInputError(
+                    f"pipeline {spec.name!r}: stage {stage.name!r} is an LLM stage (LLM "
+                    f"application {stage.model!r}), which the multi-model simulator does not "
+                    f"model: it runs on the live stack's LLM workers"
+                )
             if stage.model not in models:
                 raise SimulationInputError(
                     f"pipeline {spec.name!r}: stage {stage.name!r} names unknown model {stage.model!r}"

@@ -190,6 +190,7 @@ def build_app(
         clock=clock,
         tracer_provider=telemetry.tracer_provider if telemetry is not None else None,
         gate=pipeline_gate,
+        llm_apps=catalogue.llm,
     )
     api = _Api(catalogue, desk, options, clock, pipelines)
     read = ReadApi(catalogue, desk.ledger, desk.answers, drain, time_scale=options.llm_time_scale)

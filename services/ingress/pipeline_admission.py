@@ -29,6 +29,17 @@ on model ``m`` and worker ``w`` (``m`` placed there and not draining):
   fastest worker: the placement service loads models stages wait for (a later round,
   so the estimate errs short).
 
+An *LLM stage* (one served by the LLM workers, :mod:`services.ingress.pipeline_llm`)
+finishes on the live LLM worker serving its model that finishes it soonest: after the
+work its heartbeat says it holds (``queued_work_s``, less the seconds since), its
+service alone on that worker's performance profile (prompt: the call's input tokens plus
+the output tokens of the LLM stages it runs after; a worker without a profile: one
+decode step a token), over the worker's time scale. The LLM stages this replica sent
+that no heartbeat lists yet are not counted, and continuous batching makes the backlog
+an upper bound: the estimate errs both ways, and the calibration takes up the rest. An
+LLM stage that no live worker serves is not judged (the scheduler holds it until one
+does), and teaches the calibration nothing.
+
 The call's *expected* time is its critical path: the latest finish of its stages. A
 conditional stage counts as run (the deadline holds for the branch that runs most).
 
@@ -50,8 +61,9 @@ otherwise set a margin far larger than any error after them.
 
 It is **refused with 429** when the calibrated expected time exceeds ``slack`` times
 the time left to the deadline, unless the call would miss it even on idle workers with
-every model loaded and it waits behind no one (it delays nobody). **503** when no live
-worker has served ``emulated-models`` stages for longer than the grace period. Before
+every model loaded and it waits behind no one (it delays nobody). **503** when the
+pipeline has model stages and no live worker has served ``emulated-models`` stages for
+longer than the grace period. Before
 the first read of the cluster the gate admits everything.
 
 The coordinator reports each admitted call's stages as it sends them
@@ -72,7 +84,8 @@ from dataclasses import dataclass, replace
 
 from switchyard.cluster import ClusterView, WorkerRecord
 from switchyard.contracts.messages import Heartbeat, PlacedState
-from switchyard.multimodel.model import ModelSpec, PipelineSpec
+from switchyard.multimodel.model import ModelSpec, PipelineSpec, Stage
+from switchyard.perf.profiles import UnknownProfileError, performance_model
 
 from services.ingress.load_shedding import Decision, Verdict, without_worker
 
@@ -121,6 +134,34 @@ def _takes_stages(heartbeat: Heartbeat) -> bool:
 
 def _service_s(spec: ModelSpec, exec_scale: float, heartbeat: Heartbeat) -> float:
     return spec.exec_s * exec_scale / heartbeat.speed / heartbeat.time_scale
+
+
+def _llm_service_s(heartbeat: Heartbeat, prompt_tokens: int, output_tokens: int) -> float:
+    """An LLM stage's service alone on ``heartbeat``'s worker, in wall seconds."""
+    if heartbeat.profile is None:
+        return heartbeat.decode_step_s * (output_tokens + 1)
+    try:
+        perf = performance_model(heartbeat.profile)
+    except UnknownProfileError:
+        return heartbeat.decode_step_s * (output_tokens + 1)
+    return perf.idle_service_s(prompt_tokens, output_tokens) / heartbeat.time_scale
+
+
+def _llm_prompt_tokens(pipeline: PipelineSpec, stage: Stage, input_tokens: int) -> int:
+    """An LLM stage's prompt tokens as estimated before any stage ran: the call's input
+    and the output tokens of the LLM stages it runs after."""
+    by_name = {s.name: s for s in pipeline.stages}
+    before = (by_name[name].llm for name in stage.after)
+    return max(1, input_tokens + sum(llm.output_tokens for llm in before if llm is not None))
+
+
+@dataclass(frozen=True, slots=True)
+class _Path:
+    """The call a critical path is estimated for."""
+
+    pipeline: PipelineSpec
+    exec_scale: float
+    input_tokens: int
 
 
 class PipelineGate:
@@ -189,6 +230,19 @@ class PipelineGate:
             and _takes_stages(record.heartbeat)
         )
 
+    def _llm_live(self, model: str) -> list[WorkerRecord]:
+        """The live LLM workers serving ``model`` (none before a read)."""
+        if self._view is None:
+            return []
+        return [
+            record
+            for record in self._view.workers
+            if record.takes_work(self.worker_timeout_s)
+            and record.heartbeat is not None
+            and not _takes_stages(record.heartbeat)
+            and model in record.heartbeat.servable_models
+        ]
+
     def decide(
         self,
         pipeline: PipelineSpec,
@@ -198,9 +252,11 @@ class PipelineGate:
         deadline_s: float,
         now_s: float,
         call_id: str,
+        input_tokens: int = 1,
     ) -> Decision:
-        """Admit or refuse the call ``call_id`` of ``pipeline`` at ``now_s``; an admitted
-        call's stages count as work to come on their models until sent and heard of."""
+        """Admit or refuse the call ``call_id`` of ``pipeline`` at ``now_s``
+        (``input_tokens``: its input's, the first LLM stages' prompt); an admitted call's
+        model stages count as work to come on their models until sent and heard of."""
         time_left_s = deadline_s - now_s
         view = self._view
         if view is None:
@@ -210,13 +266,14 @@ class PipelineGate:
                 reason="no cluster view yet (fail open)",
             )
         live = [record for record in view.workers if self._live(record)]
-        if not live:
+        if not live and pipeline.models():
             return self._without_worker(now_s, time_left_s)
-        loaded = self._path(pipeline, live, exec_scale, now_s, own_s=self._own_work_s(live))
+        path = _Path(pipeline, exec_scale, input_tokens)
+        loaded = self._path(path, live, now_s, own_s=self._own_work_s(live))
         estimate_s = max(f.finish_s for f in loaded.values()) - now_s
         margin_s = self.margin_s(now_s)
         expected_s = estimate_s + margin_s
-        idle = self._path(pipeline, live, exec_scale, now_s, own_s=None)
+        idle = self._path(path, live, now_s, own_s=None)
         idle_s = max(f.finish_s for f in idle.values()) - now_s
         budget_s = self.slack * time_left_s
         fits_idle = idle_s <= budget_s
@@ -238,6 +295,7 @@ class PipelineGate:
         self._to_send[call_id] = {
             stage.name: _Work(stage.model, loaded[stage.name].service_s)
             for stage in pipeline.stages
+            if stage.llm is None
         }
         if all(finish.placed for finish in loaded.values()):
             # One that waits for a model placed nowhere waits for the placement service's
@@ -256,9 +314,8 @@ class PipelineGate:
 
     def _path(
         self,
-        pipeline: PipelineSpec,
+        path: _Path,
         live: list[WorkerRecord],
-        exec_scale: float,
         now_s: float,
         *,
         own_s: Mapping[str, float] | None,
@@ -267,8 +324,15 @@ class PipelineGate:
         ``own_s``: this replica's work to come per holder of each model; None: on idle
         workers with every model loaded."""
         finish: dict[str, _Finish] = {}
-        for stage in pipeline.stages:
+        exec_scale = path.exec_scale
+        for stage in path.pipeline.stages:
             ready_s = max((finish[name].finish_s for name in stage.after), default=now_s)
+            if stage.llm is not None:
+                prompt_tokens = _llm_prompt_tokens(path.pipeline, stage, path.input_tokens)
+                finish[stage.name] = self._on_llm(
+                    stage, prompt_tokens, ready_s, now_s, idle=own_s is None
+                )
+                continue
             spec = self.models[stage.model]
             best: _Finish | None = None
             for record in live:
@@ -286,6 +350,25 @@ class PipelineGate:
                 best = self._loaded_first(live, spec, exec_scale, ready_s, now_s)
             finish[stage.name] = best
         return finish
+
+    def _on_llm(
+        self, stage: Stage, prompt_tokens: int, ready_s: float, now_s: float, *, idle: bool
+    ) -> _Finish:
+        """When an LLM stage ready at ``ready_s`` finishes on the live LLM worker that
+        finishes it soonest (``idle``: behind no work); at ``ready_s``, not learnt from,
+        when none serves its model."""
+        assert stage.llm is not None
+        best: _Finish | None = None
+        for record in self._llm_live(stage.model):
+            heartbeat = record.heartbeat
+            assert heartbeat is not None
+            service_s = _llm_service_s(heartbeat, prompt_tokens, stage.llm.output_tokens)
+            since_s = max(0.0, now_s - record.last_seen_s)
+            backlog_s = 0.0 if idle else max(0.0, heartbeat.queued_work_s - since_s)
+            found = _Finish(max(ready_s, now_s + backlog_s) + service_s, service_s)
+            if best is None or found.finish_s < best.finish_s:
+                best = found
+        return best if best is not None else _Finish(ready_s, 0.0, placed=False)
 
     def _on(
         self,

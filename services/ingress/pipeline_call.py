@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.trace import Span
-from switchyard.contracts.messages import Completion, StageResult
+from switchyard.contracts.messages import Completion
 from switchyard.multimodel.model import PipelineSpec, Stage
 
 from services.ingress.calls import Accepted
+from services.ingress.pipeline_llm import stage_label, stage_output
 from services.ingress.tenants import Tenant, public_request_id
 
 __all__ = ["PipelineCall", "StageRun", "final_outputs", "pipeline_answer", "stage_blocks"]
@@ -35,8 +36,7 @@ class StageRun:
 
     @property
     def output(self) -> str:
-        result = self.completion.result if self.completion is not None else None
-        return result.output if isinstance(result, StageResult) else ""
+        return stage_output(self.completion)
 
 
 @dataclass(slots=True)
@@ -66,9 +66,7 @@ class PipelineCall:
     def answered(self) -> dict[str, str | None]:
         """Each answered stage's label (``None``: not a classifier)."""
         return {
-            name: run.completion.result.label
-            if isinstance(run.completion.result, StageResult)
-            else None
+            name: stage_label(run.completion)
             for name, run in self.stages.items()
             if run.completion is not None
         }
@@ -98,13 +96,12 @@ def stage_blocks(call: PipelineCall) -> Iterator[dict[str, Any]]:
             continue
         completion = run.completion
         t = completion.timeline
-        result = completion.result
         yield {
             "stage": stage.name,
             "model": stage.model,
             "request_id": public_request_id(run.request_id),
             "status": str(completion.status),
-            "label": result.label if isinstance(result, StageResult) else None,
+            "label": stage_label(completion),
             "worker_id": completion.worker_id,
             "worker_type": completion.worker_type,
             "emulated": completion.emulated,
@@ -118,8 +115,12 @@ def stage_blocks(call: PipelineCall) -> Iterator[dict[str, Any]]:
 
 
 def final_outputs(pipeline: PipelineSpec, outputs: Mapping[str, str]) -> dict[str, str]:
-    """The call's answer: of the stages run (``outputs``: each one's output by name), those
-    that no stage run after them reads, in pipeline order."""
+    """The call's answer (``outputs``: each stage run's output by name): the first stage
+    of the pipeline's ``answer`` that ran, or without one, the stages run that no stage
+    run after them reads, in pipeline order."""
+    for name in pipeline.answer:
+        if name in outputs:
+            return {name: outputs[name]}
     ran = [stage for stage in pipeline.stages if stage.name in outputs]
     feeding = {name for stage in ran for name in stage.after}
     return {stage.name: outputs[stage.name] for stage in ran if stage.name not in feeding}

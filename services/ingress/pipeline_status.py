@@ -25,7 +25,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from switchyard.contracts.messages import CompletionStatus, StageResult
+from switchyard.contracts.messages import CompletionStatus
 from switchyard.lifecycle import RequestLedger
 from switchyard.lifecycle.record import RequestRecord, RequestStatus
 from switchyard.multimodel.branching import stage_runs
@@ -33,6 +33,7 @@ from switchyard.multimodel.dag import topological_order
 from switchyard.multimodel.model import PipelineSpec, Stage
 
 from services.ingress.pipeline_call import final_outputs
+from services.ingress.pipeline_llm import stage_label, stage_output
 from services.ingress.tenants import public_request_id
 
 __all__ = ["SKIPPED", "pipeline_call_status"]
@@ -76,14 +77,11 @@ async def pipeline_call_status(
         completion = None if record is None else record.completion
         if completion is not None:
             block.update(status=str(completion.status), worker_id=completion.worker_id)
-            result = completion.result
-            stage_result = result if isinstance(result, StageResult) else None
             if completion.status is CompletionStatus.OK:
-                answered[name] = None if stage_result is None else stage_result.label
+                answered[name] = stage_label(completion)
+                outputs[name] = stage_output(completion)
             elif failed is None:
                 failed = (name, str(completion.status), completion.error)
-            if stage_result is not None:
-                outputs[name] = stage_result.output
         elif (
             record is None
             and _settled(stage, answered, skipped)

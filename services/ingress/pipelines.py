@@ -8,7 +8,10 @@ it runs after (the first stages get the call's ``input``, named ``input``). A st
 request is accepted in the request ledger and published exactly as any request that
 goes to the scheduler (:meth:`~services.ingress.calls.RequestDesk.accept`:
 ``switchyard.stage-requests``, ``reply_to`` this replica), and its
-:class:`~switchyard.contracts.messages.Completion` comes back here like any answer.
+:class:`~switchyard.contracts.messages.Completion` comes back here like any answer. An
+LLM stage's request is a completion instead (:mod:`services.ingress.pipeline_llm`: the
+call's input and the earlier stages' outputs as its prompt), which goes to
+``switchyard.requests`` and an LLM worker like any completion.
 Stages that do not depend on each other run at once (``txt2img-hd``'s ``upscale`` and
 ``check`` both follow ``generate``). A conditional stage runs only when the classifier
 stage it names answered its label, and is otherwise skipped, as is a stage whose every
@@ -26,9 +29,10 @@ How a call ends:
   429 (or 503 without a live emulated-models worker) with ``Retry-After``, before any
   stage is recorded (:mod:`services.ingress.pipeline_admission`; a retry of a call
   already accepted is not judged again);
-- every stage ``ok`` or skipped: 200 with the outputs of the stages run that nothing
-  run after reads, each stage's worker, status and times, and the stages skipped
-  (:func:`pipeline_answer`);
+- every stage ``ok`` or skipped: 200 with the output of the first stage of the
+  pipeline's ``answer`` that ran, or without one the outputs of the stages run that
+  nothing run after reads, each stage's worker, status and times, and the stages
+  skipped (:func:`pipeline_answer`);
 - a stage ``failed``, ``expired`` or ``cancelled``: the error its status gives any
   request (502, 504, 409), its message naming the stage, its model and the reason; no
   later stage is started (a stage already running beside it runs on, unwaited);
@@ -58,7 +62,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,11 +77,13 @@ from switchyard.contracts.messages import (
     Completion,
     CompletionStatus,
     InferenceRequest,
+    LLMPayload,
     StagePayload,
 )
 from switchyard.lifecycle import CANCELLED_BY_CLIENT
 from switchyard.multimodel.branching import stage_runs
 from switchyard.multimodel.model import PipelineSpec, Stage
+from switchyard.serving.catalogue import LlmApplication
 
 from services.ingress.auth import tenant_of
 from services.ingress.body import json_body
@@ -87,8 +93,10 @@ from services.ingress.openai_schema import parse
 from services.ingress.pipeline_admission import PipelineGate
 from services.ingress.pipeline_body import PipelineBody, check_stage_ids
 from services.ingress.pipeline_call import PipelineCall, StageRun, pipeline_answer, stage_blocks
+from services.ingress.pipeline_llm import llm_stage_payload, stage_inputs, stage_prompt
 from services.ingress.responses import answer_headers
 from services.ingress.telemetry import INSTRUMENTATION_NAME, call_record
+from services.ingress.tokens import approximate_tokens
 
 log = logging.getLogger("switchyard.ingress")
 
@@ -122,6 +130,7 @@ class PipelineCoordinator:
         tracer_provider: where the stage spans go; None: the process-wide provider.
         gate: deadline-aware admission of new calls
             (:mod:`services.ingress.pipeline_admission`); None: every call accepted.
+        llm_apps: the LLM applications LLM stages may name, by name.
     """
 
     def __init__(
@@ -132,8 +141,10 @@ class PipelineCoordinator:
         clock: Callable[[], float] = time.time,
         tracer_provider: TracerProvider | None = None,
         gate: PipelineGate | None = None,
+        llm_apps: Mapping[str, LlmApplication] | None = None,
     ) -> None:
         self.desk = desk
+        self.llm_apps: Mapping[str, LlmApplication] = llm_apps or {}
         self.options = options
         self.clock = clock
         self.gate = gate
@@ -183,6 +194,7 @@ class PipelineCoordinator:
             deadline_s=call.deadline_s,
             now_s=self.clock(),
             call_id=call.call_id,
+            input_tokens=approximate_tokens(call.input),
         )
         if decision.admitted:
             return
@@ -198,7 +210,7 @@ class PipelineCoordinator:
         raise refusal(
             decision,
             f"pipeline {call.pipeline.name!r}",
-            judged_on="along its stages' critical path on the emulated-models workers",
+            judged_on="along its stages' critical path on the workers that serve them",
         )
 
     async def run(self, call: PipelineCall, receive: Receive | None = None) -> None:
@@ -287,8 +299,8 @@ class PipelineCoordinator:
                 "switchyard.request_id": run.request_id,
             },
         )
-        make_request = self._request_maker(call, stage)
         try:
+            make_request = self._request_maker(call, stage)
             with trace.use_span(run.span, end_on_exit=False):
                 run.accepted = await self.desk.accept(
                     f"{call.public_id}.{stage.name}",
@@ -308,30 +320,51 @@ class PipelineCoordinator:
                 call.deadline_s = record.deadline_s
         return run
 
+    def _payload(self, call: PipelineCall, stage: Stage) -> StagePayload | LLMPayload:
+        """What ``stage`` asks of a worker: a model stage's :class:`StagePayload`, an LLM
+        stage's completion (:mod:`services.ingress.pipeline_llm`)."""
+        outputs = {name: call.stages[name].output for name in stage.after if name in call.stages}
+        if stage.llm is None:
+            return StagePayload(
+                pipeline=call.pipeline.name,
+                stage=stage.name,
+                model=stage.model,
+                exec_scale=call.exec_scale,
+                inputs=stage_inputs(outputs) if stage.after else {INPUT: call.input},
+            )
+        app = self.llm_apps.get(stage.model)
+        if app is None:
+            raise _misconfigured(
+                call,
+                stage,
+                f"its LLM application is not served (served: "
+                f"{', '.join(sorted(self.llm_apps)) or 'none'})",
+            )
+        return llm_stage_payload(
+            app,
+            stage.llm,
+            stage_prompt(call.input, outputs),
+            time_scale=self.options.time_scale,
+            what=f"stage {stage.name!r} of pipeline call {call.public_id}",
+        )
+
     def _request_maker(self, call: PipelineCall, stage: Stage) -> Callable[[str], InferenceRequest]:
         """What makes ``stage``'s request from its id; a stage the catalogue names in a
         way no request can carry is a 500 naming it (bad configuration, not bad input)."""
         now_s = self.clock()
         arrival_s = call.arrival_s if not stage.after else max(now_s, call.arrival_s)
-        inputs = (
-            {name: call.stages[name].output for name in stage.after if name in call.stages}
-            if stage.after
-            else {INPUT: call.input}
-        )
         answers = self.desk.answers
+        try:
+            payload = self._payload(call, stage)
+        except ValidationError as exc:
+            raise _invalid(call, stage, exc) from None
 
         def make(request_id: str) -> InferenceRequest:
             try:
                 return InferenceRequest(
                     request_id=request_id,
                     app=call.pipeline.name,
-                    payload=StagePayload(
-                        pipeline=call.pipeline.name,
-                        stage=stage.name,
-                        model=stage.model,
-                        exec_scale=call.exec_scale,
-                        inputs=inputs,
-                    ),
+                    payload=payload,
                     arrival_s=arrival_s,
                     # Late already: due at once (the deadline may not precede arrival).
                     deadline_s=max(call.deadline_s, arrival_s),
@@ -340,16 +373,7 @@ class PipelineCoordinator:
                     reply_partition=answers.reply_partition,
                 )
             except ValidationError as exc:
-                problem = exc.errors(include_url=False)[0]
-                where = ".".join(str(part) for part in problem["loc"])
-                raise ApiError(
-                    500,
-                    f"pipeline {call.pipeline.name!r} cannot run stage {stage.name!r} (model "
-                    f"{stage.model!r}): its request is invalid at {where}: {problem['msg']}; "
-                    f"the serving catalogue needs fixing",
-                    type_=SERVER_ERROR,
-                    code="pipeline_misconfigured",
-                ) from None
+                raise _invalid(call, stage, exc) from None
 
         return make
 
@@ -445,6 +469,24 @@ def stage_error(call: PipelineCall, stage: Stage, completion: Completion) -> Api
             }
         },
     )
+
+
+def _misconfigured(call: PipelineCall, stage: Stage, why: str) -> ApiError:
+    """A stage the catalogue names in a way no request can carry: bad configuration, not
+    bad input (500 naming the stage)."""
+    return ApiError(
+        500,
+        f"pipeline {call.pipeline.name!r} cannot run stage {stage.name!r} (model "
+        f"{stage.model!r}): {why}; the serving catalogue needs fixing",
+        type_=SERVER_ERROR,
+        code="pipeline_misconfigured",
+    )
+
+
+def _invalid(call: PipelineCall, stage: Stage, exc: ValidationError) -> ApiError:
+    problem = exc.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in problem["loc"])
+    return _misconfigured(call, stage, f"its request is invalid at {where}: {problem['msg']}")
 
 
 def _stage_refused(call: PipelineCall, stage: Stage, exc: ApiError, *, started: bool) -> ApiError:

@@ -9,6 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from switchyard.lifecycle import REQUEST_TTL_S, RequestLedger
+from switchyard.multimodel.model import Stage
 from switchyard.serving import LlmApplication, ServingCatalogue
 
 from services.ingress.answers import AnswerRegistry
@@ -141,10 +142,8 @@ class ReadApi:
                 "slo_s": pipeline.slo_s,
                 "deadline_ms": pipeline.slo_s / self.time_scale * 1000.0,
                 "models": list(pipeline.models()),
-                "stages": [
-                    {"name": stage.name, "model": stage.model, "after": list(stage.after)}
-                    for stage in pipeline.stages
-                ],
+                "llm_applications": list(pipeline.llm_applications()),
+                "stages": [_stage_object(stage) for stage in pipeline.stages],
             }
             for pipeline in sorted(self.catalogue.pipelines.values(), key=lambda p: p.name)
         ]
@@ -184,3 +183,21 @@ def _model_object(app: LlmApplication) -> dict[str, Any]:
             "tpot_slo_s": app.objectives.tpot_s,
         },
     }
+
+
+def _stage_object(stage: Stage) -> dict[str, Any]:
+    """One stage as ``GET /v1/apps`` lists it: an LLM stage's ``model`` is its LLM
+    application, with the output tokens and choices it asks for."""
+    described: dict[str, Any] = {
+        "name": stage.name,
+        "model": stage.model,
+        "after": list(stage.after),
+        "kind": "model" if stage.llm is None else "llm",
+    }
+    if stage.when is not None:
+        described["when"] = {"stage": stage.when.stage, "label": stage.when.label}
+    if stage.llm is not None:
+        described["output_tokens"] = stage.llm.output_tokens
+        if stage.llm.choices:
+            described["choices"] = dict(stage.llm.choices)
+    return described

@@ -398,12 +398,14 @@ class Settings(BaseModel):
             "placement service's loads and unloads and the scheduler's stage routing."
         ),
     )
-    pipeline_catalogue: Literal["txt2img", "alibaba-lora"] = Field(
+    pipeline_catalogue: Literal["txt2img", "alibaba-lora", "assistant"] = Field(
         default="txt2img",
         description=(
-            "The pipelines served when the registry declares none: txt2img (two "
-            "text-to-image pipelines) or alibaba-lora (the Alibaba LoRA trace sample's "
-            "catalogue, which `python -m loadgen replay --mix multimodel` replays)."
+            "The pipelines served when the registry declares none: txt2img (three "
+            "text-to-image pipelines), alibaba-lora (the Alibaba LoRA trace sample's "
+            "catalogue, which `python -m loadgen replay --mix multimodel` replays) or "
+            "assistant (pipelines with LLM stages: a classifier routing to one of two "
+            "LLMs, and a draft checked by a larger model)."
         ),
     )
     placement_update_hz: float = Field(

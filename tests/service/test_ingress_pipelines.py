@@ -305,12 +305,15 @@ async def test_apps_lists_the_pipelines_with_their_stages_and_slo(stack: Stack) 
     assert hd["slo_s"] == 30.0
     assert hd["deadline_ms"] == pytest.approx(30.0 / 4.0 * 1000)
     assert hd["stages"] == [
-        {"name": "encode", "model": "prompt-encoder", "after": []},
-        {"name": "generate", "model": "sd15-base", "after": ["encode"]},
-        {"name": "upscale", "model": "upscaler", "after": ["generate"]},
-        {"name": "check", "model": "safety-checker", "after": ["generate"]},
+        {"name": "encode", "model": "prompt-encoder", "after": [], "kind": "model"},
+        {"name": "generate", "model": "sd15-base", "after": ["encode"], "kind": "model"},
+        {"name": "upscale", "model": "upscaler", "after": ["generate"], "kind": "model"},
+        {"name": "check", "model": "safety-checker", "after": ["generate"], "kind": "model"},
     ]
     assert hd["models"] == ["prompt-encoder", "sd15-base", "upscaler", "safety-checker"]
+    assert hd["llm_applications"] == []
+    checked = {s["name"]: s for s in pipelines["txt2img-checked"]["stages"]}
+    assert checked["upscale"]["when"] == {"stage": "check", "label": "safe"}
 
 
 async def test_openapi_documents_the_pipeline_call(ingress: Replica) -> None:

@@ -23,9 +23,12 @@ from services.worker.backends.base import UnsupportedWorkError
 from services.worker.backends.classifier import ClassifierRunner
 from services.worker.backends.static import StaticBatchBackend
 from services.worker.backends.torch_lm import (
+    BOS,
+    TinyLm,
     TinyLmConfig,
     TinyLmRunner,
     build_tiny_lm,
+    choose_label,
     generate,
     resolve_device,
 )
@@ -127,6 +130,56 @@ async def test_tiny_lm_backend_batches_and_streams_text() -> None:
     assert sink.results["short"] == LLMResult(output_tokens=3, text=expected)
     assert cache.resident() == [TINY_LM_MODEL]
     assert not await backend.step(queue, sink, admit=True)
+
+
+def _log_prob(model: TinyLm, prompt: bytes, label: bytes) -> float:
+    """A label's log-probability after ``prompt``, token by token, unpadded and unbatched."""
+    import torch
+    from torch.nn import functional
+
+    tokens = torch.tensor([[BOS, *prompt, *label]])
+    length = tokens.shape[1]
+    mask = torch.ones((length, length), dtype=torch.bool).tril()[None, None]
+    with torch.inference_mode():
+        logits, _ = model(tokens, torch.arange(length)[None], mask)
+        log_probs = functional.log_softmax(logits[0, :, :256].float(), dim=-1)
+    start = 1 + len(prompt)
+    return sum(float(log_probs[start + i - 1, byte]) for i, byte in enumerate(label))
+
+
+def test_tiny_lm_chooses_the_label_it_scores_most_likely_after_the_prompt() -> None:
+    model = build_tiny_lm(TinyLmConfig(), "cpu")
+    picks = set()
+    # Labels of different lengths, so the batch is padded; several prompts and sets.
+    for prompt in (b"is this draft right?", b"", "caf\u00e9 ok".encode(), b"z" * 40):
+        for labels in (["accept", "reject"], ["yes", "no", "maybe"], ["a", "bb", "ccc", "d"]):
+            scores = {label: _log_prob(model, prompt, label.encode()) for label in labels}
+            chosen = choose_label(model, prompt, labels)
+            assert chosen == max(labels, key=scores.__getitem__), (prompt, scores)
+            picks.add(chosen)
+    assert len(picks) >= 3  # the prompt and the labels decide, not the position
+
+
+async def test_tiny_lm_backend_answers_a_request_with_choices_by_its_label() -> None:
+    cache = ModelCache(50_000_000)
+    runner = TinyLmRunner(cache, "cpu")
+    backend = StaticBatchBackend([runner], cache, worker_type="cpu", max_batch=8)
+    queue, sink = LocalQueue(), Sink()
+    judged = _llm("judged", "the draft: 42", 1)
+    payload = judged.request.payload.model_copy(update={"choices": {"accept": 0.5, "reject": 0.5}})
+    judged = judged.model_copy(
+        update={"request": judged.request.model_copy(update={"payload": payload})}
+    )
+    _enqueue(backend, queue, judged)
+    _enqueue(backend, queue, _llm("free", "the draft: 42", 2))
+    assert await backend.step(queue, sink, admit=True)
+    model = build_tiny_lm(TinyLmConfig(), "cpu")
+    label = choose_label(model, b"the draft: 42", ["accept", "reject"])
+    assert sink.results["judged"] == LLMResult(output_tokens=1, text=label, label=label)
+    free = sink.results["free"]
+    assert isinstance(free, LLMResult)
+    assert free.label is None
+    assert free.output_tokens == 2
 
 
 def test_tiny_lm_refuses_other_models() -> None:

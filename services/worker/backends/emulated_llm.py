@@ -37,7 +37,9 @@ An emulated request generates exactly ``max_output_tokens`` (there is no end of 
 in an emulation, as with a benchmark's ``ignore_eos``). Its text is filler, one word a
 token (:func:`emulated_text`: " lorem ipsum dolor sit amet" repeated), so that a
 streamed answer shows its length and pace to a client or a benchmark tool that counts
-what it reads; it is not a model's output, and the answer says ``emulated``. A request that
+what it reads; it is not a model's output, and the answer says ``emulated``. A request
+with ``choices`` (a pipeline's judge stage) answers one of their labels, drawn by their
+shares from its request id (:func:`emulated_result`). A request that
 migrated in with ``generated_tokens = g`` is prefilled over prompt + g tokens (the
 modelled recomputation) and goes on from token g + 1.
 
@@ -57,6 +59,7 @@ from dataclasses import dataclass
 
 from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
 from switchyard.contracts.messages import Assignment, LLMPayload, LLMResult, ResourceVector
+from switchyard.multimodel.branching import label_at, unit_of
 from switchyard.perf import PerformanceModel
 from switchyard.perf.prefix_cache import PrefixCache, cached_tokens
 
@@ -81,6 +84,16 @@ def emulated_text(first_token: int, tokens: int) -> str:
         _FILLER_WORDS[index % len(_FILLER_WORDS)]
         for index in range(first_token, first_token + tokens)
     )
+
+
+def emulated_result(item: WorkItem) -> LLMResult:
+    """An emulated request's answer: its filler text, or for a request with ``choices``
+    the label drawn by their shares from the request id (a re-run answers as it did)."""
+    payload = item.request.payload
+    if isinstance(payload, LLMPayload) and payload.choices:
+        label = label_at(tuple(payload.choices.items()), unit_of(item.request_id))
+        return LLMResult(output_tokens=item.output_tokens, text=label, label=label)
+    return LLMResult(output_tokens=item.output_tokens, text=emulated_text(0, item.output_tokens))
 
 
 @dataclass(slots=True)
@@ -387,8 +400,7 @@ class EmulatedLlmBackend:
             item.emulated = times
             await sink.tokens(item, steps, emulated_text(first_new, steps))
             if done:
-                text = emulated_text(0, item.output_tokens)
-                await sink.finished(item, LLMResult(output_tokens=item.output_tokens, text=text))
+                await sink.finished(item, emulated_result(item))
 
     async def _spend(self, modelled_s: float) -> None:
         """Sleep the wall time of ``modelled_s``, paced: the target moves by exactly the

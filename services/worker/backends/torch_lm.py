@@ -7,7 +7,9 @@ else on the CPU. The vocabulary is the 256 byte values plus two specials (``BOS`
 ``PAD``), so text in and out needs no tokenizer; output bytes decode as UTF-8 with
 ``errors="replace"``. Weights are drawn from a fixed seed: the same prompt always gives the
 same output (greedy decoding). Random weights have learnt no end of sequence, so a request
-generates its whole ``max_output_tokens``, as an emulated one does.
+generates its whole ``max_output_tokens``, as an emulated one does. A request with
+``choices`` answers the label whose bytes the model scores most likely after its prompt
+(:func:`choose_label`), as a constrained choice does on a serving engine.
 
 torch is imported at module level here: this module is imported only when a worker runs
 the torch backend (``SWITCHYARD_WORKER_BACKEND=torch``).
@@ -143,6 +145,31 @@ def build_tiny_lm(config: TinyLmConfig, device: str) -> TinyLm:
     return model.to(device).eval()
 
 
+def _left_padded(
+    sequences: Sequence[Sequence[int]], device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sequences`` as one batch, left-padded with ``PAD``: the tokens and where they
+    are valid, both ``[batch, longest]`` on ``device``."""
+    longest = max(len(s) for s in sequences)
+    tokens = torch.full((len(sequences), longest), PAD, dtype=torch.long)
+    valid = torch.zeros((len(sequences), longest), dtype=torch.bool)
+    for row, sequence in enumerate(sequences):
+        tokens[row, longest - len(sequence) :] = torch.tensor(list(sequence), dtype=torch.long)
+        valid[row, longest - len(sequence) :] = True
+    return tokens.to(device), valid.to(device)
+
+
+def _prefill_view(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions and causal attention mask of a left-padded batch's prefill."""
+    positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+    length = valid.shape[1]
+    causal = torch.ones((length, length), dtype=torch.bool, device=valid.device).tril()
+    mask = valid[:, None, None, :] & causal[None, None, :, :]
+    # A padding query sees no valid key; let it see itself so softmax stays finite.
+    mask = mask | torch.eye(length, dtype=torch.bool, device=valid.device)[None, None]
+    return positions, mask
+
+
 class Generation:
     """Greedy batched generation with a KV cache: :meth:`prefill` once, then :meth:`step`.
 
@@ -153,28 +180,14 @@ class Generation:
     def __init__(self, model: TinyLm, prompts: Sequence[bytes]) -> None:
         self.model = model
         self.device = next(model.parameters()).device
-        sequences = [[BOS, *p] for p in prompts]
-        longest = max(len(s) for s in sequences)
-        tokens = torch.full((len(sequences), longest), PAD, dtype=torch.long)
-        valid = torch.zeros((len(sequences), longest), dtype=torch.bool)
-        for row, sequence in enumerate(sequences):
-            tokens[row, longest - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
-            valid[row, longest - len(sequence) :] = True
-        self._tokens = tokens.to(self.device)
-        self._valid = valid.to(self.device)
+        self._tokens, self._valid = _left_padded([[BOS, *p] for p in prompts], self.device)
         self._past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._next_position = torch.zeros(len(sequences), dtype=torch.long, device=self.device)
+        self._next_position = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
 
     def prefill(self) -> list[int]:
         """Run the prompts; returns each one's first output byte."""
         with torch.inference_mode():
-            valid = self._valid
-            positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
-            length = valid.shape[1]
-            causal = torch.ones((length, length), dtype=torch.bool, device=self.device).tril()
-            mask = valid[:, None, None, :] & causal[None, None, :, :]
-            # A padding query sees no valid key; let it see itself so softmax stays finite.
-            mask = mask | torch.eye(length, dtype=torch.bool, device=self.device)[None, None]
+            positions, mask = _prefill_view(self._valid)
             logits, self._past = self.model(self._tokens, positions, mask)
             self._next_position = positions[:, -1] + 1
             return self._choose(logits[:, -1, :])
@@ -211,6 +224,30 @@ def generate(model: TinyLm, prompts: Sequence[bytes], new_tokens: int) -> list[b
         for out, token in zip(outputs, chosen, strict=True):
             out.append(token)
     return [bytes(out) for out in outputs]
+
+
+def choose_label(model: TinyLm, prompt: bytes, labels: Sequence[str]) -> str:
+    """The label the model most likely generates after ``prompt``: the highest total
+    log-probability of its UTF-8 bytes (one forward pass over every label, blocking).
+    The prompt keeps its end when prompt and the longest label exceed the context."""
+    encoded = [label.encode() for label in labels]
+    room = model.config.context_tokens - 1 - max(len(e) for e in encoded)
+    prompt = prompt[-room:] if room > 0 else b""
+    device = next(model.parameters()).device
+    tokens, valid = _left_padded([[BOS, *prompt, *label] for label in encoded], device)
+    longest = tokens.shape[1]
+    with torch.inference_mode():
+        positions, mask = _prefill_view(valid)
+        logits, _ = model(tokens, positions, mask)
+        # Only byte tokens are ever generated: score within them, as generation chooses.
+        log_probs = functional.log_softmax(logits[:, :, :BYTE_TOKENS].float(), dim=-1)
+        scores = []
+        for row, label in enumerate(encoded):
+            # Label byte i sits at column longest - len(label) + i, predicted one before.
+            columns = torch.arange(longest - len(label), longest, device=device)
+            targets = tokens[row, columns]
+            scores.append(float(log_probs[row, columns - 1, targets].sum()))
+    return labels[max(range(len(labels)), key=scores.__getitem__)]
 
 
 def synthetic_prompt(tokens: int) -> bytes:
@@ -270,6 +307,17 @@ class TinyLmRunner:
             estimate_s=self.step_s * (payload.max_output_tokens - assignment.generated_tokens + 1),
         )
 
+    async def _result(self, model: TinyLm, item: WorkItem, output: bytearray) -> LLMResult:
+        """The answer of a finished request: its text, or for a request with ``choices``
+        the label the model scores most likely after the prompt."""
+        payload = item.request.payload
+        if isinstance(payload, LLMPayload) and payload.choices:
+            labels = list(payload.choices)
+            label = await asyncio.to_thread(choose_label, model, self.prompt_bytes(item), labels)
+            return LLMResult(output_tokens=item.output_tokens, text=label, label=label)
+        text = bytes(output).decode("utf-8", errors="replace")
+        return LLMResult(output_tokens=item.output_tokens, text=text)
+
     def estimate_batch_s(self, items: Sequence[WorkItem]) -> float:
         """Wall seconds a batch of ``items`` takes: a prefill and one step per token of its
         longest request, at the last measured step time."""
@@ -318,10 +366,7 @@ class TinyLmRunner:
                         tail = decoders[row].decode(b"", final=True)
                         if tail:
                             await sink.tokens(item, 0, tail)
-                        text = bytes(outputs[row]).decode("utf-8", errors="replace")
-                        await sink.finished(
-                            item, LLMResult(output_tokens=item.output_tokens, text=text)
-                        )
+                        await sink.finished(item, await self._result(model, item, outputs[row]))
                 if not open_rows:
                     return
                 started_s = time.perf_counter()

@@ -92,7 +92,8 @@ def check_pipelines(models: Mapping[str, ModelSpec], pipelines: Mapping[str, Pip
     Raises:
         InvalidPipelineError: naming the pipeline and the stage: a key that differs from
             the pipeline's name, no stages, a duplicate stage name, an ``after`` naming
-            an unknown stage, a stage naming an unknown model, a ``when`` naming a stage
+            an unknown stage, a stage naming an unknown model, an LLM stage with no
+            output tokens or bad choices, a ``when`` naming a stage
             it does not run after or a label that stage never answers, a cycle (its
             stages), or a non-positive SLO.
     """
@@ -112,7 +113,16 @@ def check_pipelines(models: Mapping[str, ModelSpec], pipelines: Mapping[str, Pip
         for index, stage in enumerate(pipeline.stages):
             if stage.name in names[:index]:
                 raise InvalidPipelineError(f"{where}: duplicate stage name {stage.name!r}")
-            if stage.model not in models:
+            if stage.llm is not None:
+                if not stage.llm.output_tokens >= 1:
+                    raise InvalidPipelineError(
+                        f"{where}: LLM stage {stage.name!r}: output_tokens must be >= 1, "
+                        f"got {stage.llm.output_tokens!r}"
+                    )
+                problem = labels_problem(stage.llm.choices)
+                if problem is not None:
+                    raise InvalidPipelineError(f"{where}: LLM stage {stage.name!r}: {problem}")
+            elif stage.model not in models:
                 raise InvalidPipelineError(
                     f"{where}: stage {stage.name!r} names an unknown model {stage.model!r}"
                 )
@@ -122,7 +132,10 @@ def check_pipelines(models: Mapping[str, ModelSpec], pipelines: Mapping[str, Pip
                         f"{where}: stage {stage.name!r} runs after an unknown stage {name!r}"
                     )
         labels_of = {
-            s.name: tuple(label for label, _ in models[s.model].labels) for s in pipeline.stages
+            s.name: s.labels
+            if s.labels is not None
+            else tuple(label for label, _ in models[s.model].labels)
+            for s in pipeline.stages
         }
         for stage in pipeline.stages:
             problem = condition_problem(stage, labels_of)
@@ -131,6 +144,9 @@ def check_pipelines(models: Mapping[str, ModelSpec], pipelines: Mapping[str, Pip
         cycle = find_cycle({stage.name: stage.after for stage in pipeline.stages})
         if cycle is not None:
             raise InvalidPipelineError(f"{where}: cycle {' -> '.join(cycle)}")
+        for name in pipeline.answer:
+            if name not in names:
+                raise InvalidPipelineError(f"{where}: answer names an unknown stage {name!r}")
 
 
 def catalogue_from_registry(
@@ -171,6 +187,7 @@ def registry_catalogue(
             name=entry.name,
             stages=tuple(stage.to_stage() for stage in entry.stages),
             slo_s=entry.slo_s,
+            answer=entry.answer,
         )
         for entry in registry.pipelines
     }

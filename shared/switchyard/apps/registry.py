@@ -34,6 +34,27 @@ label (``{"name": "upscale", "model": "esrgan", "after": ["check"], "when": {"st
 "check", "label": "safe"}}``), and a ``when`` naming a stage it does not run after or a
 label that stage's model never answers is rejected.
 
+A stage with ``llm`` instead of ``model`` is an LLM stage: a completion of at most
+``output_tokens`` tokens (128 unless given) by the LLM workers of that LLM application,
+on the outputs of the stages before it; with ``choices`` (label -> share, summing to 1)
+it answers one label instead (a verifier of a draft, a router), 1 output token unless
+given, and a ``when`` after it can branch on them. A draft checked by a larger model::
+
+    {"name": "draft-verify", "slo_s": 60, "stages": [
+        {"name": "draft", "llm": "llama-2-7b", "output_tokens": 128},
+        {"name": "verify", "llm": "llama-2-13b", "after": ["draft"],
+         "choices": {"accept": 0.7, "reject": 0.3}},
+        {"name": "revise", "llm": "llama-2-13b", "after": ["draft", "verify"],
+         "when": {"stage": "verify", "label": "reject"}, "output_tokens": 128}],
+     "answer": ["revise", "draft"]}
+
+A pipeline's ``answer`` (optional) names the stages whose output answers a call: the
+first of them that ran (here the revision when there is one, else the draft); without
+it a call answers with the outputs of the stages run that no stage run after them reads.
+
+When the registry declares ``llm_applications``, an ``llm`` must name one of them
+(otherwise the serving catalogue checks it against the default LLM applications).
+
 LLM applications name the model a client asks for (the OpenAI ``model`` field) and the
 served model behind it::
 
@@ -67,13 +88,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from switchyard.apps.datasets import DATASET_NAMES, DATASET_SPECS, check_mix
 from switchyard.apps.penalty import Penalty, PenaltyKind
 from switchyard.multimodel.branching import condition_problem, labels_problem
 from switchyard.multimodel.dag import find_cycle
-from switchyard.multimodel.model import Stage, StageCondition
+from switchyard.multimodel.model import LlmStage, Stage, StageCondition
 
 __all__ = [
     "Application",
@@ -278,6 +306,18 @@ class Application(_Frozen):
         return self.penalty.to_penalty()
 
 
+def _check_shares(value: dict[str, float]) -> dict[str, float]:
+    problem = labels_problem(tuple(value.items()))
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+LabelShares = Annotated[dict[Name, float], AfterValidator(_check_shares)]
+"""Labels and the share of answers each gets, summing to 1
+(:func:`~switchyard.multimodel.branching.labels_problem`)."""
+
+
 class ResourcesEntry(_Frozen):
     """A model's resource vector: cores, GPUs (fractions allowed) and GiB of memory."""
 
@@ -298,17 +338,9 @@ class ModelEntry(_Frozen):
     resources: ResourcesEntry
     load_s: PositiveSeconds
     exec_s: PositiveSeconds
-    labels: dict[Name, float] = Field(default_factory=dict)
+    labels: LabelShares = Field(default_factory=dict)
     """A classifier's answers and the share of requests each gets (summing to 1): a
     conditional stage after it branches on them."""
-
-    @field_validator("labels")
-    @classmethod
-    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
-        problem = labels_problem(tuple(value.items()))
-        if problem is not None:
-            raise ValueError(problem)
-        return value
 
 
 class ConditionEntry(_Frozen):
@@ -318,18 +350,55 @@ class ConditionEntry(_Frozen):
     label: Name
 
 
+LLM_STAGE_OUTPUT_TOKENS = 128
+"""An LLM stage's output tokens when it gives none (1 for a stage with ``choices``)."""
+
+
 class StageEntry(_Frozen):
-    """One stage of a pipeline: a model, run after the stages named in ``after``, and
-    only ``when`` an earlier stage answered a given label."""
+    """One stage of a pipeline: a ``model`` of the multi-model catalogue, or (``llm``) a
+    completion by an LLM application's workers; run after the stages named in
+    ``after``, and only ``when`` an earlier stage answered a given label."""
 
     name: Name
-    model: Name
+    model: Name | None = None
+    llm: Name | None = None
+    """The LLM application serving this stage (an LLM stage, instead of ``model``)."""
     after: tuple[Name, ...] = ()
     when: ConditionEntry | None = None
+    output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    """An LLM stage's most output tokens (128, or 1 with ``choices``, when not given)."""
+    choices: LabelShares = Field(default_factory=dict)
+    """An LLM stage that answers one of these labels, with the share of answers each
+    gets from an emulated worker (summing to 1)."""
+
+    @model_validator(mode="after")
+    def _model_or_llm(self) -> StageEntry:
+        if (self.model is None) == (self.llm is None):
+            raise ValueError(
+                "give exactly one of 'model' (a multi-model catalogue model) and 'llm' "
+                "(an LLM application)"
+            )
+        if self.llm is None:
+            for field, given in (("output_tokens", self.output_tokens), ("choices", self.choices)):
+                if given:
+                    raise FieldError((field,), "is for LLM stages (with 'llm'), not a model's")
+        return self
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """An LLM stage's choices (a model stage's labels are its model's)."""
+        return tuple(self.choices)
 
     def to_stage(self) -> Stage:
         """The stage as the multi-model catalogue's contract type."""
         when = None if self.when is None else StageCondition(self.when.stage, self.when.label)
+        if self.llm is not None:
+            default = 1 if self.choices else LLM_STAGE_OUTPUT_TOKENS
+            llm = LlmStage(
+                output_tokens=self.output_tokens or default, choices=tuple(self.choices.items())
+            )
+            return Stage(name=self.name, model=self.llm, after=self.after, when=when, llm=llm)
+        assert self.model is not None
         return Stage(name=self.name, model=self.model, after=self.after, when=when)
 
 
@@ -339,6 +408,8 @@ class PipelineEntry(_Frozen):
     name: Name
     slo_s: PositiveSeconds
     stages: tuple[StageEntry, ...] = Field(min_length=1)
+    answer: tuple[Name, ...] = ()
+    """The stages whose output answers a call: the first of them that ran."""
 
     @model_validator(mode="after")
     def _a_dag(self) -> PipelineEntry:
@@ -364,6 +435,11 @@ class PipelineEntry(_Frozen):
         cycle = find_cycle({stage.name: stage.after for stage in self.stages})
         if cycle is not None:
             raise FieldError(("stages",), f"cycle {' -> '.join(cycle)}")
+        for position, name in enumerate(self.answer):
+            if name not in seen:
+                raise FieldError(
+                    ("answer", position), f"unknown stage {name!r}; stages: {', '.join(seen)}"
+                )
         return self
 
 
@@ -437,14 +513,26 @@ class Registry(_Frozen):
                     f"duplicate application name {pipeline.name!r} (also {seen[pipeline.name]})",
                 )
             seen[pipeline.name] = f"pipelines[{index}]"
+            llm_names = [app.name for app in self.llm_applications]
             for position, stage in enumerate(pipeline.stages):
+                if stage.llm is not None:
+                    if llm_names and stage.llm not in llm_names:
+                        raise FieldError(
+                            ("pipelines", index, "stages", position, "llm"),
+                            f"unknown LLM application {stage.llm!r}; llm_applications: "
+                            f"{', '.join(llm_names)}",
+                        )
+                    continue
                 if stage.model not in self.models:
                     known = ", ".join(self.models) if self.models else "none (no models given)"
                     raise FieldError(
                         ("pipelines", index, "stages", position, "model"),
                         f"unknown model {stage.model!r}; known: {known}",
                     )
-            labels_of = {s.name: tuple(self.models[s.model].labels) for s in pipeline.stages}
+            labels_of = {
+                s.name: s.labels if s.model is None else tuple(self.models[s.model].labels)
+                for s in pipeline.stages
+            }
             for position, stage in enumerate(pipeline.stages):
                 problem = condition_problem(stage.to_stage(), labels_of)
                 if problem is not None:

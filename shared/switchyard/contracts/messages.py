@@ -77,6 +77,15 @@ class LLMPayload(Part):
         description="The application's time-to-first-token objective, in the workers' "
         "seconds (divided by an emulation's time scale); what an admission policy judges.",
     )
+    choices: Annotated[
+        dict[Identifier, Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]],
+        Field(max_length=64),
+    ] = Field(
+        default_factory=dict,
+        description="Answer one of these labels instead of free text (a pipeline's judge "
+        "stage): a real model answers the label it scores most likely after the prompt, "
+        "an emulated worker draws one by these shares of answers (summing to 1).",
+    )
 
 
 class ClassificationPayload(Part):
@@ -247,6 +256,8 @@ class LLMResult(Part):
     kind: Literal[RequestKind.LLM] = RequestKind.LLM
     output_tokens: NonNegativeInt
     text: str | None = None
+    label: Identifier | None = None
+    """The label chosen, for a request with ``choices``."""
 
 
 class ClassificationResult(Part):

@@ -4,6 +4,11 @@ Units: ``cpu`` in cores, ``gpu`` in whole-GPU fractions (0.5 = half a GPU's comp
 memory share), ``mem_gib`` in GiB of host memory; times in seconds. A model's ``exec_s``
 is its mean service time for one request on a worker of speed 1.0; a worker of speed
 ``v`` serves it in ``exec_s / v``.
+
+A pipeline stage either runs one of these models (on the multi-model workers, placed by
+the placement policy) or is an *LLM stage* (:class:`LlmStage`): a completion served by
+the LLM workers of an LLM application, scheduled as any LLM request. Placement, the
+multi-model simulator and the critical-path arithmetic see only the model stages.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ZERO",
+    "LlmStage",
     "ModelSpec",
     "MultiModelRequest",
     "PipelineSpec",
@@ -106,14 +112,36 @@ class StageCondition:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LlmStage:
+    """What an LLM stage asks of the LLM workers: a completion of at most
+    ``output_tokens`` tokens on the outputs of the stages before it (the call's input for
+    a first stage), or, with ``choices``, one of those labels (a judge: a draft's
+    verifier, a router), which conditional stages after it branch on: the torch model
+    answers the label it scores most likely after the prompt, an emulated worker draws
+    one by the shares ((label, share), summing to 1)."""
+
+    output_tokens: int
+    choices: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stage:
     """One stage of a pipeline: a model, run after the stages named in ``after``, and
-    only ``when`` an earlier stage answered a given label (always, when ``None``)."""
+    only ``when`` an earlier stage answered a given label (always, when ``None``).
+
+    For an LLM stage (``llm`` set) ``model`` names the LLM application that serves it
+    (what an OpenAI client sends as ``model``), not a multi-model catalogue model."""
 
     name: str
     model: str
     after: tuple[str, ...] = ()
     when: StageCondition | None = None
+    llm: LlmStage | None = None
+
+    @property
+    def labels(self) -> tuple[str, ...] | None:
+        """An LLM stage's choices' labels; ``None`` for a model stage (its model's)."""
+        return None if self.llm is None else tuple(label for label, _ in self.llm.choices)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,10 +158,19 @@ class PipelineSpec:
     name: str
     stages: tuple[Stage, ...]
     slo_s: float
+    answer: tuple[str, ...] = ()
+    """The stages whose output answers a call, the first of them that ran (a revision
+    when there is one, else the draft); empty: the outputs of the stages run that no
+    stage run after them reads."""
 
     def models(self) -> tuple[str, ...]:
-        """The models its stages use, in stage order, without repeats."""
-        return tuple(dict.fromkeys(stage.model for stage in self.stages))
+        """The multi-model catalogue models its stages use, in stage order, without
+        repeats (an LLM stage's application is not one)."""
+        return tuple(dict.fromkeys(stage.model for stage in self.stages if stage.llm is None))
+
+    def llm_applications(self) -> tuple[str, ...]:
+        """The LLM applications its LLM stages run on, in stage order, without repeats."""
+        return tuple(dict.fromkeys(s.model for s in self.stages if s.llm is not None))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from switchyard.apps.registry_file import REGISTRY_FILE, load_registry, save_registry
 from switchyard.config import Settings
 from switchyard.errors import ConfigError
-from switchyard.serving.catalogue import ServingCatalogue
+from switchyard.serving.catalogue import CatalogueError, ServingCatalogue
 
 DEFAULT_REGISTRY_SEED = 0
 _BUILD_VERSION = "v2"  # bump when the default applications, their variants or the format change
@@ -78,9 +78,12 @@ def load_catalogue(
         loaded = load_registry(path)
     except RegistryError as exc:
         raise ConfigError(str(exc)) from None
-    return ServingCatalogue.from_registry(
-        loaded, path.parent, pipeline_catalogue=pipeline_catalogue
-    )
+    try:
+        return ServingCatalogue.from_registry(
+            loaded, path.parent, pipeline_catalogue=pipeline_catalogue
+        )
+    except CatalogueError as exc:
+        raise ConfigError(f"registry {path.name}: {exc}") from None
 
 
 def settings_catalogue(settings: Settings) -> ServingCatalogue:

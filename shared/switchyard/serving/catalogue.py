@@ -32,6 +32,11 @@ TINY_LM_MODEL = "tiny-lm"
 """The served-model name of the real torch language model (random weights, CPU or CUDA)."""
 
 
+class CatalogueError(ValueError):
+    """Pipelines whose LLM stages the catalogue cannot serve; the message is one line
+    naming the pipeline and the stage."""
+
+
 class UnknownServedApplicationError(KeyError):
     """A request named an application (or OpenAI model) the catalogue does not serve."""
 
@@ -183,8 +188,11 @@ class ServingCatalogue:
             tuple(LlmApplication.from_entry(entry) for entry in registry.llm_applications)
             or DEFAULT_LLM_APPLICATIONS
         )
+        llm = {app.name: app for app in llm_apps}
+        pipelines = _pipeline_catalogue(registry, pipeline_catalogue)
+        check_llm_stages(pipelines["pipelines"], llm)
         return cls(
-            llm=MappingProxyType({app.name: app for app in llm_apps}),
+            llm=MappingProxyType(llm),
             classification=MappingProxyType(
                 {
                     app.name: ClassificationApplication.from_application(app)
@@ -193,7 +201,7 @@ class ServingCatalogue:
             ),
             registry_dir=registry_dir,
             _registry=registry,
-            **_pipeline_catalogue(registry, pipeline_catalogue),
+            **pipelines,
         )
 
     @property
@@ -245,6 +253,33 @@ class ServingCatalogue:
     def llm_models(self) -> frozenset[str]:
         """Every served LLM model name (``llama-2-7b``, ``tiny-lm``, ...)."""
         return frozenset(app.model for app in self.llm.values())
+
+
+def check_llm_stages(
+    pipelines: Mapping[str, PipelineSpec], llm: Mapping[str, LlmApplication]
+) -> None:
+    """Every LLM stage names a served LLM application and asks for no more output tokens
+    than it generates.
+
+    Raises:
+        CatalogueError: naming the pipeline, the stage and what is wrong.
+    """
+    for pipeline in pipelines.values():
+        for stage in pipeline.stages:
+            if stage.llm is None:
+                continue
+            where = f"pipeline {pipeline.name!r}, stage {stage.name!r}"
+            app = llm.get(stage.model)
+            if app is None:
+                raise CatalogueError(
+                    f"{where}: unknown LLM application {stage.model!r}; served: "
+                    f"{', '.join(sorted(llm)) or 'none'}"
+                )
+            if stage.llm.output_tokens > app.max_output_tokens:
+                raise CatalogueError(
+                    f"{where}: output_tokens {stage.llm.output_tokens} exceeds the "
+                    f"{app.max_output_tokens} that LLM application {app.name!r} generates"
+                )
 
 
 def _pipeline_catalogue(registry: Registry, name: str) -> dict[str, Any]:

@@ -13,8 +13,16 @@
   ones (``M-upscale``, ``M-full``). The load generator's ``multimodel`` mix replays the
   same sample's requests against it.
 
-``emulated-models`` workers serve these models: they spend the load and service times
-rather than run a model.
+- ``assistant``: pipelines with LLM stages, served by the LLM workers of the default
+  LLM applications (``llama-2-7b``, ``llama-2-13b``): ``triage``, a small classifier
+  (``intent-classifier``, on the multi-model workers) whose label sends the call to the
+  larger model (``code``) or the smaller one (``chat``), and ``draft-verify``, a draft
+  by ``llama-2-7b`` that ``llama-2-13b`` judges (``accept`` or ``reject``) and, when it
+  rejects it, writes again (``revise``). The classifier's figures and both label shares
+  are assumptions, not measurements.
+
+``emulated-models`` workers serve the models: they spend the load and service times
+rather than run a model. LLM stages run as LLM requests on the LLM workers.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from switchyard.multimodel.model import (
+    LlmStage,
     ModelSpec,
     PipelineSpec,
     ResourceVector,
@@ -34,13 +43,15 @@ from switchyard.multimodel.model import (
 
 __all__ = [
     "ALIBABA_LORA_OPTIONS",
+    "ASSISTANT_MODELS",
+    "ASSISTANT_PIPELINES",
     "DEFAULT_PIPELINES",
     "DEFAULT_PIPELINE_MODELS",
     "PIPELINE_CATALOGUES",
     "pipeline_catalogue",
 ]
 
-PIPELINE_CATALOGUES: Final = ("txt2img", "alibaba-lora")
+PIPELINE_CATALOGUES: Final = ("txt2img", "alibaba-lora", "assistant")
 """The named pipeline catalogues."""
 
 ALIBABA_LORA_OPTIONS: Mapping[str, Any] = MappingProxyType(
@@ -127,6 +138,76 @@ DEFAULT_PIPELINES = MappingProxyType(
 )
 
 
+ASSISTANT_MODELS = MappingProxyType(
+    {
+        "intent-classifier": ModelSpec(
+            name="intent-classifier",
+            resources=ResourceVector(1.0, 0.1, 2.0),
+            load_s=2.0,
+            exec_s=0.05,
+            labels=(("code", 0.4), ("chat", 0.6)),
+        )
+    }
+)
+"""The one multi-model catalogue model of ``assistant``: a small intent classifier."""
+
+_ANSWER_TOKENS = 128
+
+ASSISTANT_PIPELINES = MappingProxyType(
+    {
+        pipeline.name: pipeline
+        for pipeline in (
+            PipelineSpec(
+                name="triage",
+                stages=(
+                    Stage(name="classify", model="intent-classifier"),
+                    Stage(
+                        name="code",
+                        model="llama-2-13b",
+                        after=("classify",),
+                        when=StageCondition("classify", "code"),
+                        llm=LlmStage(output_tokens=_ANSWER_TOKENS),
+                    ),
+                    Stage(
+                        name="chat",
+                        model="llama-2-7b",
+                        after=("classify",),
+                        when=StageCondition("classify", "chat"),
+                        llm=LlmStage(output_tokens=_ANSWER_TOKENS),
+                    ),
+                ),
+                slo_s=20.0,
+            ),
+            PipelineSpec(
+                name="draft-verify",
+                stages=(
+                    Stage(
+                        name="draft", model="llama-2-7b", llm=LlmStage(output_tokens=_ANSWER_TOKENS)
+                    ),
+                    Stage(
+                        name="verify",
+                        model="llama-2-13b",
+                        after=("draft",),
+                        llm=LlmStage(output_tokens=1, choices=(("accept", 0.7), ("reject", 0.3))),
+                    ),
+                    # Only a draft the verifier rejects is written again, by the larger model.
+                    Stage(
+                        name="revise",
+                        model="llama-2-13b",
+                        after=("draft", "verify"),
+                        when=StageCondition("verify", "reject"),
+                        llm=LlmStage(output_tokens=_ANSWER_TOKENS),
+                    ),
+                ),
+                slo_s=30.0,
+                answer=("revise", "draft"),
+            ),
+        )
+    }
+)
+"""The ``assistant`` pipelines: LLM stages on the default LLM applications."""
+
+
 @functools.cache
 def pipeline_catalogue(
     name: str,
@@ -138,6 +219,8 @@ def pipeline_catalogue(
     """
     if name == "txt2img":
         return DEFAULT_PIPELINE_MODELS, DEFAULT_PIPELINES
+    if name == "assistant":
+        return ASSISTANT_MODELS, ASSISTANT_PIPELINES
     if name == "alibaba-lora":
         from switchyard.multimodel.alibaba import lora_workload
         from switchyard.traces.alibaba import LORA_SAMPLE
