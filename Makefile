@@ -8,7 +8,7 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-disaggregation bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-pipeline-agreement bench-pipeline-admission bench-guidellm bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
+.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-disaggregation bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-pipeline-agreement bench-pipeline-admission bench-guidellm dashboard-snapshot bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
@@ -25,6 +25,7 @@ help:
 	@echo "make bench-chunked   chunked prefill as a simulator option: capacity, TTFT and TPOT with and without"
 	@echo "make bench-disaggregation  prefill/decode disaggregation as a simulator option: capacity, TTFT and TPOT"
 	@echo "make bench-guidellm  guidellm (vLLM's benchmark client) against the stack, beside the load generator"
+	@echo "make dashboard-snapshot  the README's picture of the dashboard, drawn from a live stack's Prometheus"
 	@echo "make bench-paper-regime  the GAPS paper's regime: every policy, the paper's claims side by side"
 	@echo "make bench-estimator  SneakPeek estimation time per 24-request batch (flat, IVF, HNSW)"
 	@echo "make bench-selection  window scheduler overhead (24 requests, 5 applications)"
@@ -206,6 +207,10 @@ bench-pipeline-admission: deps
 # docs/benchmarks.md, "A third-party benchmark client".
 bench-guidellm: deps
 	$(BIN)/python -m bench.guidellm_bench
+
+# The README's picture of the dashboard: every panel's query on a live stack's Prometheus.
+dashboard-snapshot: deps
+	$(call with_infra,$(BIN)/python -m bench.dashboard_snapshot)
 
 # An emulated worker on the local Kafka: wall against modelled time of a burst of
 # requests, streamed and not (does publishing the answers keep up with the model?).

@@ -10,7 +10,6 @@ must return data, and every rule of ``alerts.yml`` must load and evaluate withou
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import subprocess
 import time
@@ -20,10 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
-from switchyard.runtime.presence import read_replicas
 
-from loadgen.harness.process_stack import ProcessStack, StackFactory, free_port
+from bench.dashboard_snapshot import draw
+from loadgen.harness.process_stack import ProcessStack, StackFactory
+from loadgen.harness.prometheus import LocalPrometheus
 from tests.support.dashboard import ALERTS, alert_names, panel_queries
 
 RATE_INTERVAL = "1m"
@@ -41,46 +40,10 @@ def test_the_rules_file_is_valid_for_promtool() -> None:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A Prometheus on a free port, reading its scrape targets from ``targets.json``
-    (rewritten by the test) and the rules file; its base URL and that file."""
-    binary = shutil.which("prometheus")
-    assert binary is not None, "prometheus is missing: make deps installs Debian's package"
-    targets = tmp_path / "targets.json"
-    targets.write_text("[]")
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(ALERTS)],
-        "scrape_configs": [
-            {
-                "job_name": "switchyard",
-                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-            }
-        ],
-    }
-    config_path = tmp_path / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (tmp_path / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config_path}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield f"http://127.0.0.1:{port}", targets
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+def prometheus(tmp_path: Path) -> Iterator[LocalPrometheus]:
+    """A Prometheus on a free port with the chart's rules, scraping what it is told."""
+    with LocalPrometheus(tmp_path / "prometheus") as server:
+        yield server
 
 
 async def _query(http: httpx.AsyncClient, base: str, expr: str) -> list[Any]:
@@ -101,34 +64,16 @@ async def _start(stack: ProcessStack) -> None:
     await stack.wait_ready(workers=2)
 
 
-async def _write_targets(stack: ProcessStack, targets: Path, services: int) -> None:
-    """Every replica's health port as a scrape target, labelled with its service."""
-    deadline_s = time.monotonic() + 30
-    while True:
-        replicas = await read_replicas(stack.state, time.time())
-        if len(replicas) >= services or time.monotonic() > deadline_s:
-            break
-        await asyncio.sleep(0.5)
-    assert len(replicas) >= services, replicas
-    groups = [
-        {
-            "targets": [replica.health_url.removeprefix("http://")],
-            "labels": {"service": replica.name, "replica": replica.instance},
-        }
-        for replica in replicas
-    ]
-    await asyncio.to_thread(targets.write_text, json.dumps(groups))
-
-
 async def test_every_panel_shows_data_and_every_rule_evaluates(
-    process_stack: StackFactory, prometheus: tuple[str, Path]
+    process_stack: StackFactory, prometheus: LocalPrometheus, tmp_path: Path
 ) -> None:
-    base, targets = prometheus
+    base = prometheus.url
     # GAPS, as the compose file runs it: its requests carry predictions, so the
     # predictor's error is measured.
     stack = process_stack(llm_policy="gaps")
     await _start(stack)
-    await _write_targets(stack, targets, services=7)
+    assert await prometheus.scrape_replicas(stack.state, services=7) >= 7
+    started_s = time.time()
     async with httpx.AsyncClient(timeout=30.0) as http:
         # Every replica scraped before the calls, so rates see them start.
         deadline_s = time.monotonic() + 60
@@ -166,4 +111,12 @@ async def test_every_panel_shows_data_and_every_rule_evaluates(
         loaded = {rule["name"]: rule for group in rules for rule in group["rules"]}
         assert set(loaded) == await asyncio.to_thread(alert_names)
         assert all(rule["health"] == "ok" for rule in loaded.values()), loaded
+    # The picture of the dashboard draws every panel from the same Prometheus.
+    picture = tmp_path / "dashboard.png"
+    panels = await asyncio.to_thread(
+        draw, prometheus.url, started_s, time.time(), picture, note="the dashboard test"
+    )
+    assert [p.title for p in panels] == list(dict.fromkeys(title for title, _ in queries))
+    assert all(p.series for p in panels), [p.title for p in panels if not p.series]
+    assert picture.stat().st_size > 50_000
     print(f"\ndashboard: {len(queries)} queries returned data; rules: {sorted(loaded)}")

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-FILES = ROOT / "deploy" / "helm" / "switchyard" / "files"
-DASHBOARD = FILES / "dashboard.json"
-ALERTS = FILES / "alerts.yml"
+from loadgen.harness.prometheus import ALERTS, DASHBOARD
+
+__all__ = ["ALERTS", "DASHBOARD", "alert_names", "panel_queries"]
 
 
 def panel_queries(rate_interval: str) -> list[tuple[str, str]]:
