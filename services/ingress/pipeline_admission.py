@@ -30,13 +30,13 @@ on model ``m`` and worker ``w`` (``m`` placed there and not draining):
   so the estimate errs short).
 
 An *LLM stage* (one served by the LLM workers, :mod:`services.ingress.pipeline_llm`)
-finishes on the live LLM worker serving its model that finishes it soonest: after the
-work its heartbeat says it holds (``queued_work_s``, less the seconds since), its
-service alone on that worker's performance profile (prompt: the call's input tokens plus
-the output tokens of the LLM stages it runs after; a worker without a profile: one
-decode step a token), over the worker's time scale. The LLM stages this replica sent
-that no heartbeat lists yet are not counted, and continuous batching makes the backlog
-an upper bound: the estimate errs both ways, and the calibration takes up the rest. An
+finishes on the live LLM worker of its application's model that finishes it soonest, by
+the request gate's own estimate (:func:`services.ingress.load_shedding.estimate`:
+continuous batches on the worker's performance profile, its held work and KV cache from
+its heartbeat), starting no earlier than its ``after`` stages end; its prompt is
+estimated as the call's input tokens plus the output tokens of the LLM stages it runs
+after. Idle, it takes its service alone. The LLM stages this replica sent that no
+heartbeat lists yet are not counted (the calibration takes up what that leaves out). An
 LLM stage that no live worker serves is not judged (the scheduler holds it until one
 does), and teaches the calibration nothing.
 
@@ -85,9 +85,8 @@ from dataclasses import dataclass, replace
 from switchyard.cluster import ClusterView, WorkerRecord
 from switchyard.contracts.messages import Heartbeat, PlacedState
 from switchyard.multimodel.model import ModelSpec, PipelineSpec, Stage
-from switchyard.perf.profiles import UnknownProfileError, performance_model
 
-from services.ingress.load_shedding import Decision, Verdict, without_worker
+from services.ingress.load_shedding import Decision, Demand, Verdict, estimate, without_worker
 
 __all__ = [
     "CALIBRATION_HORIZON",
@@ -136,17 +135,6 @@ def _service_s(spec: ModelSpec, exec_scale: float, heartbeat: Heartbeat) -> floa
     return spec.exec_s * exec_scale / heartbeat.speed / heartbeat.time_scale
 
 
-def _llm_service_s(heartbeat: Heartbeat, prompt_tokens: int, output_tokens: int) -> float:
-    """An LLM stage's service alone on ``heartbeat``'s worker, in wall seconds."""
-    if heartbeat.profile is None:
-        return heartbeat.decode_step_s * (output_tokens + 1)
-    try:
-        perf = performance_model(heartbeat.profile)
-    except UnknownProfileError:
-        return heartbeat.decode_step_s * (output_tokens + 1)
-    return perf.idle_service_s(prompt_tokens, output_tokens) / heartbeat.time_scale
-
-
 def _llm_prompt_tokens(pipeline: PipelineSpec, stage: Stage, input_tokens: int) -> int:
     """An LLM stage's prompt tokens as estimated before any stage ran: the call's input
     and the output tokens of the LLM stages it runs after."""
@@ -169,6 +157,8 @@ class PipelineGate:
 
     Args:
         models: the serving catalogue's multi-model models by name.
+        llm_models: each LLM application's served model, by application name (what an
+            LLM stage names, and what an LLM worker's heartbeat lists).
         slack: a call is refused when its expected time exceeds ``slack`` times the time
             left to its deadline (> 0).
         grace_s: how long there may be no live ``emulated-models`` worker before calls
@@ -180,6 +170,7 @@ class PipelineGate:
         self,
         models: Mapping[str, ModelSpec],
         *,
+        llm_models: Mapping[str, str] | None = None,
         slack: float = 1.0,
         grace_s: float = 10.0,
         worker_timeout_s: float = 2.0,
@@ -187,6 +178,7 @@ class PipelineGate:
         if not (math.isfinite(slack) and slack > 0):
             raise ValueError(f"slack must be a finite number > 0, got {slack}")
         self.models = models
+        self.llm_models: Mapping[str, str] = llm_models or {}
         self.slack = slack
         self.grace_s = grace_s
         self.worker_timeout_s = worker_timeout_s
@@ -355,19 +347,28 @@ class PipelineGate:
         self, stage: Stage, prompt_tokens: int, ready_s: float, now_s: float, *, idle: bool
     ) -> _Finish:
         """When an LLM stage ready at ``ready_s`` finishes on the live LLM worker that
-        finishes it soonest (``idle``: behind no work); at ``ready_s``, not learnt from,
-        when none serves its model."""
+        finishes it soonest (``idle``: alone, behind no work); at ``ready_s``, not learnt
+        from, when none serves its model."""
         assert stage.llm is not None
+        model = self.llm_models.get(stage.model, stage.model)
+        demand = Demand(
+            kind="llm",
+            model=model,
+            arrival_s=now_s,
+            deadline_s=now_s,
+            prompt_tokens=prompt_tokens,
+            output_tokens=stage.llm.output_tokens,
+        )
         best: _Finish | None = None
-        for record in self._llm_live(stage.model):
-            heartbeat = record.heartbeat
-            assert heartbeat is not None
-            service_s = _llm_service_s(heartbeat, prompt_tokens, stage.llm.output_tokens)
-            since_s = max(0.0, now_s - record.last_seen_s)
-            backlog_s = 0.0 if idle else max(0.0, heartbeat.queued_work_s - since_s)
-            found = _Finish(max(ready_s, now_s + backlog_s) + service_s, service_s)
-            if best is None or found.finish_s < best.finish_s:
-                best = found
+        for record in self._llm_live(model):
+            found = estimate(demand, record, now_s)
+            if idle:
+                finish = _Finish(ready_s + found.idle_service_s, found.idle_service_s)
+            else:
+                start_s = max(ready_s, now_s + found.wait_s)
+                finish = _Finish(start_s + found.service_s, found.service_s)
+            if best is None or finish.finish_s < best.finish_s:
+                best = finish
         return best if best is not None else _Finish(ready_s, 0.0, placed=False)
 
     def _on(

@@ -132,6 +132,7 @@ class IngressService(Service):
         if self.gate is not None:
             self.pipeline_gate = PipelineGate(
                 self.catalogue.models,
+                llm_models={name: app.model for name, app in self.catalogue.llm.items()},
                 slack=settings.admission_slack,
                 grace_s=settings.admission_grace_s,
                 worker_timeout_s=settings.worker_timeout_s,

@@ -1,7 +1,8 @@
 """Admission of pipeline calls with LLM stages (pure): an LLM stage finishes on the live
-LLM worker of its model that finishes it soonest, after the work its heartbeat holds and
-its service alone on that worker's performance profile; a stage no live worker serves is
-not judged; a pipeline of LLM stages alone needs no multi-model worker."""
+LLM worker of its application's model that finishes it soonest, by the request gate's
+estimate (continuous batches on the worker's profile: no wait while a slot is free,
+the backlog's drain once the batch is full); a stage no live worker serves is not
+judged; a pipeline of LLM stages alone needs no multi-model worker."""
 
 from __future__ import annotations
 
@@ -10,45 +11,61 @@ from switchyard.contracts.messages import Heartbeat
 from switchyard.multimodel.model import LlmStage, PipelineSpec, Stage
 from switchyard.perf.profiles import performance_model
 
-from services.ingress.load_shedding import Verdict
+from services.ingress.load_shedding import Demand, Verdict, estimate
 from services.ingress.pipeline_admission import PipelineGate
 from tests.unit.test_pipeline_admission import MODELS, NOW, beat, every_model, record
 
 SMALL = "a100-80gb/llama-2-7b"
 LARGE = "h100-80gb/llama-2-13b"
 INPUT_TOKENS = 200
+SLOTS = 4
 
+# Application names differ from the served models', as in a registry.
+LLM_MODELS = {"writer": "llama-2-7b", "judge": "llama-2-13b"}
 DRAFT_VERIFY = PipelineSpec(
     name="dv",
     stages=(
-        Stage(name="draft", model="llama-2-7b", llm=LlmStage(output_tokens=128)),
+        Stage(name="draft", model="writer", llm=LlmStage(output_tokens=128)),
         Stage(
             name="verify",
-            model="llama-2-13b",
+            model="judge",
             after=("draft",),
             llm=LlmStage(output_tokens=1, choices=(("accept", 0.5), ("reject", 0.5))),
         ),
     ),
     slo_s=30.0,
 )
-# The draft's prompt is the input; the verifier's is the input and the draft.
-IDLE_PATH_S = performance_model(SMALL).idle_service_s(INPUT_TOKENS, 128) + performance_model(
-    LARGE
-).idle_service_s(INPUT_TOKENS + 128, 1)
 
 
-def llm_beat(worker_id: str, profile: str, *, queued_work_s: float = 0.0) -> Heartbeat:
+def llm_beat(
+    worker_id: str, profile: str, *, running: int = 0, queued_work_s: float = 0.0
+) -> Heartbeat:
     return beat(worker_id, backend="emulated-llm").model_copy(
         update={
             "profile": profile,
             "servable_models": [performance_model(profile).model],
+            "max_slots": SLOTS,
+            "running": running,
             "queued_work_s": queued_work_s,
         }
     )
 
 
+def service_s(heartbeat: Heartbeat, prompt_tokens: int, output_tokens: int) -> float:
+    """The request gate's service estimate of one stage on ``heartbeat``'s worker."""
+    demand = Demand(
+        kind="llm",
+        model=heartbeat.servable_models[0],
+        arrival_s=NOW,
+        deadline_s=NOW,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+    )
+    return estimate(demand, record(heartbeat), NOW).service_s
+
+
 def gate_seeing(*heartbeats: Heartbeat) -> PipelineGate:
-    gate = PipelineGate(MODELS, grace_s=10.0, worker_timeout_s=2.0)
+    gate = PipelineGate(MODELS, llm_models=LLM_MODELS, grace_s=10.0, worker_timeout_s=2.0)
     gate.observe(ClusterView(now_s=NOW, workers=tuple(record(h) for h in heartbeats)))
     return gate
 
@@ -65,49 +82,48 @@ def judge(gate: PipelineGate, pipeline: PipelineSpec, deadline_in_s: float, call
     ).verdict
 
 
-def test_llm_stages_are_judged_on_their_workers_profiles_with_no_multi_model_worker() -> None:
-    workers = (llm_beat("small", SMALL), llm_beat("large", LARGE))
-    assert IDLE_PATH_S > 1.0
-    assert judge(gate_seeing(*workers), DRAFT_VERIFY, IDLE_PATH_S + 0.01, "fits") is Verdict.ADMIT
-    # Work held on the larger model's worker pushes the path past a deadline it met idle.
-    busy = (llm_beat("small", SMALL), llm_beat("large", LARGE, queued_work_s=IDLE_PATH_S + 5.0))
-    assert judge(gate_seeing(*busy), DRAFT_VERIFY, IDLE_PATH_S + 1.0, "late") is (
+def test_llm_stages_follow_each_other_on_their_models_workers_with_no_multi_model_worker() -> None:
+    small, large = llm_beat("small", SMALL), llm_beat("large", LARGE)
+    # The draft's prompt is the input; the verifier's is the input and the draft.
+    path_s = service_s(small, INPUT_TOKENS, 128) + service_s(large, INPUT_TOKENS + 128, 1)
+    assert path_s > 1.0
+    assert judge(gate_seeing(small, large), DRAFT_VERIFY, path_s + 0.01, "fits") is Verdict.ADMIT
+    # Idle, the same call is late even so and waits behind no one: admitted (it delays
+    # nobody), as for model stages.
+    assert judge(gate_seeing(small, large), DRAFT_VERIFY, path_s - 0.1, "late") is Verdict.ADMIT
+
+
+def test_a_full_batch_makes_a_stage_wait_for_the_backlog_and_a_free_worker_does_not() -> None:
+    small = llm_beat("small", SMALL)
+    full = llm_beat("large", LARGE, running=SLOTS, queued_work_s=20.0)
+    path_s = service_s(small, INPUT_TOKENS, 128) + service_s(
+        llm_beat("x", LARGE), INPUT_TOKENS + 128, 1
+    )
+    assert judge(gate_seeing(small, full), DRAFT_VERIFY, path_s + 1.0, "full") is (
         Verdict.OVERLOADED
     )
-    # ... unless another worker of that model is idle: the soonest finish counts.
-    spare = (*busy, llm_beat("large-2", LARGE))
-    assert judge(gate_seeing(*spare), DRAFT_VERIFY, IDLE_PATH_S + 1.0, "spare") is Verdict.ADMIT
-
-
-def test_the_time_scale_of_an_emulated_llm_worker_divides_its_service() -> None:
-    def scaled(heartbeat: Heartbeat) -> Heartbeat:
-        return heartbeat.model_copy(update={"time_scale": 10.0})
-
-    deadline_s = IDLE_PATH_S / 10.0 + 0.01
-    fast = (scaled(llm_beat("small", SMALL)), scaled(llm_beat("large", LARGE)))
-    assert judge(gate_seeing(*fast), DRAFT_VERIFY, deadline_s, "scaled") is Verdict.ADMIT
-    fast_busy = (
-        scaled(llm_beat("small", SMALL)),
-        scaled(llm_beat("large", LARGE, queued_work_s=1)),
-    )
-    assert judge(gate_seeing(*fast_busy), DRAFT_VERIFY, deadline_s, "held") is Verdict.OVERLOADED
-    # Unscaled and idle the same call is late even idle and waits behind no one: admitted
-    # (it delays nobody), as for model stages.
-    slow = (llm_beat("small", SMALL), llm_beat("large", LARGE))
-    assert judge(gate_seeing(*slow), DRAFT_VERIFY, deadline_s, "unscaled") is Verdict.ADMIT
+    # Busy but with a free slot, the verifier joins the batch at once.
+    busy = llm_beat("large", LARGE, running=SLOTS - 1, queued_work_s=20.0)
+    assert judge(gate_seeing(small, busy), DRAFT_VERIFY, path_s + 1.0, "slot") is Verdict.ADMIT
+    # ... as it does on another worker of that model with room.
+    spare = (small, full, llm_beat("large-2", LARGE))
+    assert judge(gate_seeing(*spare), DRAFT_VERIFY, path_s + 1.0, "spare") is Verdict.ADMIT
 
 
 def test_an_llm_stage_no_live_worker_serves_is_not_judged() -> None:
-    verify_s = performance_model(LARGE).idle_service_s(INPUT_TOKENS + 128, 1)
-    deadline_s = verify_s + 0.01
-    # With the smaller model's worker up and busy, the draft is judged: refused.
-    busy = (llm_beat("small", SMALL, queued_work_s=100.0), llm_beat("large", LARGE))
-    assert judge(gate_seeing(*busy), DRAFT_VERIFY, deadline_s, "judged") is Verdict.OVERLOADED
+    large = llm_beat("large", LARGE)
+    deadline_s = service_s(large, INPUT_TOKENS + 128, 1) + 0.01
+    # With the smaller model's worker up and full, the draft is judged: refused.
+    full = llm_beat("small", SMALL, running=SLOTS, queued_work_s=100.0)
+    assert judge(gate_seeing(full, large), DRAFT_VERIFY, deadline_s, "judged") is (
+        Verdict.OVERLOADED
+    )
     # Without it, the draft waits for the scheduler, unjudged; the verifier is judged.
-    alone = gate_seeing(llm_beat("large", LARGE))
-    assert judge(alone, DRAFT_VERIFY, deadline_s, "unjudged") is Verdict.ADMIT
-    alone = gate_seeing(llm_beat("large", LARGE, queued_work_s=1.0))
-    assert judge(alone, DRAFT_VERIFY, deadline_s, "verify-late") is Verdict.OVERLOADED
+    assert judge(gate_seeing(large), DRAFT_VERIFY, deadline_s, "unjudged") is Verdict.ADMIT
+    large_full = llm_beat("large", LARGE, running=SLOTS, queued_work_s=10.0)
+    assert judge(gate_seeing(large_full), DRAFT_VERIFY, deadline_s, "verify-late") is (
+        Verdict.OVERLOADED
+    )
     assert judge(gate_seeing(), DRAFT_VERIFY, 0.001, "nobody") is Verdict.ADMIT
 
 
@@ -117,23 +133,20 @@ def test_a_classifier_in_front_of_an_llm_stage_counts_both_and_needs_a_multi_mod
         stages=(
             Stage(name="classify", model="chk"),
             Stage(
-                name="answer",
-                model="llama-2-7b",
-                after=("classify",),
-                llm=LlmStage(output_tokens=64),
+                name="answer", model="writer", after=("classify",), llm=LlmStage(output_tokens=64)
             ),
         ),
         slo_s=30.0,
     )
-    # The LLM worker's 5 s of held work overlaps the classifier's 1 s.
-    path_s = 5.0 + performance_model(SMALL).idle_service_s(INPUT_TOKENS, 64)
-    gate = gate_seeing(beat("m1", *every_model(chk=0)), llm_beat("small", SMALL, queued_work_s=5.0))
-    assert judge(gate, triage, path_s + 0.01, "fits") is Verdict.ADMIT
-    gate = gate_seeing(beat("m1", *every_model(chk=0)), llm_beat("small", SMALL, queued_work_s=5.0))
-    assert judge(gate, triage, path_s - 0.1, "late") is Verdict.OVERLOADED
+    small = llm_beat("small", SMALL)
+    path_s = MODELS["chk"].exec_s + service_s(small, INPUT_TOKENS, 64)
+    models = beat("m1", *every_model())
+    assert judge(gate_seeing(models, small), triage, path_s + 0.01, "fits") is Verdict.ADMIT
+    # The classifier's queue delays the LLM stage behind it.
+    queued = beat("m1", *every_model(chk=3))
+    assert judge(gate_seeing(queued, small), triage, path_s + 0.01, "late") is Verdict.OVERLOADED
     # No multi-model worker for the classifier: 503 once the grace period is over.
-    llm_only = gate_seeing(llm_beat("small", SMALL))
-    decision = llm_only.decide(
+    decision = gate_seeing(small).decide(
         triage, exec_scale=1.0, arrival_s=NOW + 11.0, deadline_s=NOW + 60.0, now_s=NOW + 11.0,
         call_id="no-models", input_tokens=INPUT_TOKENS,
     )  # fmt: skip

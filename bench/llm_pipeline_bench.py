@@ -1,0 +1,196 @@
+"""Pipelines with LLM stages, measured: a draft checked by a larger model (the
+``assistant`` catalogue's ``draft-verify``) against the larger model answering alone.
+
+The stack: the embedded one (every service in this process, in-memory bus and state)
+with one emulated ``llama-2-7b`` and one emulated ``llama-2-13b`` worker, both on A100
+profiles, at time scale ``--time-scale``. For each load of ``--loads`` (calls a model
+second), one Poisson stream of ``--duration`` model seconds (seed ``--seed``) is offered
+twice, each time to a fresh stack, open-loop: as ``draft-verify`` calls (a 128-token
+draft by the 7b model, a one-token verdict by the 13b model over the input and the
+draft, and a 128-token answer by the 13b model only when it rejects the draft; the
+emulated verifier accepts 70 % of drafts, an assumption) and as ``llama-2-13b``
+completions of 128 tokens. Every call has the same input of about ``--input-tokens``
+tokens. Reported per load and mode: calls offered, answered and refused, latency P50
+and P99 of the answered calls in model seconds (client wall time times the time scale),
+the share of drafts accepted, and the tokens the 13b model generated a call.
+
+Run ``python -m bench.llm_pipeline_bench [options]``; the table goes to stdout, the JSON
+to ``bench/results/llm_pipeline/``. LLM times are a performance model's (emulated), not
+measurements; the control plane's delays are real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from switchyard.config import load_settings
+from switchyard.stats import quantile
+
+from cli.stack_demo import send_logs_to_file
+from services.embedded import EmbeddedPlan, EmbeddedStack
+
+RESULTS = Path(__file__).parent / "results" / "llm_pipeline"
+WORKERS = ("a100-80gb/llama-2-7b", "a100-80gb/llama-2-13b")
+MODES = ("draft-verify", "llama-2-13b")
+ANSWER_TOKENS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class ModeResult:
+    load: float
+    mode: str
+    offered: int
+    answered: int
+    refused: int
+    other: int
+    p50_model_s: float | None
+    p99_model_s: float | None
+    accepted_share: float | None
+    large_tokens_per_call: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    status: int
+    latency_s: float
+    body: dict[str, Any]
+
+
+def arrivals(rate_per_model_s: float, duration_model_s: float, seed: int) -> list[float]:
+    rng = random.Random(f"llm-pipeline:{seed}")
+    times, t_s = [], rng.expovariate(rate_per_model_s)
+    while t_s < duration_model_s:
+        times.append(t_s)
+        t_s += rng.expovariate(rate_per_model_s)
+    return times
+
+
+async def _one(client: httpx.AsyncClient, mode: str, text: str, request_id: str) -> _Call:
+    body: dict[str, Any]
+    if mode == "draft-verify":
+        path, body = "/v1/apps/draft-verify/infer", {"input": text, "request_id": request_id}
+    else:
+        path = "/v1/completions"
+        body = {"model": mode, "prompt": text, "max_tokens": ANSWER_TOKENS}
+    started = time.monotonic()
+    try:
+        answer = await client.post(path, json=body)
+    except httpx.HTTPError as exc:  # counted among "other", not fatal to the run
+        return _Call(0, time.monotonic() - started, {"error": repr(exc)})
+    return _Call(answer.status_code, time.monotonic() - started, answer.json())
+
+
+async def run_mode(
+    mode: str, times_s: Sequence[float], *, time_scale: float, text: str, run: str
+) -> list[_Call]:
+    settings = load_settings(
+        {},
+        worker_time_scale=time_scale,
+        pipeline_catalogue="assistant",
+        log_level="WARNING",
+        heartbeat_interval_s=0.1,
+    )
+    plan = EmbeddedPlan(llm_workers=WORKERS, torch_workers=0, model_workers=0, http_port=0)
+    stack = EmbeddedStack(settings, plan)
+    await stack.start()
+    try:
+        async with httpx.AsyncClient(base_url=stack.url, timeout=300.0) as client:
+            await _one(client, mode, text, f"{run}-warm")  # not counted
+            start = time.monotonic()
+            tasks = []
+            for index, at_s in enumerate(times_s):
+                delay = start + at_s / time_scale - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.ensure_future(_one(client, mode, text, f"{run}-{index}")))
+            return list(await asyncio.gather(*tasks))
+    finally:
+        await stack.stop()
+
+
+def summarise(load: float, mode: str, calls: Sequence[_Call], time_scale: float) -> ModeResult:
+    ok = [c for c in calls if c.status == 200]
+    latencies = sorted(c.latency_s * time_scale for c in ok)
+    verdicts: list[str] = []
+    large_tokens = 0
+    for call in ok:
+        if mode != "draft-verify":
+            large_tokens += call.body["usage"]["completion_tokens"]
+            continue
+        stages = {s["stage"]: s for s in call.body["stages"]}
+        verdicts.append(stages["verify"]["label"])
+        large_tokens += 1 + (ANSWER_TOKENS if "revise" in stages else 0)
+    refused = sum(c.status in (429, 503) for c in calls)
+    return ModeResult(
+        load=load,
+        mode=mode,
+        offered=len(calls),
+        answered=len(ok),
+        refused=refused,
+        other=len(calls) - len(ok) - refused,
+        p50_model_s=quantile(latencies, 0.5) if latencies else None,
+        p99_model_s=quantile(latencies, 0.99) if latencies else None,
+        accepted_share=verdicts.count("accept") / len(verdicts) if verdicts else None,
+        large_tokens_per_call=large_tokens / len(ok) if ok else 0.0,
+    )
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def table(rows: Sequence[ModeResult]) -> str:
+    lines = [
+        "| load (calls/model s) | mode | offered | answered | refused | P50 s | P99 s | "
+        "drafts accepted | 13b tokens a call |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        share = "-" if r.accepted_share is None else f"{100 * r.accepted_share:.0f} %"
+        lines.append(
+            f"| {r.load:g} | {r.mode} | {r.offered} | {r.answered} | {r.refused} | "
+            f"{_s(r.p50_model_s)} | {_s(r.p99_model_s)} | {share} | "
+            f"{r.large_tokens_per_call:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--loads", default="1,4,8,12,16", help="calls a model second, comma-separated"
+    )
+    parser.add_argument("--duration", type=float, default=60.0, help="model seconds")
+    parser.add_argument("--time-scale", type=float, default=2.0)
+    parser.add_argument("--input-tokens", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    send_logs_to_file(load_settings({}, log_level="WARNING"), RESULTS / "services.log")
+    text = ("Review this function and say what it returns. " * 100)[: 4 * args.input_tokens]
+    rows = []
+    for load in (float(x) for x in args.loads.split(",")):
+        times_s = arrivals(load, args.duration, args.seed)
+        for mode in MODES:
+            calls = asyncio.run(
+                run_mode(mode, times_s, time_scale=args.time_scale, text=text, run=f"{load:g}")
+            )
+            rows.append(summarise(load, mode, calls, args.time_scale))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(table(rows))
+    document = {"config": vars(args), "rows": [asdict(r) for r in rows]}
+    (RESULTS / "llm_pipeline.json").write_text(json.dumps(document, indent=2))
+
+
+if __name__ == "__main__":
+    main()
