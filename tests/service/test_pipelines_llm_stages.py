@@ -194,7 +194,8 @@ async def test_one_trace_holds_the_llm_stages_through_their_workers(
         ]
         stage_spans = {s.name for s in found if s.name.startswith("stage ")}
         workers = {g for g in groups if g.startswith("worker-llm-")}
-        if (len(stage_spans) == len(ran) and len(workers) == 2) or (
+        answered = groups.count("ingress-ingress-0")
+        if (len(stage_spans) == len(ran) and len(workers) == 2 and answered == len(ran)) or (
             asyncio.get_running_loop().time() > deadline
         ):
             break

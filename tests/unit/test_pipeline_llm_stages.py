@@ -151,6 +151,11 @@ def _stage(data: dict[str, Any], pipeline: int, stage: int) -> dict[str, Any]:
             id="shares",
         ),
         pytest.param(
+            lambda d: _stage(d, 0, 1).update(choices={"not sure": 1.0}),
+            "pipelines[0].stages[1].choices.not sure (key): String should match pattern",
+            id="label-with-a-space",
+        ),
+        pytest.param(
             lambda d: _stage(d, 0, 2).update(when={"stage": "verify", "label": "maybe"}),
             "pipelines[0].stages[2].when: when names label 'maybe', which stage 'verify' never "
             "answers: accept, reject",

@@ -313,7 +313,10 @@ def _check_shares(value: dict[str, float]) -> dict[str, float]:
     return value
 
 
-LabelShares = Annotated[dict[Name, float], AfterValidator(_check_shares)]
+Label = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:/@~-]+$")]
+"""A label as answers carry it (letters, digits and ``._:/@~-``, no spaces)."""
+
+LabelShares = Annotated[dict[Label, float], AfterValidator(_check_shares)]
 """Labels and the share of answers each gets, summing to 1
 (:func:`~switchyard.multimodel.branching.labels_problem`)."""
 
