@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
 from switchyard.config import load_settings
 
 from bench.dashboard_render import PanelData, query_panels, render
@@ -53,21 +52,6 @@ def draw(base_url: str, start_s: float, end_s: float, out: Path, *, note: str) -
     out.parent.mkdir(parents=True, exist_ok=True)
     render(panels, out, span_s=end_s - start_s, title=dashboard["title"], note=note)
     return panels
-
-
-async def _wait_scraped(base_url: str, services: int, timeout_s: float = 60.0) -> None:
-    deadline_s = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(timeout=10.0) as http:
-        while True:
-            answer = await http.get(
-                f"{base_url}/api/v1/query", params={"query": 'sum(up{job="switchyard"})'}
-            )
-            result = answer.json()["data"]["result"]
-            if result and float(result[0]["value"][1]) >= services:
-                return
-            if time.monotonic() > deadline_s:
-                raise SystemExit(f"dashboard_snapshot: Prometheus scrapes {result} of {services}")
-            await asyncio.sleep(0.5)
 
 
 async def _live(
@@ -92,7 +76,7 @@ async def _live(
         stack.start_service("ingress")
         await stack.wait_ready(workers=2)
         await prometheus.scrape_replicas(stack.state, SERVICES)
-        await _wait_scraped(prometheus.url, SERVICES)
+        await prometheus.wait_scraping(SERVICES)
         await asyncio.sleep(10)  # a flat start before the load
         start_s = time.time() - 15
         replay = [

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import httpx
 import yaml
 from switchyard.runtime.presence import read_replicas
 from switchyard.state import StateStore
@@ -89,6 +90,25 @@ class LocalPrometheus:
         ]
         await asyncio.to_thread(self.targets.write_text, json.dumps(groups))
         return len(groups)
+
+    async def wait_scraping(self, replicas: int, timeout_s: float = 60.0) -> None:
+        """Return once ``replicas`` targets are up (scraped successfully).
+
+        Raises:
+            StackError: fewer after ``timeout_s``, naming what is up.
+        """
+        deadline_s = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(base_url=self.url, timeout=10.0) as http:
+            while True:
+                answer = await http.get(
+                    "/api/v1/query", params={"query": 'up{job="switchyard"} == 1'}
+                )
+                up = answer.json()["data"]["result"] if answer.status_code == 200 else []
+                if len(up) >= replicas:
+                    return
+                if time.monotonic() > deadline_s:
+                    raise StackError(f"Prometheus scrapes {len(up)} of {replicas} replicas: {up}")
+                await asyncio.sleep(0.5)
 
     def stop(self) -> None:
         self._process.terminate()

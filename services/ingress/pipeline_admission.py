@@ -143,15 +143,6 @@ def _llm_prompt_tokens(pipeline: PipelineSpec, stage: Stage, input_tokens: int) 
     return max(1, input_tokens + sum(llm.output_tokens for llm in before if llm is not None))
 
 
-@dataclass(frozen=True, slots=True)
-class _Path:
-    """The call a critical path is estimated for."""
-
-    pipeline: PipelineSpec
-    exec_scale: float
-    input_tokens: int
-
-
 class PipelineGate:
     """The cluster as last read, this replica's stage admissions since, and the decision.
 
@@ -260,12 +251,12 @@ class PipelineGate:
         live = [record for record in view.workers if self._live(record)]
         if not live and pipeline.models():
             return self._without_worker(now_s, time_left_s)
-        path = _Path(pipeline, exec_scale, input_tokens)
-        loaded = self._path(path, live, now_s, own_s=self._own_work_s(live))
+        call = (pipeline, exec_scale, input_tokens)
+        loaded = self._path(*call, live, now_s, own_s=self._own_work_s(live))
         estimate_s = max(f.finish_s for f in loaded.values()) - now_s
         margin_s = self.margin_s(now_s)
         expected_s = estimate_s + margin_s
-        idle = self._path(path, live, now_s, own_s=None)
+        idle = self._path(*call, live, now_s, own_s=None)
         idle_s = max(f.finish_s for f in idle.values()) - now_s
         budget_s = self.slack * time_left_s
         fits_idle = idle_s <= budget_s
@@ -306,7 +297,9 @@ class PipelineGate:
 
     def _path(
         self,
-        path: _Path,
+        pipeline: PipelineSpec,
+        exec_scale: float,
+        input_tokens: int,
         live: list[WorkerRecord],
         now_s: float,
         *,
@@ -316,11 +309,10 @@ class PipelineGate:
         ``own_s``: this replica's work to come per holder of each model; None: on idle
         workers with every model loaded."""
         finish: dict[str, _Finish] = {}
-        exec_scale = path.exec_scale
-        for stage in path.pipeline.stages:
+        for stage in pipeline.stages:
             ready_s = max((finish[name].finish_s for name in stage.after), default=now_s)
             if stage.llm is not None:
-                prompt_tokens = _llm_prompt_tokens(path.pipeline, stage, path.input_tokens)
+                prompt_tokens = _llm_prompt_tokens(pipeline, stage, input_tokens)
                 finish[stage.name] = self._on_llm(
                     stage, prompt_tokens, ready_s, now_s, idle=own_s is None
                 )

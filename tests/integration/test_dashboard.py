@@ -76,10 +76,7 @@ async def test_every_panel_shows_data_and_every_rule_evaluates(
     started_s = time.time()
     async with httpx.AsyncClient(timeout=30.0) as http:
         # Every replica scraped before the calls, so rates see them start.
-        deadline_s = time.monotonic() + 60
-        while len(await _query(http, base, 'up{job="switchyard"} == 1')) < 7:
-            assert time.monotonic() < deadline_s, await _query(http, base, "up")
-            await asyncio.sleep(0.5)
+        await prometheus.wait_scraping(7)
         # Calls for a while: a few every tenth of a second, one with a deadline it misses.
         async with httpx.AsyncClient(base_url=stack.url, timeout=60.0) as client:
             for round_number in range(60):
