@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from switchyard.contracts.messages import Completion, OutputChunk
 
@@ -139,9 +139,18 @@ class AnswerRegistry:
             calls poll the records).
     """
 
-    def __init__(self, instance_id: str, reply_partition: int | None = None) -> None:
+    def __init__(
+        self,
+        instance_id: str,
+        reply_partition: int | None = None,
+        *,
+        on_completion: Callable[[Completion], None] | None = None,
+    ) -> None:
         self.instance_id = instance_id
         self.reply_partition = reply_partition
+        self.on_completion = on_completion
+        """Told of every completion delivered, waited for or not (the admission gate
+        learns from them)."""
         self._waiters: dict[str, list[Waiter]] = {}
 
     def overdue(self, age_s: float) -> list[str]:
@@ -180,6 +189,8 @@ class AnswerRegistry:
 
     def deliver(self, answer: Answer) -> bool:
         """Hand ``answer`` to the waiters of its request; False when nobody used it."""
+        if self.on_completion is not None and isinstance(answer, Completion):
+            self.on_completion(answer)
         used = False
         for waiter in list(self._waiters.get(answer.request_id, ())):
             if isinstance(answer, Completion):

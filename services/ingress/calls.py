@@ -191,7 +191,7 @@ class RequestDesk:
         ``tenant`` (:mod:`services.ingress.tenants`)."""
         request_id = tenant.scoped(client_id or f"req-{uuid.uuid4().hex}")
         if self.gate is not None and demand is not None:
-            decision = self.gate.decide(demand, self.clock())
+            decision = self.gate.decide(demand, self.clock(), request_id)
             if not decision.admitted:
                 earlier = await self.read(request_id) if client_id is not None else None
                 if earlier is not None:
@@ -208,6 +208,7 @@ class RequestDesk:
         request = make_request(request_id)
         refused = self.decisions.refusal(request) if self.decisions is not None else None
         if refused is not None:
+            self._forget(request_id)
             earlier = await self.read(request_id) if client_id is not None else None
             if earlier is not None:
                 _same_call_or_conflict(earlier, request)
@@ -230,13 +231,16 @@ class RequestDesk:
                 accepted = await self._accepts.submit((request, named))
         except Exception as exc:
             self.answers.release(waiter)
+            self._forget(request_id)
             raise unavailable(f"the state store is unavailable: {exc}") from None
         if accepted.restoring:
             self.answers.release(waiter)
+            self._forget(request_id)
             raise restoring(public_request_id(request_id))
         if not accepted.accepted:
             # A retry: the earlier request's answer. Another call's use of the id is a 409.
             self.answers.release(waiter)
+            self._forget(request_id)
             assert accepted.record is not None
             _same_call_or_conflict(accepted.record, request)
             return await self._existing(accepted.record, stream=stream)
@@ -263,6 +267,11 @@ class RequestDesk:
                 extra={"switchyard": {"request_id": public_id, "status": "unknown"}},
             ) from None
         return Accepted(request_id, waiter=waiter)
+
+    def _forget(self, request_id: str) -> None:
+        """An admitted request was not accepted: the gate learns nothing from its id."""
+        if self.gate is not None:
+            self.gate.forget(request_id)
 
     async def read(self, request_id: str) -> RequestRecord | None:
         """The ledger's record of ``request_id`` (scoped), or None; 503 (retry shortly)

@@ -26,10 +26,14 @@ trace to lose.
   freed meanwhile: the engine does not chunk prefills, so each pauses the decode) and
   ``max_tokens - 1`` decode steps of ``k`` sequences: ``loaded(k) = k * prefill(prompt)
   + (max_tokens - 1) * step(k, k * c)`` with ``c = prompt + max_tokens / 2`` the mean
-  context, ``slowdown(k) = loaded(k) / s``. A full worker therefore serves ``rate = n /
-  slowdown(n)`` seconds of idle service time per wall second (for the conversation
-  sample on ``a100-80gb/llama-2-7b`` about 4 requests per modelled second, which is
-  what the emulated worker achieves). Any other worker reports ``queued_work_s``
+  context, ``slowdown(k) = loaded(k) / s``. A worker that reports its recent share ``p``
+  of time spent prefilling (the heartbeat's ``prefill_share``) decodes only ``1 - p`` of
+  the time, so the prefills' pause is at least ``decode * p / (1 - p)`` (``p`` counted up
+  to :data:`MAX_PREFILL_SHARE`): a stream of short requests (a verifier's one-token
+  verdicts) brings more prompts than the batch's own turnover. A full worker therefore
+  serves ``rate = n / slowdown(n)`` seconds of idle service time per wall second (for
+  the conversation sample on ``a100-80gb/llama-2-7b`` about 4 requests per modelled
+  second, which is what the emulated worker achieves). Any other worker reports ``queued_work_s``
   already as wall seconds to drain (its batches estimated whole): ``n = rate = 1``.
 - *backlog* ``W``: the heartbeat's ``queued_work_s`` (waiting requests whole, running
   ones what is left), less ``rate`` times the seconds since the monitor received that
@@ -45,13 +49,24 @@ trace to lose.
   ``W / rate + s * slowdown(n)``. (``W / rate`` counts the running requests' remaining
   work too, so it errs long by about half a loaded service time.)
 
+**Calibration** (:mod:`services.ingress.calibration`), for LLM requests. The estimate
+is only as good as the worker's profile and the batch model above; a worker slower than
+its profile (another clock, a busy host) would be admitted to right up to every
+deadline and miss them. So the gate learns from the LLM requests it admitted: when one
+is answered (:meth:`AdmissionGate.answered`, told of every answer this replica
+receives), it keeps how much later than estimated it finished (its finish less its
+judgement time and estimate), per model, and adds the calibration quantile of those
+errors, when positive, to every later estimate for that model, as the pipeline gate does
+for calls. A classification request is not calibrated: its estimate is one profiled
+batch, and the window scheduler holds requests for a window by design.
+
 The least-loaded worker (smallest expected finish) is the one the request is judged
-on. It is **rejected with 429** when that expected finish exceeds ``slack`` times the
-time left to its deadline (``SWITCHYARD_ADMISSION_SLACK``). A request that cannot make
-its deadline even on an idle worker is admitted only when it would start at once (it
-delays no one's start); one that would wait is refused like any other, so requests that
-are late whatever happens cannot pile up in front of the ones that can still be on
-time. ``Retry-After`` is the time for the backlog to drain enough that the
+on. It is **rejected with 429** when that expected finish, calibrated, exceeds
+``slack`` times the time left to its deadline (``SWITCHYARD_ADMISSION_SLACK``). A
+request that cannot make its deadline even on an idle worker is admitted only when it
+would start at once (it delays no one's start); one that would wait is refused like any
+other, so requests that are late whatever happens cannot pile up in front of the ones
+that can still be on time. ``Retry-After`` is the time for the backlog to drain enough that the
 same request, arriving fresh, would be admitted: ``expected - slack * (deadline -
 arrival)``, rounded up, at least 1 s.
 
@@ -76,9 +91,11 @@ from enum import StrEnum
 from typing import Literal
 
 from switchyard.cluster import ClusterView, WorkerRecord
-from switchyard.contracts.messages import Heartbeat
+from switchyard.contracts.messages import Completion, CompletionStatus, Heartbeat
 from switchyard.perf import PerformanceModel
 from switchyard.perf.profiles import UnknownProfileError, performance_model
+
+from services.ingress.calibration import CALIBRATION_HORIZON, EstimateErrors
 
 __all__ = [
     "DEFAULT_SERVICE_S",
@@ -98,6 +115,13 @@ NO_WORKER_RETRY_AFTER_S = 5
 IN_TRANSIT_S = 0.05
 """A heartbeat sent less than this after an admission may not reflect it yet (the
 request is still on its way through the scheduler): such admissions stay accounted."""
+MAX_PREFILL_SHARE = 0.9
+"""A worker's prefill share is counted up to this (its decode then runs a tenth of the
+time): a share near 1 is a worker prefilling back to back, whose decode estimate would
+otherwise be unbounded."""
+JUDGED_KEPT = 20_000
+"""Admitted LLM requests whose answers the gate waits for to calibrate (the oldest is
+forgotten beyond this: its answer never came here)."""
 
 
 class Verdict(StrEnum):
@@ -169,8 +193,12 @@ class _Shape:
 
     idle_s: float  # alone on an idle worker
     slots: int  # how many like it a batch holds
-    rate: float  # idle-service seconds a full worker serves per wall second
-    slowdown: Callable[[int], float]  # a batch of k's decode step over a lone one's
+    slowdown: Callable[[int, float], float]
+    """Its time in a batch of k over its time alone, given the worker's prefill share."""
+
+    def rate(self, prefill_share: float) -> float:
+        """Idle-service seconds a full worker serves per wall second."""
+        return self.slots / self.slowdown(self.slots, prefill_share)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,6 +238,16 @@ class _Pending:
         return sum(t for _, _, t in self.admissions)
 
 
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    """An admitted LLM request, until its answer: what it teaches the calibration."""
+
+    model: str
+    judged_at_s: float
+    expected_s: float  # uncalibrated
+    horizon_s: float
+
+
 @functools.cache
 def _profile(name: str) -> PerformanceModel | None:
     try:
@@ -234,16 +272,20 @@ def _shape(
     decode_steps = max(0, output - 1)
     lone_s = perf.idle_service_s(max(0, prompt), max(1, output))
 
-    def slowdown(batch: int) -> float:
+    def slowdown(batch: int, prefill_share: float) -> float:
         # In a batch of k that turns over, k prefills (its own and k - 1 newcomers'
         # taking the slots that free up) pause the decode, and each step costs step(k).
+        # A worker measured prefilling a share p of its time decodes only 1 - p of it:
+        # newcomers that are not the batch's own turnover (short requests) pause it more.
         batch = max(1, min(batch, slots))
-        loaded_s = batch * prefill_s + decode_steps * perf.decode_step_s(batch, batch * context)
-        return max(1.0, loaded_s / lone_s) if lone_s > 0 else 1.0
+        decode_s = decode_steps * perf.decode_step_s(batch, batch * context)
+        pause_s = batch * prefill_s
+        if prefill_share > 0.0:
+            share = min(prefill_share, MAX_PREFILL_SHARE)
+            pause_s = max(pause_s, prefill_s + decode_s * share / (1.0 - share))
+        return max(1.0, (pause_s + decode_s) / lone_s) if lone_s > 0 else 1.0
 
-    full = slowdown(slots)
-    idle_s = lone_s / scale
-    return _Shape(idle_s=idle_s, slots=slots, rate=slots / full, slowdown=slowdown)
+    return _Shape(idle_s=lone_s / scale, slots=slots, slowdown=slowdown)
 
 
 def estimate(
@@ -260,21 +302,22 @@ def estimate(
     heartbeat = record.heartbeat
     assert heartbeat is not None
     shape = _llm_shape(demand, heartbeat)
+    share = heartbeat.prefill_share
     if shape is not None:
-        own_s, slots, rate, slowdown = shape.idle_s, shape.slots, shape.rate, shape.slowdown
+        own_s, slots, rate, slowdown = shape.idle_s, shape.slots, shape.rate(share), shape.slowdown
     else:
         own_s, slots, rate = _plain_service_s(demand, heartbeat), 1, 1.0
 
-        def slowdown(batch: int) -> float:
+        def slowdown(batch: int, prefill_share: float) -> float:
             return 1.0
 
     age_s = max(0.0, now_s - record.last_seen_s)
     backlog_s = max(0.0, heartbeat.queued_work_s - rate * age_s) + pending_work_s
     occupancy = heartbeat.running + heartbeat.queue_length + pending_count
     if occupancy < slots and _kv_room(demand, heartbeat, pending_tokens, shape is not None):
-        wait_s, service_s = 0.0, own_s * slowdown(occupancy + 1)
+        wait_s, service_s = 0.0, own_s * slowdown(occupancy + 1, share)
     else:
-        wait_s, service_s = backlog_s / rate, own_s * slowdown(slots)
+        wait_s, service_s = backlog_s / rate, own_s * slowdown(slots, share)
     return Estimate(
         worker_id=record.worker_id, wait_s=wait_s, service_s=service_s, idle_service_s=own_s
     )
@@ -354,6 +397,10 @@ class AdmissionGate:
         self._first_refresh_s: float | None = None
         self._served_at_s: dict[str, float] = {}
         self._pending: dict[str, _Pending] = {}
+        self._judged: dict[str, _Judged] = {}
+        """Admitted LLM requests not yet answered, oldest first."""
+        self._errors: dict[str, EstimateErrors] = {}
+        """Per model: how much later than estimated the latest admitted requests finished."""
 
     @property
     def ready(self) -> bool:
@@ -385,9 +432,10 @@ class AdmissionGate:
     def _live(self, record: WorkerRecord) -> bool:
         return record.takes_work(self.worker_timeout_s)
 
-    def decide(self, demand: Demand, now_s: float) -> Decision:
+    def decide(self, demand: Demand, now_s: float, request_id: str | None = None) -> Decision:
         """Admit or refuse ``demand`` at ``now_s``; an admitted request is accounted to
-        the worker it was judged on until that worker's next heartbeat."""
+        the worker it was judged on until that worker's next heartbeat, and an admitted
+        LLM request named by ``request_id`` calibrates the gate once answered."""
         view = self._view
         time_left_s = demand.deadline_s - now_s
         if view is None:
@@ -416,35 +464,76 @@ class AdmissionGate:
             return self._without_worker(demand, now_s, time_left_s)
         budget_s = self.slack * time_left_s
         fits_idle = best.idle_service_s <= budget_s
+        margin_s = self.margin_s(demand.model, now_s) if demand.kind == "llm" else 0.0
+        # The margin is time the estimate leaves out: counted as waiting.
+        wait_s, service_s = best.wait_s + margin_s, best.service_s
         # Late even idle: admitted only when it starts at once, queued behind no one.
-        if best.expected_s > budget_s and (fits_idle or best.wait_s > 0):
+        if wait_s + service_s > budget_s and (fits_idle or best.wait_s > 0):
             relative_s = self.slack * (demand.deadline_s - demand.arrival_s)
-            retry_s = max(1, math.ceil(best.expected_s - relative_s))
+            retry_s = max(1, math.ceil(wait_s + service_s - relative_s))
+            calibrated = f" (calibration {margin_s:+.3f} s)" if margin_s > 0 else ""
             return Decision(
                 verdict=Verdict.OVERLOADED,
                 worker_id=best.worker_id,
-                wait_s=best.wait_s,
-                service_s=best.service_s,
+                wait_s=wait_s,
+                service_s=service_s,
                 time_left_s=time_left_s,
                 retry_after_s=retry_s,
                 reason=(
-                    f"expected wait {best.wait_s:.3f} s + service {best.service_s:.3f} s on "
-                    f"{best.worker_id} > {self.slack:g} x {time_left_s:.3f} s left"
+                    f"expected wait {wait_s:.3f} s + service {service_s:.3f} s on "
+                    f"{best.worker_id}{calibrated} > {self.slack:g} x {time_left_s:.3f} s left"
                 ),
             )
         pending = self._pending.setdefault(best.worker_id, _Pending())
         tokens = demand.prompt_tokens + demand.output_tokens if demand.kind == "llm" else 0
         pending.admissions.append((now_s, best.idle_service_s, tokens))
+        if request_id is not None and demand.kind == "llm":
+            self._judge(request_id, demand, now_s, best.expected_s)
         return Decision(
             verdict=Verdict.ADMIT,
             worker_id=best.worker_id,
-            wait_s=best.wait_s,
-            service_s=best.service_s,
+            wait_s=wait_s,
+            service_s=service_s,
             time_left_s=time_left_s,
             reason="fits its deadline"
             if fits_idle
             else "cannot fit even idle, starts at once (not overload)",
         )
+
+    # -- calibration -----------------------------------------------------------------
+
+    def _judge(self, request_id: str, demand: Demand, now_s: float, expected_s: float) -> None:
+        judged = self._judged
+        judged.pop(request_id, None)  # judged again (a retry): the latest judgement counts
+        if len(judged) >= JUDGED_KEPT:
+            del judged[next(iter(judged))]
+        horizon_s = CALIBRATION_HORIZON * max(0.0, demand.deadline_s - demand.arrival_s)
+        judged[request_id] = _Judged(demand.model, now_s, expected_s, horizon_s)
+
+    def forget(self, request_id: str) -> None:
+        """The request admitted as ``request_id`` was not accepted after all (a retry of
+        an earlier one, or the store refused it): its answer teaches nothing."""
+        self._judged.pop(request_id, None)
+
+    def answered(self, completion: Completion) -> None:
+        """An answer reached this replica: if it is an LLM request admitted here, learn
+        how much later than estimated it finished (module documentation)."""
+        judged = self._judged.pop(completion.request_id, None)
+        finished_s = completion.timeline.finished_s
+        if judged is None or finished_s is None or completion.status != CompletionStatus.OK:
+            return
+        errors = self._errors.get(judged.model)
+        if errors is None:
+            errors = self._errors[judged.model] = EstimateErrors()
+        late_s = finished_s - (judged.judged_at_s + judged.expected_s)
+        errors.add(late_s, finished_s + judged.horizon_s)
+
+    def margin_s(self, model: str, now_s: float) -> float:
+        """What the gate adds to ``model``'s LLM estimates at ``now_s``: the calibration
+        quantile of its errors when positive, else 0."""
+        errors = self._errors.get(model)
+        late_s = errors.quantile(now_s) if errors is not None else None
+        return 0.0 if late_s is None else max(0.0, late_s)
 
     def _without_worker(self, demand: Demand, now_s: float, time_left_s: float) -> Decision:
         assert self._first_refresh_s is not None

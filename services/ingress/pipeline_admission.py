@@ -35,29 +35,29 @@ the request gate's own estimate (:func:`services.ingress.load_shedding.estimate`
 continuous batches on the worker's performance profile, its held work and KV cache from
 its heartbeat), starting no earlier than its ``after`` stages end; its prompt is
 estimated as the call's input tokens plus the output tokens of the LLM stages it runs
-after. Idle, it takes its service alone. The LLM stages this replica sent that no
-heartbeat lists yet are not counted (the calibration takes up what that leaves out). An
-LLM stage that no live worker serves is not judged (the scheduler holds it until one
+after. Idle, it takes its service alone. This replica's own LLM work that no heartbeat
+lists yet counts on the model's workers as the request gate counts its own admissions
+(a slot, the idle service and the KV tokens each), shared evenly among the model's live
+workers: the LLM stages it sent less than
+:data:`~services.ingress.load_shedding.IN_TRANSIT_S` before the oldest live LLM
+worker's latest heartbeat (or after it), and those of the calls it admitted still to
+come (a verdict waits for its draft; a conditional one counts until dropped), which
+will run in the batch a new call's stage joins. Without them, calls admitted together
+were each judged on the batch as it was, and the batch they made together ran their
+stages past the deadline (``bench/llm_pipeline_bench.py``). An LLM stage that no live worker serves is not judged (the scheduler holds it until one
 does), and teaches the calibration nothing.
 
 The call's *expected* time is its critical path: the latest finish of its stages. A
 conditional stage counts as run (the deadline holds for the branch that runs most).
 
-**Calibration.** The estimate is a queue model's, and past capacity the gate admits
-calls right up to their deadline, so any error that makes it short turns an admitted
-call into a miss. As GAPS calibrates its service-time predictions, the gate learns from
-the calls it admitted: when one is answered (:meth:`PipelineGate.call_ended` with its
-answer time), it keeps how much later than estimated it finished, and adds the
-:data:`CALIBRATION_QUANTILE` of those errors (when positive) to every expected time.
-An error counts for :data:`CALIBRATION_HORIZON` times its call's relative deadline after
-its answer, and only the latest :data:`CALIBRATION_WINDOW` count: late finishes widen
-the margin, it shrinks again as admitted calls finish on time, and it lapses when no
-call has been admitted for a while (a margin that refused everything would otherwise
-never be corrected). With fewer than :data:`CALIBRATION_MIN_CALLS` errors counting there
-is no margin: a quantile of a handful is their worst. A call admitted while one of its
-models was placed nowhere teaches nothing: it also waits for the placement service's
-next round, which the estimate leaves out, and a cold start's first calls would
-otherwise set a margin far larger than any error after them.
+**Calibration** (:mod:`services.ingress.calibration`). The estimate is a queue model's,
+so the gate learns from the calls it admitted: when one is answered
+(:meth:`PipelineGate.call_ended` with its answer time), it keeps how much later than
+estimated it finished, and adds the calibration quantile of those errors (when positive)
+to every expected time. A call admitted while one of its models was placed nowhere
+teaches nothing: it also waits for the placement service's next round, which the
+estimate leaves out, and a cold start's first calls would otherwise set a margin far
+larger than any error after them.
 
 It is **refused with 429** when the calibrated expected time exceeds ``slack`` times
 the time left to the deadline, unless the call would miss it even on idle workers with
@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -86,35 +85,30 @@ from switchyard.cluster import ClusterView, WorkerRecord
 from switchyard.contracts.messages import Heartbeat, PlacedState
 from switchyard.multimodel.model import ModelSpec, PipelineSpec, Stage
 
-from services.ingress.load_shedding import Decision, Demand, Verdict, estimate, without_worker
+from services.ingress.calibration import CALIBRATION_HORIZON, EstimateErrors
+from services.ingress.load_shedding import (
+    IN_TRANSIT_S,
+    Decision,
+    Demand,
+    Verdict,
+    estimate,
+    without_worker,
+)
 
-__all__ = [
-    "CALIBRATION_HORIZON",
-    "CALIBRATION_MIN_CALLS",
-    "CALIBRATION_QUANTILE",
-    "CALIBRATION_WINDOW",
-    "PipelineGate",
-]
-
-CALIBRATION_WINDOW = 200
-"""Admitted calls whose estimate errors calibrate the gate (the latest answered)."""
-CALIBRATION_QUANTILE = 0.9
-"""The quantile of those errors added to every expected time: about this share of the
-calls admitted at the edge of their deadline should meet it."""
-CALIBRATION_MIN_CALLS = 20
-"""Errors that must count before the gate adds any margin."""
-CALIBRATION_HORIZON = 4.0
-"""How long an error counts after its call was answered, in that call's relative
-deadlines (``deadline - arrival``)."""
+__all__ = ["PipelineGate"]
 
 
 @dataclass(frozen=True, slots=True)
 class _Work:
-    """One stage's service time on a model (wall seconds), and when it was sent."""
+    """One stage's service time on a model (wall seconds), and when it was sent; an LLM
+    stage's model is the served LLM model, its service time alone, and its context
+    tokens."""
 
     model: str
     service_s: float
     sent_at_s: float = 0.0
+    llm: bool = False
+    tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +119,8 @@ class _Finish:
     finish_s: float
     service_s: float
     placed: bool = True
+    work: _Work | None = None
+    """An LLM stage's work on its model (what it adds to a worker once sent)."""
 
 
 def _takes_stages(heartbeat: Heartbeat) -> bool:
@@ -180,12 +176,13 @@ class PipelineGate:
         """The stages not yet sent of each call admitted here, by call id and stage."""
         self._sent: list[_Work] = []
         """Stages sent since the oldest live heartbeat (no heartbeat lists them yet)."""
+        self._llm_sent: list[_Work] = []
+        """LLM stages sent that no live LLM worker's heartbeat may list yet."""
         self._expected: dict[str, tuple[float, float]] = {}
         """Each call admitted here: when it is expected to be answered (uncalibrated),
         and how long its error will count."""
-        self._errors: deque[tuple[float, float]] = deque(maxlen=CALIBRATION_WINDOW)
-        """``(counts until, error)``: how much later than expected the latest admitted
-        calls were answered."""
+        self._errors = EstimateErrors()
+        """How much later than expected the latest admitted calls were answered."""
 
     def observe(self, view: ClusterView) -> None:
         """Take a fresh read of the monitor's records (at ``view.now_s``): the stages
@@ -202,6 +199,18 @@ class PipelineGate:
             self._sent = [work for work in self._sent if work.sent_at_s >= oldest_s]
         else:
             self._sent.clear()  # no worker to list them, and no estimate to make
+        llm_heard_s = [
+            record.heartbeat.sent_at_s
+            for record in view.workers
+            if record.takes_work(self.worker_timeout_s)
+            and record.heartbeat is not None
+            and not _takes_stages(record.heartbeat)
+        ]
+        if llm_heard_s:
+            since_s = min(llm_heard_s) - IN_TRANSIT_S
+            self._llm_sent = [work for work in self._llm_sent if work.sent_at_s > since_s]
+        else:
+            self._llm_sent.clear()
         if any(self._live(record) for record in view.workers):
             self._served_at_s = view.now_s
         self._view = view
@@ -275,11 +284,14 @@ class PipelineGate:
                     f"{self.slack:g} x {time_left_s:.3f} s left"
                 ),
             )
-        self._to_send[call_id] = {
-            stage.name: _Work(stage.model, loaded[stage.name].service_s)
-            for stage in pipeline.stages
-            if stage.llm is None
-        }
+        to_send: dict[str, _Work] = {}
+        for stage in pipeline.stages:
+            finish = loaded[stage.name]
+            if stage.llm is None:
+                to_send[stage.name] = _Work(stage.model, finish.service_s)
+            elif finish.work is not None:  # None: no live worker serves it, not judged
+                to_send[stage.name] = finish.work
+        self._to_send[call_id] = to_send
         if all(finish.placed for finish in loaded.values()):
             # One that waits for a model placed nowhere waits for the placement service's
             # next round too: that error is the round's, not the queues', and is not learnt.
@@ -351,14 +363,27 @@ class PipelineGate:
             prompt_tokens=prompt_tokens,
             output_tokens=stage.llm.output_tokens,
         )
+        tokens = prompt_tokens + stage.llm.output_tokens
+        live = self._llm_live(model)
+        # This replica's LLM work on the model that no heartbeat lists: sent since, and
+        # the stages of the calls it admitted still to come (a verdict waits for its
+        # draft), which will run in the batch this stage joins.
+        coming = (w for stages in self._to_send.values() for w in stages.values() if w.llm)
+        own = [w for w in itertools.chain(self._llm_sent, coming) if w.model == model]
+        share = 1.0 / max(1, len(live))
+        count = math.ceil(len(own) * share)
+        sent_s = sum(work.service_s for work in own) * share
+        sent_tokens = int(sum(work.tokens for work in own) * share)
         best: _Finish | None = None
-        for record in self._llm_live(model):
-            found = estimate(demand, record, now_s)
+        for record in live:
             if idle:
+                found = estimate(demand, record, now_s)
                 finish = _Finish(ready_s + found.idle_service_s, found.idle_service_s)
             else:
+                found = estimate(demand, record, now_s, count, sent_s, sent_tokens)
                 start_s = max(ready_s, now_s + found.wait_s)
-                finish = _Finish(start_s + found.service_s, found.service_s)
+                work = _Work(model, found.idle_service_s, llm=True, tokens=tokens)
+                finish = _Finish(start_s + found.service_s, found.service_s, work=work)
             if best is None or finish.finish_s < best.finish_s:
                 best = finish
         return best if best is not None else _Finish(ready_s, 0.0, placed=False)
@@ -396,7 +421,8 @@ class PipelineGate:
         for work in itertools.chain(
             (w for stages in self._to_send.values() for w in stages.values()), self._sent
         ):
-            work_s[work.model] = work_s.get(work.model, 0.0) + work.service_s
+            if not work.llm:
+                work_s[work.model] = work_s.get(work.model, 0.0) + work.service_s
         holders: dict[str, int] = {}
         for record in live:
             assert record.heartbeat is not None
@@ -412,7 +438,7 @@ class PipelineGate:
         until a heartbeat sent after it can list it."""
         work = self._to_send.get(call_id, {}).pop(stage, None)
         if work is not None:
-            self._sent.append(replace(work, sent_at_s=now_s))
+            (self._llm_sent if work.llm else self._sent).append(replace(work, sent_at_s=now_s))
 
     def stage_dropped(self, call_id: str, stage: str) -> None:
         """A stage of an admitted call will not run (its branch was not taken)."""
@@ -427,16 +453,14 @@ class PipelineGate:
         if expected is None or answered_at_s is None:
             return
         expected_at_s, horizon_s = expected
-        self._errors.append((answered_at_s + horizon_s, answered_at_s - expected_at_s))
+        self._errors.add(answered_at_s - expected_at_s, answered_at_s + horizon_s)
 
     def margin_s(self, now_s: float) -> float:
         """What the gate adds to every expected time at ``now_s`` (see the module
         docstring): the calibration quantile of the errors that still count, or 0 with
         too few."""
-        errors = sorted(error_s for until_s, error_s in self._errors if until_s >= now_s)
-        if len(errors) < CALIBRATION_MIN_CALLS:
-            return 0.0
-        return max(0.0, errors[min(len(errors) - 1, int(CALIBRATION_QUANTILE * len(errors)))])
+        error_s = self._errors.quantile(now_s)
+        return 0.0 if error_s is None else max(0.0, error_s)
 
     def _loaded_first(
         self,

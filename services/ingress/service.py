@@ -68,7 +68,6 @@ class IngressService(Service):
     def __init__(self, ctx: ServiceContext, catalogue: ServingCatalogue | None = None) -> None:
         super().__init__(ctx)
         self.catalogue = catalogue
-        self.answers = AnswerRegistry(ctx.settings.instance_id)
         self.admission = Admission()
         settings = ctx.settings
         self.gate: AdmissionGate | None = (
@@ -79,6 +78,10 @@ class IngressService(Service):
             )
             if settings.admission == "deadline"
             else None
+        )
+        # Every answer this replica receives calibrates the gate's estimates.
+        self.answers = AnswerRegistry(
+            settings.instance_id, on_completion=self.gate.answered if self.gate else None
         )
         # Built once the catalogue (its models) is known, at start.
         self.pipeline_gate: PipelineGate | None = None

@@ -61,6 +61,7 @@ def build_heartbeat(backend: Backend, queue: LocalQueue, facts: HeartbeatFacts) 
         kv_capacity_tokens=load.kv_capacity_tokens,
         queued_tokens=queue.waiting_tokens() + load.running_kv_tokens,
         decode_step_s=load.decode_step_s,
+        prefill_share=min(1.0, max(0.0, load.prefill_share)),
         chunked_prefill_tokens=load.chunked_prefill_tokens,
         outstanding=entries[: Heartbeat.MAX_LISTED],
         outstanding_total=len(entries),

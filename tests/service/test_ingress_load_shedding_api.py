@@ -2,7 +2,8 @@
 :mod:`tests.service.ingress_support`: a request no worker can finish before its deadline
 gets 429 with ``Retry-After`` and is neither recorded nor published; one for a model no
 live worker serves gets 503; nothing is refused before the first cluster read; a retry of
-a request accepted before is answered from its record, never judged again."""
+a request accepted before is answered from its record, never judged again; answers that
+come later than estimated make the gate refuse what it would otherwise admit."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from switchyard.state.memory import MemoryStateStore
 from switchyard.telemetry import Telemetry, configure_telemetry
 
 from services.ingress.api import ApiOptions, build_app
+from services.ingress.calibration import CALIBRATION_MIN_CALLS
 from services.ingress.load_shedding import NO_WORKER_RETRY_AFTER_S, AdmissionGate
 from tests.service.ingress_support import (
     FakeWorker,
@@ -63,6 +65,7 @@ async def _gated(grace_s: float = 10.0) -> AsyncIterator[Gated]:
     stopping = asyncio.Event()
     answers, routing = await routed_answers(bus, state, "ingress-a", stopping)
     gate = AdmissionGate(slack=1.0, grace_s=grace_s, worker_timeout_s=2.0)
+    answers.on_completion = gate.answered  # as the ingress service wires it
     telemetry = configure_telemetry("ingress", load_settings({}), install_global=False)
 
     async def publish(request: InferenceRequest) -> None:
@@ -234,3 +237,31 @@ async def test_a_retry_of_an_accepted_request_is_answered_not_judged_again(
     assert retry.json()["choices"][0]["text"] == answer_text("kept-1")
     assert [r.request_id for r in await gated.published()] == ["kept-1"]
     assert len(gated.worker.runs_of("kept-1")) == 1
+
+
+async def test_answers_later_than_estimated_calibrate_the_gate(gated: Gated) -> None:
+    # An idle worker whose profile, at time scale 1,000, says a short completion takes
+    # milliseconds; its answers come 0.3 s after each call (the fake worker's DELAY).
+    fast = heartbeat("w1").model_copy(update={"time_scale": 1000.0})
+    await store_worker(gated.state, fast)
+    await gated.refresh()
+    tight = {"X-Switchyard-Deadline-Ms": "150"}
+    fits = await gated.client.post("/v1/completions", json=completion_body(), headers=tight)
+    assert fits.status_code == 200, fits.text
+    slow = await asyncio.gather(
+        *(
+            gated.client.post("/v1/completions", json=completion_body(prompt=f"DELAY {i}"))
+            for i in range(CALIBRATION_MIN_CALLS)
+        )
+    )
+    assert [r.status_code for r in slow] == [200] * CALIBRATION_MIN_CALLS
+    await store_worker(gated.state, fast.model_copy(update={"sent_at_s": time.time()}))
+    await gated.refresh()
+    # About 0.3 s late at the 0.9 quantile: a 150 ms deadline no longer fits ...
+    assert gated.gate.margin_s("llama-2-7b", time.time()) > 0.2
+    refused = await gated.client.post("/v1/completions", json=completion_body(), headers=tight)
+    assert refused.status_code == 429, refused.text
+    # ... a 2 s one still does.
+    loose = {"X-Switchyard-Deadline-Ms": "2000"}
+    ok = await gated.client.post("/v1/completions", json=completion_body(), headers=loose)
+    assert ok.status_code == 200, ok.text

@@ -6,6 +6,7 @@ judged; a pipeline of LLM stages alone needs no multi-model worker."""
 
 from __future__ import annotations
 
+import pytest
 from switchyard.cluster import ClusterView
 from switchyard.contracts.messages import Heartbeat
 from switchyard.multimodel.model import LlmStage, PipelineSpec, Stage
@@ -151,3 +152,46 @@ def test_a_classifier_in_front_of_an_llm_stage_counts_both_and_needs_a_multi_mod
         call_id="no-models", input_tokens=INPUT_TOKENS,
     )  # fmt: skip
     assert decision.verdict is Verdict.NO_WORKER
+
+
+def test_admitted_calls_llm_stages_count_on_their_workers_until_a_heartbeat_lists_them() -> None:
+    small, large = llm_beat("small", SMALL), llm_beat("large", LARGE)
+    gate = gate_seeing(small, large)
+    path_s = service_s(small, INPUT_TOKENS, 128) + service_s(large, INPUT_TOKENS + 128, 1)
+    for i in range(SLOTS):
+        assert judge(gate, DRAFT_VERIFY, path_s + 1.0, f"c{i}") is Verdict.ADMIT
+    # Nothing sent yet, but the four drafts to come take the small worker's four slots:
+    # the next call's draft would wait for one.
+    assert judge(gate, DRAFT_VERIFY, path_s + 1.0, "next") is Verdict.OVERLOADED
+    # The drafts are sent, then a heartbeat sent well after them lists them (here: none
+    # running, so they are done): they no longer count; the verdicts to come take the
+    # large worker's slots, but each is short.
+    for i in range(SLOTS):
+        gate.stage_sent(f"c{i}", "draft", NOW)
+    later = [h.model_copy(update={"sent_at_s": NOW + 1.0}) for h in (small, large)]
+    gate.observe(ClusterView(now_s=NOW, workers=tuple(record(h) for h in later)))
+    assert judge(gate, DRAFT_VERIFY, path_s + 1.0, "after") is Verdict.ADMIT
+    # Calls that end take what they had still to come with them.
+    gate.call_ended("after")
+    for i in range(SLOTS):
+        gate.call_ended(f"c{i}")
+    assert gate.decide(
+        DRAFT_VERIFY,
+        exec_scale=1.0,
+        arrival_s=NOW,
+        deadline_s=NOW + path_s + 1.0,
+        now_s=NOW,
+        call_id="idle",
+        input_tokens=INPUT_TOKENS,
+    ).wait_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_llm_stages_sent_are_shared_among_their_models_live_workers() -> None:
+    small, large = llm_beat("small", SMALL), llm_beat("large", LARGE)
+    gate = gate_seeing(small, llm_beat("small-2", SMALL), large)
+    path_s = service_s(small, INPUT_TOKENS, 128) + service_s(large, INPUT_TOKENS + 128, 1)
+    for i in range(SLOTS):
+        assert judge(gate, DRAFT_VERIFY, path_s + 1.0, f"c{i}") is Verdict.ADMIT
+        gate.stage_sent(f"c{i}", "draft", NOW)
+    # Two drafts on each of two workers: a slot is still free on each.
+    assert judge(gate, DRAFT_VERIFY, path_s + 1.0, "next") is Verdict.ADMIT

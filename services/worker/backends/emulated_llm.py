@@ -54,7 +54,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
@@ -70,6 +70,7 @@ from services.worker.backends.base import (
     UnsupportedWorkError,
     WorkSpec,
 )
+from services.worker.backends.prefill_share import PrefillShare
 from services.worker.batching import admit_continuous, kv_reservation_tokens
 from services.worker.queue import BatchKey, EmulatedTimes, LocalQueue, WorkItem
 
@@ -110,7 +111,8 @@ class _Prefilling:
 class EmulatedLlmBackend:
     """Continuous batching on :class:`PerformanceModel` ``perf``, ``time_scale`` times faster
     than modelled; with ``chunked_prefill_tokens``, chunked prefill at that token budget
-    per iteration.
+    per iteration. Its load reports the share of its busy time its prefills took
+    (:mod:`services.worker.backends.prefill_share`), smoothed on ``clock``.
 
     Attributes:
         modelled_now_s: the modelled clock: modelled seconds spent in iterations so far.
@@ -130,6 +132,7 @@ class EmulatedLlmBackend:
         *,
         time_scale: float = 1.0,
         chunked_prefill_tokens: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not time_scale > 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
@@ -148,6 +151,9 @@ class EmulatedLlmBackend:
         self.prefix_cache = PrefixCache(perf.kv_capacity_tokens // PREFIX_BLOCK_TOKENS)
         self._reserved_tokens = 0
         self._pace_s: float | None = None  # loop time the current iteration should end at
+        self._prefill_modelled_s = 0.0  # modelled seconds of prefill iterations begun
+        self._share = PrefillShare()
+        self._clock = clock  # when the prefill share is read (monotonic seconds)
         self._interrupt: asyncio.Event | None = None  # the wake event of a group in progress
 
     # -- identity -----------------------------------------------------------------------------
@@ -254,7 +260,9 @@ class EmulatedLlmBackend:
         self, admitted: list[WorkItem], queue: LocalQueue, sink: ExecutionSink
     ) -> None:
         await self._start(admitted, queue, sink)
-        await self._spend(self.perf.prefill_s([self._uncached_tokens(i) for i in admitted]))
+        prefill_s = self.perf.prefill_s([self._uncached_tokens(i) for i in admitted])
+        self._prefill_modelled_s += prefill_s  # the batch's decode waits for it
+        await self._spend(prefill_s)
         await self._yield_tokens(admitted, sink)
 
     async def _mixed_iteration(
@@ -294,11 +302,13 @@ class EmulatedLlmBackend:
         if not chunks:
             return False
         kv_tokens = sum(item.context_tokens for item in decoding)
-        await self._spend(
-            self.perf.mixed_iteration_s(
-                [(part.context_tokens, tokens) for part, tokens in chunks], len(decoding), kv_tokens
-            )
+        iteration_s = self.perf.mixed_iteration_s(
+            [(part.context_tokens, tokens) for part, tokens in chunks], len(decoding), kv_tokens
         )
+        # What the chunks add to the decode step is time the decoding requests wait.
+        decode_s = self.perf.decode_step_s(len(decoding), kv_tokens) if decoding else 0.0
+        self._prefill_modelled_s += max(0.0, iteration_s - decode_s)
+        await self._spend(iteration_s)
         first_tokens: list[WorkItem] = []
         for part, tokens in chunks:
             key = part.item.request_id
@@ -469,6 +479,9 @@ class EmulatedLlmBackend:
             kv_capacity_tokens=perf.kv_capacity_tokens,
             running_kv_tokens=kv_tokens,
             decode_step_s=self.wall_s(perf.decode_step_s(len(running), kv_tokens)),
+            prefill_share=self._share.update(
+                self._clock(), self._prefill_modelled_s, self.modelled_now_s
+            ),
             chunked_prefill_tokens=self.chunked_prefill_tokens,
             # The KV cache is the memory requests compete for; the GPUs are the instance's.
             capacity=ResourceVector(

@@ -371,6 +371,12 @@ class Heartbeat(Message):
     kv_capacity_tokens: NonNegativeInt = 0
     queued_tokens: NonNegativeInt = 0
     decode_step_s: NonNegativeFloat = 0.0
+    prefill_share: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        default=0.0,
+        description="An LLM worker's recent share of its busy time spent prefilling "
+        "(smoothed over about a second): how much of the time its running batch's decode "
+        "is paused, or slowed, by newcomers' prompts. 0: unknown, idle or none.",
+    )
     chunked_prefill_tokens: PositiveInt | None = Field(
         default=None,
         description="An LLM worker that prefills in chunks: the tokens one iteration "
