@@ -93,6 +93,7 @@ from research.multimodel.agreement import (
     simulate_slice,
     workload_slice,
 )
+from research.multimodel.agreement_runs import RepeatedAgreement, repeated
 from research.multimodel.run import MultiModelResult, MultiModelSimConfig
 from services.embedded import EmbeddedPlan, EmbeddedStack, EmbeddedStartError
 from services.placement.service import DEMAND_TAU_MODEL_S, PlacementService
@@ -321,6 +322,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="mean arrival jitter of the simulator's band, wall ms (x T: model ms)",
     )
     parser.add_argument("--band-seeds", type=int, default=40, help="jittered simulations")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="live replays per time scale (medians compared)"
+    )
     parser.add_argument("--sim-only", action="store_true", help="the simulation and load alone")
     parser.add_argument("--out", type=Path, default=RESULTS / "agreement.json")
     args = parser.parse_args(argv)
@@ -330,6 +334,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         rates *= len(scales)
     if len(rates) != len(scales):
         sys.exit("--placement-update-hz: give one value, or one per --time-scale")
+    if args.runs < 1:
+        sys.exit(f"--runs must be at least 1, got {args.runs}")
+    scales = [scale for scale in scales for _ in range(args.runs)]
+    rates = [rate for rate in rates for _ in range(args.runs)]
     if args.workers < 1:
         sys.exit(f"--workers must be at least 1, got {args.workers}")
     if args.band_seeds < 1 or not args.jitter_ms > 0:
@@ -448,8 +456,37 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{args.arrival_compression:g}; {args.workers} workers; {args.policy}; model seconds"
         )
         print(format_table(rows))
+        summaries = repeated(rows)
+        document["repeated"] = [
+            {**asdict(r), "p50_ratio": r.p50_ratio, "p99_ratio": r.p99_ratio, "within": r.within()}
+            for r in summaries
+        ]
+        if any(r.runs > 1 for r in summaries):
+            print()
+            print(format_repeated(summaries))
     args.out.write_text(json.dumps(document, indent=2))
     print(f"\nwritten {args.out}" + ("" if args.sim_only else f"; service logs {log_file}"))
+
+
+def format_repeated(
+    summaries: Sequence[RepeatedAgreement], tolerance: float = DEFAULT_TOLERANCE
+) -> str:
+    """The live runs' medians against the jittered simulations' (markdown)."""
+    lines = [
+        "Live runs against the simulator under jitter, medians (model seconds):",
+        "",
+        "| T | rounds/s | live runs | live P50 | sim P50 | ratio | live P99 | sim P99 | ratio "
+        "| verdict |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in summaries:
+        verdict = f"{'within' if r.within(tolerance) else 'outside'} {tolerance:.0%}"
+        lines.append(
+            f"| {r.time_scale:g} | {r.update_hz:g} | {r.runs} | {_s(r.live_p50_median_s)} s "
+            f"| {_s(r.band.p50_median_s)} s | {r.p50_ratio:.3f} | {_s(r.live_p99_median_s)} s "
+            f"| {_s(r.band.p99_median_s)} s | {r.p99_ratio:.3f} | {verdict} |"
+        )
+    return "\n".join(lines)
 
 
 def _s(value: float | None) -> str:
