@@ -55,7 +55,9 @@ its profile (another clock, a busy host) would be admitted to right up to every
 deadline and miss them. So the gate learns from the LLM requests it admitted: when one
 is answered (:meth:`AdmissionGate.answered`, told of every answer this replica
 receives), it keeps how much later than estimated it finished (its finish less its
-judgement time and estimate), per model, and adds the calibration quantile of those
+estimate, counted from its judgement or its last assignment, whichever is later: a
+delay before assignment is the control plane's, a failover's, not the worker's), per
+model, and adds the calibration quantile of those
 errors, when positive, to every later estimate for that model, as the pipeline gate does
 for calls. A classification request is not calibrated: its estimate is one profiled
 batch, and the window scheduler holds requests for a window by design.
@@ -525,7 +527,13 @@ class AdmissionGate:
         errors = self._errors.get(judged.model)
         if errors is None:
             errors = self._errors[judged.model] = EstimateErrors()
-        late_s = finished_s - (judged.judged_at_s + judged.expected_s)
+        # From its (last) assignment on: the time before it is the control plane's (a
+        # scheduler's failover, a re-assignment after a worker died), which the estimate
+        # of a worker's wait and service does not cover and a margin would only carry
+        # past the fault.
+        assigned_s = completion.timeline.assigned_s
+        start_s = judged.judged_at_s if assigned_s is None else max(judged.judged_at_s, assigned_s)
+        late_s = finished_s - (start_s + judged.expected_s)
         errors.add(late_s, finished_s + judged.horizon_s)
 
     def margin_s(self, model: str, now_s: float) -> float:

@@ -44,8 +44,9 @@ worker's latest heartbeat (or after it), and those of the calls it admitted stil
 come (a verdict waits for its draft; a conditional one counts until dropped), which
 will run in the batch a new call's stage joins. Without them, calls admitted together
 were each judged on the batch as it was, and the batch they made together ran their
-stages past the deadline (``bench/llm_pipeline_bench.py``). An LLM stage that no live worker serves is not judged (the scheduler holds it until one
-does), and teaches the calibration nothing.
+stages past the deadline (``bench/llm_pipeline_bench.py``). An LLM stage that no live
+worker serves is not judged (the scheduler holds it until one does), and teaches the
+calibration nothing.
 
 The call's *expected* time is its critical path: the latest finish of its stages. A
 conditional stage counts as run (the deadline holds for the branch that runs most).

@@ -150,8 +150,12 @@ def make_completion(
     status: CompletionStatus = CompletionStatus.OK,
     emulated: bool = False,
     error: str | None = None,
+    assigned_s: float | None = None,
 ) -> Completion:
+    """The answer of ``request``, finished now (assigned and started now too, unless
+    ``assigned_s`` says when it was taken)."""
     now = time.time()
+    taken_s = now if assigned_s is None else assigned_s
     result: LLMResult | ClassificationResult
     if isinstance(request.payload, LLMPayload):
         text = (
@@ -171,8 +175,8 @@ def make_completion(
         error=error,
         timeline=RequestTimeline(
             arrival_s=request.arrival_s,
-            assigned_s=now,
-            started_s=now,
+            assigned_s=taken_s,
+            started_s=taken_s,
             first_token_s=now,
             finished_s=now,
         ),
@@ -228,6 +232,7 @@ class FakeWorker:
             return  # never decided: it stays queued
         if not await self._take(request):
             return  # decided before (a copy published again): it runs once
+        taken_s = time.time()
         if "DELAY" in marker:
             await asyncio.sleep(0.3)
         if "FAIL" in marker:
@@ -240,7 +245,7 @@ class FakeWorker:
             await self._answer(request, make_completion(request, status=CompletionStatus.EXPIRED))
             return
         emulated = "EMULATED" in marker
-        completion = make_completion(request, emulated=emulated)
+        completion = make_completion(request, emulated=emulated, assigned_s=taken_s)
         copies = 2 if "DUP" in marker else 1
         streaming = isinstance(payload, LLMPayload) and payload.stream
         if "LATE" in marker:

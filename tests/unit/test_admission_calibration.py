@@ -23,7 +23,11 @@ from tests.unit.test_ingress_load_shedding import IDLE_S, NOW, beat, gate, llm, 
 
 
 def answer(
-    request_id: str, finished_s: float, status: CompletionStatus = CompletionStatus.OK
+    request_id: str,
+    finished_s: float,
+    status: CompletionStatus = CompletionStatus.OK,
+    *,
+    assigned_s: float | None = None,
 ) -> Completion:
     return Completion(
         request_id=request_id,
@@ -32,7 +36,7 @@ def answer(
         worker_type="a100-80gb",
         variant="llama-2-7b",
         status=status,
-        timeline=RequestTimeline(arrival_s=NOW, finished_s=finished_s),
+        timeline=RequestTimeline(arrival_s=NOW, assigned_s=assigned_s, finished_s=finished_s),
     )
 
 
@@ -175,3 +179,15 @@ def test_requests_never_answered_here_are_forgotten_beyond_a_bound(
     assert made.margin_s("llama-2-7b", NOW) == pytest.approx(IDLE_S)
     made.answered(answer("old11", NOW + 1e6))  # one still kept does
     assert len(learnt) == CALIBRATION_MIN_CALLS + 1
+
+
+def test_a_delay_before_assignment_is_the_control_planes_and_teaches_nothing() -> None:
+    # A scheduler's failover held every request 5 s before it was assigned; each then
+    # ran as estimated: the worker is as its profile says.
+    made = gate(record(beat()))
+    for i in range(CALIBRATION_MIN_CALLS):
+        made.observe(view(record(beat(sent_at_s=NOW + 1.0))))
+        decision = made.decide(llm(60.0), NOW, f"r{i}")
+        late = NOW + 5.0 + decision.expected_s
+        made.answered(answer(f"r{i}", late, assigned_s=NOW + 5.0))
+    assert made.margin_s("llama-2-7b", NOW) == 0.0

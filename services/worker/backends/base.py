@@ -91,7 +91,7 @@ class BackendLoad:
     running_kv_tokens: int = 0
     decode_step_s: float = 0.0
     prefill_share: float = 0.0
-    """An LLM backend's recent share of time spent prefilling (0..1)."""
+    """An LLM backend's recent share of its busy time spent prefilling (0..1; 0: unknown)."""
     chunked_prefill_tokens: int | None = None
     """The chunked-prefill budget of an LLM backend that prefills in chunks."""
     capacity: ResourceVector = field(default_factory=ResourceVector)
