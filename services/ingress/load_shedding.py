@@ -197,9 +197,13 @@ class _Shape:
     slots: int  # how many like it a batch holds
     slowdown: Callable[[int, float], float]
     """Its time in a batch of k over its time alone, given the worker's prefill share."""
+    quiet_rate: float
+    """:meth:`rate` with no prefill share reported, computed once with the shape."""
 
     def rate(self, prefill_share: float) -> float:
         """Idle-service seconds a full worker serves per wall second."""
+        if prefill_share <= 0.0:
+            return self.quiet_rate
         return self.slots / self.slowdown(self.slots, prefill_share)
 
 
@@ -287,7 +291,8 @@ def _shape(
             pause_s = max(pause_s, prefill_s + decode_s * share / (1.0 - share))
         return max(1.0, (pause_s + decode_s) / lone_s) if lone_s > 0 else 1.0
 
-    return _Shape(idle_s=lone_s / scale, slots=slots, slowdown=slowdown)
+    quiet_rate = slots / slowdown(slots, 0.0)
+    return _Shape(idle_s=lone_s / scale, slots=slots, slowdown=slowdown, quiet_rate=quiet_rate)
 
 
 def estimate(
