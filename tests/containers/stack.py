@@ -232,12 +232,21 @@ class Workers:
         raw = self.field(worker_id, "heartbeat")
         return {} if raw is None else dict(json.loads(raw))
 
-    def wait_running(self, worker_ids: Sequence[str], timeout_s: float = 30.0) -> None:
-        """Until every worker's latest heartbeat shows a request running."""
+    def wait_running(
+        self, worker_ids: Sequence[str], since_s: float, timeout_s: float = 30.0
+    ) -> None:
+        """Until every worker's latest heartbeat, sent after ``since_s`` (wall clock), shows
+        a request running: an older one may still list work that has finished since."""
         deadline = time.monotonic() + timeout_s
         idle = list(worker_ids)
         while time.monotonic() < deadline:
-            idle = [w for w in worker_ids if int(self.heartbeat(w).get("running", 0)) == 0]
+            beats = {w: self.heartbeat(w) for w in worker_ids}
+            idle = [
+                w
+                for w, beat in beats.items()
+                if float(beat.get("created_at_s", 0.0)) <= since_s
+                or int(beat.get("running", 0)) == 0
+            ]
             if not idle:
                 return
             time.sleep(0.1)

@@ -348,8 +348,9 @@ def test_worker_llm_scales_up_the_new_worker_takes_work_and_scaled_down_one_drai
     # Long requests on every replica, then back to two: the removed one drains.
     ids = {c.name: workers.id_of(c) for c in replicas}
     with ThreadPoolExecutor(max_workers=30) as pool:
+        sent_s = time.time()
         calls = [pool.submit(complete, "llama-2-7b", 400) for _ in range(30)]
-        workers.wait_running(list(ids.values()))
+        workers.wait_running(list(ids.values()), since_s=sent_s)
         since = int(time.time()) - 1
         stopped_at_s = time.time()
         scale("worker-llm", 2, wait=False)
