@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from switchyard.policies import make_llm_policy
 from switchyard.policies.prefix_aware import EndpointPicker, KvRouter
+from switchyard.policies.snapshot import WorkerView
 
 from tests.unit.test_policies import cluster, ctx, request, worker
 
@@ -91,3 +92,28 @@ def test_switchyard_without_prefill_costs_joins_the_shorter_queue() -> None:
     policy = make_llm_policy("switchyard").assignment
     snapshot = cluster(worker("w1", waiting=3, running=2), worker("w2", running=4))
     assert policy.assign(request(), snapshot, ctx()).worker_id == "w2"
+
+
+def _gpu(worker_id: str, slow: bool, running: int) -> WorkerView:
+    """A worker of a mixed cluster: ``slow`` has twice the fixed step time, 2.4 times the
+    cost of a KV token and half the cache (an L40S next to an A100)."""
+    return worker(
+        worker_id,
+        running=running,
+        kv_used_tokens=1000 * running,
+        queued_tokens=1000 * running,
+        kv_capacity_tokens=50_000 if slow else 100_000,
+        prefill_base_s=0.02 if slow else 0.01,
+        decode_step_per_kv_token_s=2.4e-7 if slow else 1e-7,
+    )
+
+
+def test_switchyard_weighs_the_load_of_a_slower_gpu_more() -> None:
+    policy = make_llm_policy("switchyard").assignment
+    # Per slot the slow worker is less loaded (12 of 64 against 20), but its decode step
+    # with the request added is 1.85 times the fast one's: 1.14 s against 0.83 s.
+    snapshot = cluster(_gpu("fast", slow=False, running=20), _gpu("slow", slow=True, running=12))
+    assert policy.assign(request(), snapshot, ctx()).worker_id == "fast"
+    # An idle slower worker still takes work from a busy faster one.
+    snapshot = cluster(_gpu("fast", slow=False, running=20), _gpu("slow", slow=True, running=0))
+    assert policy.assign(request(), snapshot, ctx()).worker_id == "slow"

@@ -24,6 +24,16 @@ For each worker the cost, in seconds, is the sum of four terms:
   batch (what a decode step slows with; on a trace with short prompts this term makes
   the policy a join-the-shortest-queue).
 
+On a cluster of unlike GPUs the load and memory terms of a slower worker weigh more:
+each is multiplied by how much longer that worker's decode step is than one with the
+cluster's fastest constants, at its own batch with the request added
+(:func:`_slowdowns`). A request on a slower GPU is slower even idle, so it has less room
+under the same objectives: without the factor the policy gave an L40S as many requests
+per slot as an A100 and held 35.2 requests/s on the mixed cluster of the capacity
+benchmark, against 38.4 with it (Llumnix, whose balance of KV use gives the smaller
+L40S cache fewer tokens, 36.4). On a cluster of one kind every factor is 1 and nothing
+changes.
+
 A worker whose profile does not say what a prefill costs (``prefill_per_token_s`` 0)
 has only the last two terms. The least cost wins; ties go to the worker listed first. The weights (stall 10, KV 1 s, load 2 s) were
 chosen near each trace's capacity (``bench/capacity_eval.py``'s traces, 16 and 32
@@ -38,6 +48,7 @@ Registered as ``switchyard`` with the ``ttft-feasible`` admission
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from switchyard.policies.base import DecisionContext, Placement, pick_min
@@ -64,6 +75,8 @@ class CacheAwareRouter:
         kv_weight_s = self.kv_weight_s
         load_weight_s = self.load_weight_s
 
+        slowdowns = _slowdowns(cluster.eligible(), prompt)
+
         def cost(worker: WorkerView) -> float:
             hit = cached.get(worker.worker_id, 0)
             own_s = worker.uncached_prefill_s(prompt, hit)
@@ -76,12 +89,58 @@ class CacheAwareRouter:
             ahead_s = worker.prefill_per_token_s * worker.waiting_prompt_tokens
             capacity = worker.kv_capacity_tokens
             kv_share = worker.kv_used_tokens / capacity if capacity > 0 else 0.0
+            slowdown = 1.0 if slowdowns is None else slowdowns[worker.worker_id]
             return (
                 ahead_s
                 + own_s
                 + stall_s * stall_weight * worker.running / slots
-                + kv_weight_s * (kv_share if kv_share < 1.0 else 1.0)
-                + load_weight_s * worker.outstanding / slots
+                + slowdown
+                * (
+                    kv_weight_s * (kv_share if kv_share < 1.0 else 1.0)
+                    + load_weight_s * worker.outstanding / slots
+                )
             )
 
         return Placement(pick_min(cluster.eligible(), cost).worker_id, "soonest first token")
+
+
+def _slowdowns(workers: Sequence[WorkerView], prompt_tokens: int) -> dict[str, float] | None:
+    """Per worker, its decode step over one with the cluster's fastest constants, each at
+    the worker's batch with the request added; None when every worker has the same
+    constants (the factors would all be 1) or one's profile is not known.
+
+    The profiles' fixed time of an iteration (reading the weights) is the same for a
+    prefill and a decode step, so ``prefill_base_s`` stands for the decode's too.
+    """
+    first = workers[0] if workers else None
+    if first is None:
+        return None
+    base_s = first.prefill_base_s
+    per_seq_s = first.decode_step_per_seq_s
+    per_kv_s = first.decode_step_per_kv_token_s
+    alike = True
+    for worker in workers:
+        if worker.prefill_base_s <= 0.0 or worker.decode_step_per_kv_token_s <= 0.0:
+            return None
+        if (
+            worker.prefill_base_s != first.prefill_base_s
+            or worker.decode_step_per_seq_s != first.decode_step_per_seq_s
+            or worker.decode_step_per_kv_token_s != first.decode_step_per_kv_token_s
+        ):
+            alike = False
+            base_s = min(base_s, worker.prefill_base_s)
+            per_seq_s = min(per_seq_s, worker.decode_step_per_seq_s)
+            per_kv_s = min(per_kv_s, worker.decode_step_per_kv_token_s)
+    if alike:
+        return None
+    factors: dict[str, float] = {}
+    for worker in workers:
+        batch = worker.outstanding + 1
+        kv_tokens = worker.queued_tokens + prompt_tokens
+        step_s = (
+            worker.prefill_base_s
+            + worker.decode_step_per_seq_s * batch
+            + worker.decode_step_per_kv_token_s * kv_tokens
+        )
+        factors[worker.worker_id] = step_s / (base_s + per_seq_s * batch + per_kv_s * kv_tokens)
+    return factors
