@@ -178,6 +178,16 @@ class Agreement:
     live_tpot_p50_s: float | None
     live_tpot_p99_s: float | None
     """None when no compared answer had two tokens or more (and its times)."""
+    paired_ttft_gap_p50_s: float | None = None
+    """Median over requests of live TTFT less simulated TTFT."""
+    sim_prefill_p50_s: float | None = None
+    """Median of start to first token in the simulation (the prefill and the wait for
+    the iteration it joins)."""
+    live_legs_p50_s: tuple[float, float, float] | None = None
+    """Medians of a live first token's three legs: arrival to assignment (the ingress's
+    decision), assignment to start (the way to the worker and the wait in its queue),
+    start to first token (as ``sim_prefill_p50_s``); None when no answer had all four
+    times."""
     sim_by_worker: dict[str, int]
     """Compared requests per worker in the simulation; a different spread from
     ``live_by_worker`` means the policy decided differently, not that it ran slower."""
@@ -252,6 +262,8 @@ def compare(
     live_overhead: list[float] = []
     live_ttft: list[float] = []
     live_tpot: list[float] = []
+    paired_ttft: list[float] = []
+    legs: list[tuple[float, float, float]] = []
     for index in both:
         record = live[index]
         assert record.latency_s is not None
@@ -272,6 +284,17 @@ def compare(
         first = timeline.get("first_token_s")
         if first is not None and arrived is not None:
             live_ttft.append((first - arrived) * speedup)
+            if math.isfinite(simulated[index].ttft_s):
+                paired_ttft.append((first - arrived) * speedup - simulated[index].ttft_s)
+            assigned = timeline.get("assigned_s")
+            if assigned is not None and started is not None:
+                legs.append(
+                    (
+                        (assigned - arrived) * speedup,
+                        (started - assigned) * speedup,
+                        (first - started) * speedup,
+                    )
+                )
         if first is not None and finished is not None and record.completion_tokens:
             tpot = time_per_output_token_s(first, finished, record.completion_tokens)
             if tpot is not None:
@@ -309,6 +332,22 @@ def compare(
         sim_tpot_p99_s=_p_or_none(sim_tpot, 0.99),
         live_tpot_p50_s=_p_or_none(live_tpot, 0.5),
         live_tpot_p99_s=_p_or_none(live_tpot, 0.99),
+        paired_ttft_gap_p50_s=_p_or_none(paired_ttft, 0.5),
+        sim_prefill_p50_s=_p_or_none(
+            [
+                simulated[i].ttft_s - simulated[i].wait_s
+                for i in both
+                if math.isfinite(simulated[i].ttft_s)
+            ],
+            0.5,
+        ),
+        live_legs_p50_s=None
+        if not legs
+        else (
+            _p([leg[0] for leg in legs], 0.5),
+            _p([leg[1] for leg in legs], 0.5),
+            _p([leg[2] for leg in legs], 0.5),
+        ),
         sim_by_worker=dict(sorted(Counter(simulated[i].worker_id for i in both).items())),
         live_by_worker=dict(sorted(Counter(live[i].worker_id or "?" for i in both).items())),
     )
@@ -367,6 +406,23 @@ def format_table(rows: Sequence[Agreement]) -> str:
             f"| {_ms(a.sim_ttft_p99_s)} / {_ms(a.live_ttft_p99_s)} | {_opt_gap(gaps['ttft_p99'])} "
             f"| {_ms(a.sim_tpot_p50_s)} / {_ms(a.live_tpot_p50_s)} | {_opt_gap(gaps['tpot_p50'])} "
             f"| {_ms(a.sim_tpot_p99_s)} / {_ms(a.live_tpot_p99_s)} | {_opt_gap(gaps['tpot_p99'])} |"
+        )
+    lines += [
+        "",
+        "| trace | policy | TTFT paired gap P50 | sim: wait, start to first token (P50) "
+        "| live: decision, to the worker and queued, start to first token (P50) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for a in rows:
+        paired = (
+            "-" if a.paired_ttft_gap_p50_s is None else f"{a.paired_ttft_gap_p50_s * 1000:+.0f} ms"
+        )
+        live_legs = (
+            "-" if a.live_legs_p50_s is None else ", ".join(_ms(v) for v in a.live_legs_p50_s)
+        )
+        lines.append(
+            f"| {a.trace} | {a.policy} | {paired} "
+            f"| {_ms(a.sim_wait_p50_s)}, {_ms(a.sim_prefill_p50_s)} | {live_legs} |"
         )
     return "\n".join(lines)
 

@@ -122,6 +122,39 @@ def test_first_token_and_per_token_times_are_compared_in_trace_seconds() -> None
     assert "| 200 ms / 220 ms | +10.0% |" in format_table([agreement])
 
 
+def test_a_first_tokens_gap_is_split_into_the_live_paths_legs() -> None:
+    # Simulated: 0.1 s waiting, first token 0.1 s after the start.
+    simulated = {
+        i: SimulatedLatency(
+            index=i,
+            latency_s=0.65,
+            wait_s=0.1,
+            execution_s=0.55,
+            worker_id="w00",
+            ttft_s=0.2,
+            tpot_s=0.05,
+        )
+        for i in range(3)
+    }
+    # Live at speed-up 2, wall seconds: decided after 5 ms, started 55 ms after that,
+    # first token 50 ms after the start; 0.22 trace seconds in all, 20 ms late.
+    records = []
+    for i in range(3):
+        timeline = {
+            "arrival_s": 100.0,
+            "assigned_s": 100.005,
+            "started_s": 100.06,
+            "first_token_s": 100.11,
+            "finished_s": 100.335,
+        }
+        records.append(replace(_record(i, 0.34), timeline=timeline, completion_tokens=10))
+    agreement = compare(records, simulated, speedup=2.0, trace="t", policy="jsq", workers=[A100])
+    assert agreement.paired_ttft_gap_p50_s == pytest.approx(0.02)
+    assert agreement.sim_prefill_p50_s == pytest.approx(0.1)
+    assert agreement.live_legs_p50_s == pytest.approx((0.01, 0.11, 0.1))
+    assert "| +20 ms | 100 ms, 100 ms | 10 ms, 110 ms, 100 ms |" in format_table([agreement])
+
+
 def test_a_live_run_slower_than_the_tolerance_disagrees() -> None:
     latencies = [float(v) for v in range(1, 101)]
     records = [_record(i, 1.2 * v) for i, v in enumerate(latencies)]
