@@ -65,6 +65,23 @@ def _record(
     )
 
 
+def _sim_first_tokens() -> dict[int, SimulatedLatency]:
+    """Three requests: 0.1 s waiting, the first token 0.2 s after arrival, then 9 more
+    tokens 0.05 s apart."""
+    return {
+        i: SimulatedLatency(
+            index=i,
+            latency_s=0.65,
+            wait_s=0.1,
+            execution_s=0.55,
+            worker_id="w00",
+            ttft_s=0.2,
+            tpot_s=0.05,
+        )
+        for i in range(3)
+    }
+
+
 def test_the_simulation_returns_every_request_on_the_profiles_workers() -> None:
     simulated = simulate(_rows(60), policy="jsq", profiles=[A100, L40S, A100])
     assert sorted(simulated) == list(range(60))
@@ -90,19 +107,7 @@ def test_live_latencies_are_read_in_trace_seconds() -> None:
 
 
 def test_first_token_and_per_token_times_are_compared_in_trace_seconds() -> None:
-    # Simulated: first token 0.2 s after arrival, then 9 more tokens 0.05 s apart.
-    simulated = {
-        i: SimulatedLatency(
-            index=i,
-            latency_s=0.65,
-            wait_s=0.1,
-            execution_s=0.55,
-            worker_id="w00",
-            ttft_s=0.2,
-            tpot_s=0.05,
-        )
-        for i in range(3)
-    }
+    simulated = _sim_first_tokens()
     # Live at speed-up 2, in wall seconds: first token 0.11 s after the ingress's
     # arrival (0.22 trace s: 10 % later), the last 9 x 0.025 s after it (the same pace).
     records = []
@@ -123,19 +128,7 @@ def test_first_token_and_per_token_times_are_compared_in_trace_seconds() -> None
 
 
 def test_a_first_tokens_gap_is_split_into_the_live_paths_legs() -> None:
-    # Simulated: 0.1 s waiting, first token 0.1 s after the start.
-    simulated = {
-        i: SimulatedLatency(
-            index=i,
-            latency_s=0.65,
-            wait_s=0.1,
-            execution_s=0.55,
-            worker_id="w00",
-            ttft_s=0.2,
-            tpot_s=0.05,
-        )
-        for i in range(3)
-    }
+    simulated = _sim_first_tokens()
     # Live at speed-up 2, wall seconds: decided after 5 ms, started 55 ms after that,
     # first token 50 ms after the start; 0.22 trace seconds in all, 20 ms late.
     records = []
