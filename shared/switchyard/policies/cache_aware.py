@@ -112,27 +112,12 @@ def _slowdowns(workers: Sequence[WorkerView], prompt_tokens: int) -> dict[str, f
     The profiles' fixed time of an iteration (reading the weights) is the same for a
     prefill and a decode step, so ``prefill_base_s`` stands for the decode's too.
     """
-    first = workers[0] if workers else None
-    if first is None:
+    kinds = {
+        (w.prefill_base_s, w.decode_step_per_seq_s, w.decode_step_per_kv_token_s) for w in workers
+    }
+    if len(kinds) < 2 or any(base_s <= 0.0 or kv_s <= 0.0 for base_s, _, kv_s in kinds):
         return None
-    base_s = first.prefill_base_s
-    per_seq_s = first.decode_step_per_seq_s
-    per_kv_s = first.decode_step_per_kv_token_s
-    alike = True
-    for worker in workers:
-        if worker.prefill_base_s <= 0.0 or worker.decode_step_per_kv_token_s <= 0.0:
-            return None
-        if (
-            worker.prefill_base_s != first.prefill_base_s
-            or worker.decode_step_per_seq_s != first.decode_step_per_seq_s
-            or worker.decode_step_per_kv_token_s != first.decode_step_per_kv_token_s
-        ):
-            alike = False
-            base_s = min(base_s, worker.prefill_base_s)
-            per_seq_s = min(per_seq_s, worker.decode_step_per_seq_s)
-            per_kv_s = min(per_kv_s, worker.decode_step_per_kv_token_s)
-    if alike:
-        return None
+    base_s, per_seq_s, per_kv_s = (min(column) for column in zip(*kinds, strict=True))
     factors: dict[str, float] = {}
     for worker in workers:
         batch = worker.outstanding + 1
