@@ -16,6 +16,12 @@ model seconds) as a share of those offered, latency P50 and P99 of the answered 
 model seconds (client wall time times the time scale), the share of drafts accepted, and
 the tokens the 13b model generated a call.
 
+With ``--simulate`` every load and mode also runs through the multi-model simulator
+(:mod:`research.multimodel.llm_stages`: the same arrivals, input and profiles, one
+simulated worker per model, verdicts drawn at the same 70 %), and the table gives the
+simulated P50 and P99 beside the live ones and the gap between them; ``--sim-only`` runs
+the simulations alone (a second).
+
 Run ``python -m bench.llm_pipeline_bench [options]``; the table goes to stdout, the JSON
 to ``bench/results/llm_pipeline/``. LLM times are a performance model's (emulated), not
 measurements; the control plane's delays are real.
@@ -29,16 +35,29 @@ import json
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 from switchyard.config import load_settings
+from switchyard.contracts.fields import WorkloadType
+from switchyard.multimodel.model import (
+    LlmStage,
+    MultiModelRequest,
+    PipelineSpec,
+    Stage,
+    Workload,
+)
+from switchyard.multimodel.policy_registry import make_multimodel_policy
+from switchyard.serving.pipelines import pipeline_catalogue
 from switchyard.stats import quantile
 
 from cli.stack_demo import send_logs_to_file
+from research.multimodel.llm_stages import LlmWorkers
+from research.multimodel.simulator import MultiModelSimConfig, simulate_multimodel
 from services.embedded import EmbeddedPlan, EmbeddedStack
+from services.ingress.tokens import approximate_tokens
 
 RESULTS = Path(__file__).parent / "results" / "llm_pipeline"
 WORKERS = ("a100-80gb/llama-2-7b", "a100-80gb/llama-2-13b")
@@ -60,6 +79,8 @@ class ModeResult:
     p99_model_s: float | None
     accepted_share: float | None
     large_tokens_per_call: float
+    sim_p50_model_s: float | None = None
+    sim_p99_model_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +153,36 @@ async def run_mode(
         await stack.stop()
 
 
+def simulate_mode(mode: str, times_s: Sequence[float], input_tokens: int, seed: int) -> list[float]:
+    """The calls' latencies (model seconds) in the multi-model simulator, sorted."""
+    models, pipelines = pipeline_catalogue("assistant")
+    if mode == "draft-verify":
+        pipeline = pipelines[mode]
+    else:  # the larger model alone: one LLM stage of the same answer length
+        stage = Stage(name="answer", model=mode, llm=LlmStage(output_tokens=ANSWER_TOKENS))
+        pipeline = PipelineSpec(name=mode, stages=(stage,), slo_s=60.0)
+    requests = tuple(
+        MultiModelRequest(f"c{i}", at_s - times_s[0], pipeline.name, input_tokens=input_tokens)
+        for i, at_s in enumerate(times_s)
+    )
+    workload = Workload(
+        name=mode, models=models, pipelines={pipeline.name: pipeline}, requests=requests
+    )
+    policy = make_multimodel_policy("adaptive")  # places nothing: no model stages here
+    llm_workers = [
+        LlmWorkers(worker.split("/")[1], (worker,), WorkloadType.CONVERSATION) for worker in WORKERS
+    ]
+    result = simulate_multimodel(
+        workload,
+        (),
+        policy.placement,
+        policy.router,
+        MultiModelSimConfig(seed=seed, llm_policy="gaps"),
+        llm_workers,
+    )
+    return sorted(result.latencies_s)
+
+
 def summarise(
     load: float, mode: str, calls: Sequence[_Call], time_scale: float, slo_model_s: float
 ) -> ModeResult:
@@ -166,20 +217,37 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _gap(live: float | None, sim: float | None) -> str:
+    if live is None or sim is None or live <= 0:
+        return "-"
+    return f"{100 * (sim - live) / live:+.0f} %"
+
+
 def table(rows: Sequence[ModeResult]) -> str:
-    lines = [
+    simulated = any(r.sim_p50_model_s is not None for r in rows)
+    head = (
         "| load (calls/model s) | mode | offered | answered | refused | within SLO | P50 s | "
-        "P99 s | drafts accepted | 13b tokens a call |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+        "P99 s | drafts accepted | 13b tokens a call |"
+    )
+    rule = "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    if simulated:
+        head += " sim P50 s (gap) | sim P99 s (gap) |"
+        rule += "---:|---:|"
+    lines = [head, rule]
     for r in rows:
         share = "-" if r.accepted_share is None else f"{100 * r.accepted_share:.0f} %"
-        lines.append(
+        line = (
             f"| {r.load:g} | {r.mode} | {r.offered} | {r.answered} | {r.refused} | "
             f"{r.within_slo} ({100 * r.within_slo / max(1, r.offered):.0f} %) | "
             f"{_s(r.p50_model_s)} | {_s(r.p99_model_s)} | {share} | "
             f"{r.large_tokens_per_call:.1f} |"
         )
+        if simulated:
+            line += (
+                f" {_s(r.sim_p50_model_s)} ({_gap(r.p50_model_s, r.sim_p50_model_s)}) |"
+                f" {_s(r.sim_p99_model_s)} ({_gap(r.p99_model_s, r.sim_p99_model_s)}) |"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -193,6 +261,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--input-tokens", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
+    parser.add_argument(
+        "--simulate", action="store_true", help="also run each load in the simulator"
+    )
+    parser.add_argument(
+        "--sim-only", action="store_true", help="run the simulator alone (no live stack)"
+    )
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -204,10 +278,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     for load in (float(x) for x in args.loads.split(",")):
         times_s = arrivals(load, args.duration, args.seed)
         for mode in modes:
-            calls, slo_model_s = asyncio.run(
-                run_mode(mode, times_s, time_scale=args.time_scale, text=text, run=f"{load:g}")
-            )
-            rows.append(summarise(load, mode, calls, args.time_scale, slo_model_s))
+            if args.sim_only:
+                row = ModeResult(
+                    load=load, mode=mode, offered=len(times_s), answered=0, refused=0,
+                    other=0, within_slo=0, p50_model_s=None, p99_model_s=None,
+                    accepted_share=None, large_tokens_per_call=0.0,
+                )  # fmt: skip
+            else:
+                calls, slo_model_s = asyncio.run(
+                    run_mode(mode, times_s, time_scale=args.time_scale, text=text, run=f"{load:g}")
+                )
+                row = summarise(load, mode, calls, args.time_scale, slo_model_s)
+            if args.simulate or args.sim_only:
+                simulated = simulate_mode(mode, times_s, approximate_tokens(text), args.seed)
+                row = replace(
+                    row,
+                    sim_p50_model_s=quantile(simulated, 0.5),
+                    sim_p99_model_s=quantile(simulated, 0.99),
+                )
+            rows.append(row)
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(table(rows))

@@ -33,7 +33,7 @@ from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
 from switchyard.perf import PerformanceModel
 from switchyard.perf.prefix_cache import PrefixCache, cached_tokens
 from switchyard.policies.snapshot import QueuedRequestView, RequestPhase, WorkerRole, WorkerView
-from switchyard.policies.view_builders import new_queued_request_view
+from switchyard.policies.view_builders import new_queued_request_view, new_worker_view
 
 from research.llm.request import SimRequest
 
@@ -513,6 +513,39 @@ class SimInstance:
             and self.reserved_tokens + request.prompt_tokens + request.output_tokens
             <= self.perf.kv_capacity_tokens
         )
+
+
+def worker_view(inst: SimInstance, chunked_prefill_tokens: int | None) -> WorkerView:
+    """The worker as policies see it, as of its last change (like a worker that reports on
+    every change: its running requests' predicted work left is as of that moment)."""
+    perf = inst.perf
+    n_running = inst.n_running
+    kv_running = inst.kv_base + n_running * inst.steps_done
+    kv = kv_running + inst.prefill_tokens
+    # WorkerView's fields in order (see view_builders: the same object, built faster).
+    return new_worker_view(
+        inst.worker_id,
+        inst.worker_type,
+        inst.role,
+        True,  # alive
+        len(inst.waiting),
+        n_running + len(inst.prefilling),
+        perf.max_batch_slots,
+        kv,
+        perf.kv_capacity_tokens,
+        inst.queued_work_s(),
+        inst.waiting_prompt_tokens + kv,
+        inst.util_now,
+        perf.decode_step_s(n_running, kv_running) if n_running else 0.0,
+        perf.decode_per_seq_s,
+        perf.decode_per_kv_token_s,
+        perf.kv_bytes_per_token,
+        perf.interconnect_bytes_per_s,
+        perf.prefill_per_token_s,
+        perf.prefill_per_token_sq_s,
+        perf.prefill_base_s,
+        chunked_prefill_tokens,
+    )
 
 
 def _tail(waiting: deque[SimRequest], count: int | None) -> list[SimRequest]:

@@ -39,7 +39,6 @@ from switchyard.policies.snapshot import (
 from switchyard.policies.view_builders import (
     new_cluster_snapshot,
     new_request_view,
-    new_worker_view,
 )
 from switchyard.prediction import (
     CalibrationState,
@@ -53,7 +52,7 @@ from switchyard.prediction import (
 from research.llm.chunked import ChunkedInstance
 from research.llm.config import SimulationConfig, SimulationError
 from research.llm.disaggregation import Pools, worker_roles
-from research.llm.instance import Phase, SimInstance
+from research.llm.instance import Phase, SimInstance, worker_view
 from research.llm.metrics import RunMetrics, RunTotals, summarise
 from research.llm.request import SimRequest
 
@@ -270,39 +269,6 @@ class Simulator:
 
     # -- snapshots ---------------------------------------------------------------------
 
-    def _worker_view(self, inst: SimInstance) -> WorkerView:
-        """The worker as of its last change, like a worker that reports on every change:
-        a view is rebuilt only after its instance changed, so the predicted work left of
-        its running requests is as of that moment."""
-        perf = inst.perf
-        n_running = inst.n_running
-        kv_running = inst.kv_base + n_running * inst.steps_done
-        kv = kv_running + inst.prefill_tokens
-        # WorkerView's fields in order (see view_builders: the same object, built faster).
-        return new_worker_view(
-            inst.worker_id,
-            inst.worker_type,
-            inst.role,
-            True,  # alive
-            len(inst.waiting),
-            n_running + len(inst.prefilling),
-            perf.max_batch_slots,
-            kv,
-            perf.kv_capacity_tokens,
-            inst.queued_work_s(),
-            inst.waiting_prompt_tokens + kv,
-            inst.util_now,
-            perf.decode_step_s(n_running, kv_running) if n_running else 0.0,
-            perf.decode_per_seq_s,
-            perf.decode_per_kv_token_s,
-            perf.kv_bytes_per_token,
-            perf.interconnect_bytes_per_s,
-            perf.prefill_per_token_s,
-            perf.prefill_per_token_sq_s,
-            perf.prefill_base_s,
-            self.config.chunked_prefill_tokens,
-        )
-
     def _cluster(self, now_s: float) -> ClusterSnapshot:
         changed = self._changed
         if changed:
@@ -310,7 +276,9 @@ class Simulator:
             views = self._views
             for inst in changed:
                 if inst.view is None:
-                    inst.view = views[inst.index] = self._worker_view(inst)
+                    inst.view = views[inst.index] = worker_view(
+                        inst, self.config.chunked_prefill_tokens
+                    )
             changed.clear()
             self._workers = tuple(views)  # type: ignore[arg-type]
         return new_cluster_snapshot(now_s, self._workers)

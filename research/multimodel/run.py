@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from research.multimodel.errors import SimulationInputError
 
@@ -33,6 +34,9 @@ class MultiModelSimConfig:
     max_drain_s: float = 600.0
     """The run stops this long after the last arrival even if requests are unfinished."""
     seed: int = 0
+    llm_policy: str = "jsq"
+    """The registered LLM policy that places LLM stages among their application's workers
+    (:mod:`research.multimodel.llm_stages`)."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -101,7 +105,10 @@ class MultiModelResult:
     replicas serving a stage (capped at 1), in share-seconds."""
     updates: tuple[UpdateRecord, ...]
     stages_run: int
+    """Stages answered, model and LLM stages alike."""
     step_at_s: float | None
+    llm_worker_busy_s: Mapping[str, float] = field(default_factory=dict)
+    """Per LLM worker of LLM stages: seconds with a prefill or a decode step running."""
 
     @property
     def placement_changes(self) -> int:

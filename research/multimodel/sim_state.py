@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
 from switchyard.multimodel.model import ModelSpec, PipelineSpec, ResourceVector, WorkerSpec
+from switchyard.multimodel.snapshot import ResidentModel, WorkerState
 
 from research.multimodel.errors import SimulationInputError
 
@@ -17,16 +19,24 @@ class PipelineRun:
     __slots__ = (
         "branching",
         "dependents",
+        "has_model_stages",
         "indegree",
         "labels",
+        "llm",
         "models",
         "name",
         "roots",
         "slo_s",
+        "spec",
         "stages",
     )
 
-    def __init__(self, spec: PipelineSpec, models: Mapping[str, ModelSpec]) -> None:
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        models: Mapping[str, ModelSpec],
+        llm_applications: AbstractSet[str] = frozenset(),
+    ) -> None:
         self.name = spec.name
         self.slo_s = spec.slo_s
         if not spec.stages:
@@ -36,12 +46,13 @@ class PipelineRun:
             if stage.name in index:
                 raise SimulationInputError(f"pipeline {spec.name!r}: stage {stage.name!r} twice")
             if stage.llm is not None:
-                raise SimulationInputError(
-                    f"pipeline {spec.name!r}: stage {stage.name!r} is an LLM stage (LLM "
-                    f"application {stage.model!r}), which the multi-model simulator does not "
-                    f"model: it runs on the live stack's LLM workers"
-                )
-            if stage.model not in models:
+                if stage.model not in llm_applications:
+                    raise SimulationInputError(
+                        f"pipeline {spec.name!r}: stage {stage.name!r} is an LLM stage of "
+                        f"LLM application {stage.model!r}, which has no LLM workers in this "
+                        f"simulation (research.multimodel.llm_stages.LlmWorkers)"
+                    )
+            elif stage.model not in models:
                 raise SimulationInputError(
                     f"pipeline {spec.name!r}: stage {stage.name!r} names unknown model {stage.model!r}"
                 )
@@ -71,7 +82,14 @@ class PipelineRun:
             raise SimulationInputError(f"pipeline {spec.name!r} has a cycle among its stages")
         self.models = tuple(stage.model for stage in spec.stages)
         self.stages = spec.stages
-        self.labels = tuple(models[stage.model].labels for stage in spec.stages)
+        self.labels = tuple(
+            models[stage.model].labels if stage.llm is None else stage.llm.choices
+            for stage in spec.stages
+        )
+        self.llm = tuple(stage.llm for stage in spec.stages)
+        """Each stage's LLM request (``None``: a model stage)."""
+        self.spec = spec
+        self.has_model_stages = any(stage.llm is None for stage in spec.stages)
         # Conditional stages need what each stage answered (switchyard.multimodel.branching).
         self.branching = any(stage.when is not None for stage in spec.stages)
         self.dependents = tuple(tuple(d) for d in dependents)
@@ -84,10 +102,28 @@ _NONE_SKIPPED: set[str] = set()
 
 
 class RequestRun:
-    __slots__ = ("answered", "arrival_s", "deps", "index", "left", "pipeline", "scale", "skipped")
+    __slots__ = (
+        "answered",
+        "arrival_s",
+        "deps",
+        "index",
+        "input_tokens",
+        "left",
+        "pipeline",
+        "scale",
+        "skipped",
+    )
 
-    def __init__(self, index: int, arrival_s: float, pipeline: PipelineRun, scale: float) -> None:
+    def __init__(
+        self,
+        index: int,
+        arrival_s: float,
+        pipeline: PipelineRun,
+        scale: float,
+        input_tokens: int = 0,
+    ) -> None:
         self.index = index
+        self.input_tokens = input_tokens
         self.arrival_s = arrival_s
         self.pipeline = pipeline
         self.scale = scale
@@ -195,6 +231,32 @@ class WorkerRun:
                 self.busy_s += dt
                 self.share_s += self.share() * dt
             self.last_s = now
+
+    def state(self, now: float) -> WorkerState:
+        """The worker as placement and routing see it at ``now`` (marks it built)."""
+        resident = []
+        work_s = 0.0
+        for replica in self.replicas.values():
+            running = 1 if replica.current is not None else 0
+            if running:
+                work_s += max(0.0, replica.current_end - now)
+            work_s += replica.queued_s
+            resident.append(
+                ResidentModel(
+                    model=replica.model,
+                    ready_at_s=replica.ready_at,
+                    queued=len(replica.queue),
+                    running=running,
+                )
+            )
+        self.built = self.version
+        return WorkerState(
+            spec=self.spec,
+            resident=tuple(resident),
+            free=self.free_vec,
+            queued_work_s=work_s,
+            utilization=self.utilization,
+        )
 
     def refresh_free(self) -> None:
         used_cpu = used_gpu = used_mem = 0.0

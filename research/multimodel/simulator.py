@@ -48,18 +48,15 @@ re-places on every noisy demand reading at 4 Hz pays all three.
 
 Demand estimate
 ---------------
-``demand_rps[m]`` is a continuous-time exponentially weighted moving average of stage
-invocations of model ``m`` (a stage is *invoked* when it becomes ready): a counter that
-decays as ``exp(-dt / demand_tau_s)`` and gains 1 per invocation, divided by
-``demand_tau_s``. At a constant rate of ``r`` invocations per second it reads ``r``.
+Every ``1 / update_hz`` seconds, and when a model's demand estimate moves by a large
+change (:mod:`research.multimodel.demand`), a placement update runs.
 
-Large change trigger: when an invocation moves a model's estimate ``r`` away from its
-value ``r0`` at the last update by more than ``large_change * r0`` (``large_change`` a
-fraction, 0.5 = 50 %) *and* by more than three standard deviations of the estimate's
-Poisson noise, ``3 * sqrt(max(r0, 1 / demand_tau_s) / demand_tau_s)``, an extra update
-runs at once, but no sooner than ``large_change_min_gap_s`` after the previous update.
-Example: ``tau = 5 s``, ``r0 = 4/s``: noise sd ``sqrt(4 / 5) = 0.89``, so an extra update
-needs ``|r - 4| > max(2, 2.68) = 2.68`` per second.
+LLM stages
+----------
+An LLM stage is not placed: it goes to its LLM application's workers, simulated with
+continuous batching over the performance model and chosen by the registered LLM policy
+``config.llm_policy`` (:mod:`research.multimodel.llm_stages`). A run with only LLM
+stages needs no multi-model workers.
 
 Routing snapshots
 -----------------
@@ -98,13 +95,15 @@ from switchyard.multimodel.snapshot import (
     PlacementPlan,
     PlacementPolicy,
     PlacementSnapshot,
-    ResidentModel,
     Router,
     WorkerState,
 )
 from switchyard.policies.base import DecisionContext
 
+from research.llm.instance import SimInstance
+from research.multimodel.demand import DemandEstimate
 from research.multimodel.errors import PlanError, RoutingError, SimulationInputError
+from research.multimodel.llm_stages import LlmStagePool, LlmWorkers
 from research.multimodel.plan_check import check_plan
 from research.multimodel.run import MultiModelResult, MultiModelSimConfig, UpdateRecord
 from research.multimodel.sim_state import PipelineRun, Replica, RequestRun, Task, WorkerRun
@@ -126,6 +125,7 @@ _READY = 1
 _UPDATE = 2
 _EXTRA_UPDATE = 3
 _RESUME = 4
+_LLM_WAKE = 5
 
 
 class MultiModelSimulator:
@@ -144,13 +144,15 @@ class MultiModelSimulator:
         placement: PlacementPolicy,
         router: Router,
         config: MultiModelSimConfig | None = None,
+        llm_workers: Sequence[LlmWorkers] = (),
     ) -> None:
         self.config = config or MultiModelSimConfig()
         self.workload = workload
         self.placement = placement
         self.router = router
-        if not workers:
-            raise SimulationInputError("no workers to simulate")
+        self.llm: LlmStagePool[Task] = LlmStagePool(
+            llm_workers, self.config.llm_policy, self.config.seed
+        )
         ids = [w.worker_id for w in workers]
         if len(set(ids)) != len(ids):
             raise SimulationInputError("worker ids must be unique")
@@ -159,8 +161,13 @@ class MultiModelSimulator:
                 raise SimulationInputError(f"worker {w.worker_id}: speed must be > 0")
         self.models: Mapping[str, ModelSpec] = workload.models
         self.pipelines: dict[str, PipelineRun] = {
-            name: PipelineRun(spec, workload.models) for name, spec in workload.pipelines.items()
+            name: PipelineRun(spec, workload.models, self.llm.applications)
+            for name, spec in workload.pipelines.items()
         }
+        # Without model stages there is nothing to place (LLM stages only).
+        self._places = any(p.has_model_stages for p in self.pipelines.values())
+        if self._places and not workers:
+            raise SimulationInputError("no workers to simulate")
         for request in workload.requests:
             if request.pipeline not in self.pipelines:
                 raise SimulationInputError(
@@ -180,10 +187,7 @@ class MultiModelSimulator:
         self._pending: dict[str, deque[Task]] = {m: deque() for m in self.models}
         self._waiting_counts: dict[str, int] = dict.fromkeys(self.models, 0)
         self._holders: dict[str, list[Replica]] = {m: [] for m in self.models}
-        self._demand_v: dict[str, float] = dict.fromkeys(self.models, 0.0)
-        self._demand_t: dict[str, float] = dict.fromkeys(self.models, 0.0)
-        self._demand_rps: dict[str, float] = dict.fromkeys(self.models, 0.0)
-        self._demand_base: dict[str, float] = dict.fromkeys(self.models, 0.0)
+        self._demand = DemandEstimate(self.models, cfg.demand_tau_s, cfg.large_change)
         self._last_update_s = -math.inf
         self._extra_pending = False
         self._updates: list[UpdateRecord] = []
@@ -194,8 +198,8 @@ class MultiModelSimulator:
         self._label_rng = random.Random(f"label:{cfg.seed}")
         self._route_seq = 0
         self._place_seq = 0
-        self._states: list[WorkerState] = [self._worker_state(w) for w in self.workers]
-        self._demand_view = MappingProxyType(self._demand_rps)
+        self._states: list[WorkerState] = [w.state(self._now) for w in self.workers]
+        self._demand_view = MappingProxyType(self._demand.rps)
         self._waiting_view = MappingProxyType(self._waiting_counts)
 
         requests = self.workload.requests
@@ -208,7 +212,8 @@ class MultiModelSimulator:
         last_arrival = requests[-1].arrival_s if requests else 0.0
         cutoff = last_arrival + cfg.max_drain_s
 
-        self._push(0.0, _UPDATE, None)
+        if self._places:
+            self._push(0.0, _UPDATE, None)
         heap = self._heap
         next_i = 0
         end_s = 0.0
@@ -229,6 +234,13 @@ class MultiModelSimulator:
                 elif kind == _UPDATE:
                     self._update(extra=False)
                     self._push(at + 1.0 / cfg.update_hz, _UPDATE, None)
+                elif kind == _LLM_WAKE:
+                    assert isinstance(payload, tuple)
+                    woken: SimInstance = payload[0]
+                    for run, stage in self.llm.wake(woken, payload[1], at):
+                        self._stage_done(run, stage)
+                    self._llm_reschedule(woken)
+                    end_s = at
                 elif kind == _EXTRA_UPDATE:
                     self._extra_pending = False
                     if at - self._last_update_s >= cfg.large_change_min_gap_s:
@@ -240,7 +252,7 @@ class MultiModelSimulator:
                 req = requests[next_i]
                 self._now = req.arrival_s
                 pipeline = self.pipelines[req.pipeline]
-                run = RequestRun(next_i, req.arrival_s, pipeline, req.exec_scale)
+                run = RequestRun(next_i, req.arrival_s, pipeline, req.exec_scale, req.input_tokens)
                 next_i += 1
                 for stage in pipeline.roots:
                     self._stage_ready(run, stage)
@@ -267,6 +279,7 @@ class MultiModelSimulator:
             worker_share_s=tuple(w.share_s for w in self.workers),
             updates=tuple(self._updates),
             stages_run=self._stages_run,
+            llm_worker_busy_s=self.llm.busy_s(end_s),
             step_at_s=self.workload.step_at_s,
         )
 
@@ -277,26 +290,28 @@ class MultiModelSimulator:
     # ----------------------------------------------------------------- stages
 
     def _stage_ready(self, run: RequestRun, stage: int) -> None:
-        model = run.pipeline.models[stage]
+        pipeline = run.pipeline
+        llm = pipeline.llm[stage]
+        if llm is not None:
+            prompt_tokens = pipeline.spec.llm_prompt_tokens(
+                pipeline.stages[stage], run.input_tokens
+            )
+            inst = self.llm.submit(
+                pipeline.models[stage],
+                (run, stage),
+                prompt_tokens=prompt_tokens,
+                output_tokens=llm.output_tokens,
+                slo_s=pipeline.slo_s,
+                now_s=self._now,
+            )
+            self._llm_reschedule(inst)
+            return
+        model = pipeline.models[stage]
         now = self._now
-        # Demand EWMA: decay, then count this invocation.
-        tau = self.config.demand_tau_s
-        v = self._demand_v[model] * math.exp((self._demand_t[model] - now) / tau) + 1.0
-        self._demand_v[model] = v
-        self._demand_t[model] = now
-        rate = v / tau
-        self._demand_rps[model] = rate
-        threshold = self.config.large_change
-        if threshold is not None and not self._extra_pending:
-            base = self._demand_base[model]
-            change = abs(rate - base)
-            # Large: past the relative threshold and past three standard deviations of
-            # the estimate's own Poisson noise (sqrt(rate / tau)), so that a rarely used
-            # model's jitter does not set off an update on every invocation.
-            if change > threshold * base and change > 3.0 * math.sqrt(max(base, 1.0 / tau) / tau):
-                at = max(now, self._last_update_s + self.config.large_change_min_gap_s)
-                self._extra_pending = True
-                self._push(at, _EXTRA_UPDATE, None)
+        if self._demand.invoke(model, now) and not self._extra_pending:
+            at = max(now, self._last_update_s + self.config.large_change_min_gap_s)
+            self._extra_pending = True
+            self._push(at, _EXTRA_UPDATE, None)
         self._route(model, (run, stage))
 
     def _route(self, model: str, task: Task) -> None:
@@ -396,8 +411,15 @@ class MultiModelSimulator:
         assert replica.current is not None
         run, stage = replica.current
         replica.current = None
-        self._stages_run += 1
         self._start_next(replica)
+        self._stage_done(run, stage)
+        if self._pending[replica.model]:
+            self._retry_pending(replica.model)
+
+    def _stage_done(self, run: RequestRun, stage: int) -> None:
+        """A stage (of a model or an LLM) answered: its label drawn, what waited on it
+        made ready, the request finished when it was its last."""
+        self._stages_run += 1
         run.left -= 1
         pipeline = run.pipeline
         if pipeline.branching:
@@ -406,11 +428,15 @@ class MultiModelSimulator:
             run.answered[pipeline.stages[stage].name] = answered
         self._release(run, stage)
         if run.left == 0:
-            self._latencies[run.index] = now - run.arrival_s
+            self._latencies[run.index] = self._now - run.arrival_s
             self._finished[run.index] = True
             self._done += 1
-        if self._pending[replica.model]:
-            self._retry_pending(replica.model)
+
+    def _llm_reschedule(self, inst: SimInstance) -> None:
+        wake = self.llm.reschedule(inst, self._now)
+        if wake is not None:
+            at, version = wake
+            self._push(at, _LLM_WAKE, (inst, version))
 
     def _release(self, run: RequestRun, stage: int) -> None:
         """``stage`` is done (answered or skipped): make ready what waited on it, and skip
@@ -448,38 +474,12 @@ class MultiModelSimulator:
         self._route_seq += 1
         return DecisionContext(rng=self._route_rng, sequence=self._route_seq - 1)
 
-    def _worker_state(self, worker: WorkerRun) -> WorkerState:
-        now = self._now
-        resident = []
-        work_s = 0.0
-        for replica in worker.replicas.values():
-            running = 1 if replica.current is not None else 0
-            if running:
-                work_s += max(0.0, replica.current_end - now)
-            work_s += replica.queued_s
-            resident.append(
-                ResidentModel(
-                    model=replica.model,
-                    ready_at_s=replica.ready_at,
-                    queued=len(replica.queue),
-                    running=running,
-                )
-            )
-        worker.built = worker.version
-        return WorkerState(
-            spec=worker.spec,
-            resident=tuple(resident),
-            free=worker.free_vec,
-            queued_work_s=work_s,
-            utilization=worker.utilization,
-        )
-
     def _routing_snapshot(self, model: str) -> PlacementSnapshot:
         states = self._states
         for replica in self._holders[model]:
             holder = replica.worker
             if holder.version != holder.built:
-                states[holder.index] = self._worker_state(holder)
+                states[holder.index] = holder.state(self._now)
         return PlacementSnapshot(
             now_s=self._now,
             workers=tuple(states),
@@ -495,23 +495,19 @@ class MultiModelSimulator:
         now = self._now
         cfg = self.config
         interval = now - self._last_update_s if math.isfinite(self._last_update_s) else 0.0
-        tau = cfg.demand_tau_s
-        for model in self.models:
-            self._demand_rps[model] = (
-                self._demand_v[model] * math.exp((self._demand_t[model] - now) / tau) / tau
-            )
+        self._demand.decay_to(now)
         for worker in self.workers:
             worker.advance(now)
             if interval > 0:
                 worker.utilization = min(1.0, (worker.share_s - worker.share_at_update) / interval)
             worker.share_at_update = worker.share_s
-            self._states[worker.index] = self._worker_state(worker)
+            self._states[worker.index] = worker.state(self._now)
         snapshot = PlacementSnapshot(
             now_s=now,
             workers=tuple(self._states),
             models=self.models,
             pipelines=self.workload.pipelines,
-            demand_rps=dict(self._demand_rps),
+            demand_rps=dict(self._demand.rps),
             waiting=dict(self._waiting_counts),
         )
         ctx = DecisionContext(rng=self._place_rng, sequence=self._place_seq)
@@ -523,7 +519,7 @@ class MultiModelSimulator:
         changes = len(plan.load) + len(plan.evict)
         pause_s = cfg.decision_base_s + cfg.decision_per_change_s * changes
         self._last_update_s = now
-        self._demand_base.update(self._demand_rps)
+        self._demand.mark_update()
         self._updates.append(
             UpdateRecord(
                 at_s=now,
@@ -555,7 +551,7 @@ class MultiModelSimulator:
             replica.queued_s = 0.0
             worker.refresh_free()
             worker.version += 1
-            self._states[worker.index] = self._worker_state(worker)
+            self._states[worker.index] = worker.state(self._now)
             for task in requeue:
                 self._wait(model, task)
         for worker_id, model in plan.load:
@@ -568,7 +564,7 @@ class MultiModelSimulator:
             worker.refresh_free()
             worker.version += 1
             self._push(replica.ready_at, _READY, replica)
-            self._states[worker.index] = self._worker_state(worker)
+            self._states[worker.index] = worker.state(self._now)
 
 
 def simulate_multimodel(
@@ -577,12 +573,14 @@ def simulate_multimodel(
     placement: PlacementPolicy,
     router: Router,
     config: MultiModelSimConfig | None = None,
+    llm_workers: Sequence[LlmWorkers] = (),
 ) -> MultiModelResult:
-    """Run ``workload`` on ``workers`` under ``placement`` and ``router``.
+    """Run ``workload`` on ``workers`` under ``placement`` and ``router``, its LLM stages
+    on ``llm_workers``.
 
     Raises:
         SimulationInputError: a pipeline with a cycle or an unknown model, bad workers.
         PlanError: the policy produced a plan that overflows a worker (or is malformed).
         RoutingError: the router chose a worker that does not hold the model.
     """
-    return MultiModelSimulator(workload, workers, placement, router, config).run()
+    return MultiModelSimulator(workload, workers, placement, router, config, llm_workers).run()

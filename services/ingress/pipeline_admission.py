@@ -132,14 +132,6 @@ def _service_s(spec: ModelSpec, exec_scale: float, heartbeat: Heartbeat) -> floa
     return spec.exec_s * exec_scale / heartbeat.speed / heartbeat.time_scale
 
 
-def _llm_prompt_tokens(pipeline: PipelineSpec, stage: Stage, input_tokens: int) -> int:
-    """An LLM stage's prompt tokens as estimated before any stage ran: the call's input
-    and the output tokens of the LLM stages it runs after."""
-    by_name = {s.name: s for s in pipeline.stages}
-    before = (by_name[name].llm for name in stage.after)
-    return max(1, input_tokens + sum(llm.output_tokens for llm in before if llm is not None))
-
-
 class PipelineGate:
     """The cluster as last read, this replica's stage admissions since, and the decision.
 
@@ -325,7 +317,7 @@ class PipelineGate:
         for stage in pipeline.stages:
             ready_s = max((finish[name].finish_s for name in stage.after), default=now_s)
             if stage.llm is not None:
-                prompt_tokens = _llm_prompt_tokens(pipeline, stage, input_tokens)
+                prompt_tokens = pipeline.llm_prompt_tokens(stage, input_tokens)
                 finish[stage.name] = self._on_llm(
                     stage, prompt_tokens, ready_s, now_s, idle=own_s is None
                 )

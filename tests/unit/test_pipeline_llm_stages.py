@@ -300,11 +300,11 @@ def test_a_pipelines_answer_is_the_first_of_its_answer_stages_that_ran() -> None
     assert final_outputs(plain, accepted) == {"verify": "accept"}
 
 
-def test_the_multi_model_simulator_refuses_an_llm_stage_by_name() -> None:
+def test_the_multi_model_simulator_refuses_an_llm_stage_without_workers_by_name() -> None:
     with pytest.raises(SimulationInputError) as caught:
-        PipelineRun(ASSISTANT_PIPELINES["triage"], ASSISTANT_MODELS)
+        PipelineRun(ASSISTANT_PIPELINES["triage"], ASSISTANT_MODELS, {"llama-2-7b"})
     assert str(caught.value) == (
-        "pipeline 'triage': stage 'code' is an LLM stage (LLM application 'llama-2-13b'), "
-        "which the multi-model simulator does not model: it runs on the live stack's LLM "
-        "workers"
+        "pipeline 'triage': stage 'code' is an LLM stage of LLM application 'llama-2-13b', "
+        "which has no LLM workers in this simulation "
+        "(research.multimodel.llm_stages.LlmWorkers)"
     )

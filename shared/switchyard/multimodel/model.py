@@ -172,6 +172,14 @@ class PipelineSpec:
         """The LLM applications its LLM stages run on, in stage order, without repeats."""
         return tuple(dict.fromkeys(s.model for s in self.stages if s.llm is not None))
 
+    def llm_prompt_tokens(self, stage: Stage, input_tokens: int) -> int:
+        """An LLM stage's prompt tokens as known before any stage ran: the call's input
+        and the output tokens of the LLM stages it runs after (the live prompt's exact
+        count depends on the text those stages answer)."""
+        by_name = {s.name: s for s in self.stages}
+        before = (by_name[name].llm for name in stage.after)
+        return max(1, input_tokens + sum(llm.output_tokens for llm in before if llm is not None))
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSpec:
@@ -194,6 +202,8 @@ class MultiModelRequest:
     exec_scale: float = 1.0
     """This request's service times relative to its models' means (a trace row's
     execution time over its model's mean; 1.0 for synthetic requests)."""
+    input_tokens: int = 0
+    """The call's input in tokens: what its LLM stages' prompts are built on (0: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
