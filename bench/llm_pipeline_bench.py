@@ -16,11 +16,17 @@ model seconds) as a share of those offered, latency P50 and P99 of the answered 
 model seconds (client wall time times the time scale), the share of drafts accepted, and
 the tokens the 13b model generated a call.
 
+A third mode, ``triage``, sends the calls to the ``triage`` pipeline: an intent
+classifier on an emulated-models worker (placed by the placement service) sends 40 % of
+them to the 13b model and the rest to the 7b one, 128 tokens each.
+
 With ``--simulate`` every load and mode also runs through the multi-model simulator
-(:mod:`research.multimodel.llm_stages`: the same arrivals, input and profiles, one
-simulated worker per model, verdicts drawn at the same 70 %), and the table gives the
-simulated P50 and P99 beside the live ones and the gap between them; ``--sim-only`` runs
-the simulations alone (a second).
+(:mod:`research.multimodel.llm_stages`: the same arrivals, input, profiles and policies,
+one simulated worker per model; ``triage``'s node and placement rounds as the live
+stack's; each call under its live request id, so that its verdict or label is the one
+the live emulated worker draws for it, ``MultiModelSimConfig.labels_from_ids``), and the
+table gives the simulated P50 and P99 beside the live ones and the gap between them.
+``--sim-only`` runs the simulations alone (seconds).
 
 Run ``python -m bench.llm_pipeline_bench [options]``; the table goes to stdout, the JSON
 to ``bench/results/llm_pipeline/``. LLM times are a performance model's (emulated), not
@@ -34,13 +40,14 @@ import asyncio
 import json
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
-from switchyard.config import load_settings
+from switchyard.config import Settings, load_settings
 from switchyard.contracts.fields import WorkloadType
 from switchyard.multimodel.model import (
     LlmStage,
@@ -53,15 +60,22 @@ from switchyard.multimodel.policy_registry import make_multimodel_policy
 from switchyard.serving.pipelines import pipeline_catalogue
 from switchyard.stats import quantile
 
+from bench.pipeline_agreement import cluster, wait_for_model_workers
 from cli.stack_demo import send_logs_to_file
+from research.multimodel.agreement import live_sim_config
 from research.multimodel.llm_stages import LlmWorkers
-from research.multimodel.simulator import MultiModelSimConfig, simulate_multimodel
+from research.multimodel.simulator import simulate_multimodel
 from services.embedded import EmbeddedPlan, EmbeddedStack
 from services.ingress.tokens import approximate_tokens
+from services.placement.service import DEMAND_TAU_MODEL_S
 
 RESULTS = Path(__file__).parent / "results" / "llm_pipeline"
 WORKERS = ("a100-80gb/llama-2-7b", "a100-80gb/llama-2-13b")
-MODES = ("draft-verify", "llama-2-13b")
+MODES = ("draft-verify", "llama-2-13b", "triage")
+PIPELINE_MODES = ("draft-verify", "triage")
+WARM_MODEL_S = 10.0
+"""Where the simulated calls of ``triage`` start: after a first call (not counted) had its
+classifier placed and answered, as the live run's warm-up call does."""
 ANSWER_TOKENS = 128
 
 
@@ -73,6 +87,8 @@ class ModeResult:
     answered: int
     refused: int
     other: int
+    other_outcomes: dict[str, int]
+    """The calls neither answered nor refused, by status and error (0: no HTTP answer)."""
     within_slo: int
     """Answered within the objective of the call's pipeline or application."""
     p50_model_s: float | None
@@ -101,8 +117,8 @@ def arrivals(rate_per_model_s: float, duration_model_s: float, seed: int) -> lis
 
 async def _one(client: httpx.AsyncClient, mode: str, text: str, request_id: str) -> _Call:
     body: dict[str, Any]
-    if mode == "draft-verify":
-        path, body = "/v1/apps/draft-verify/infer", {"input": text, "request_id": request_id}
+    if mode in PIPELINE_MODES:
+        path, body = f"/v1/apps/{mode}/infer", {"input": text, "request_id": request_id}
     else:
         path = "/v1/completions"
         body = {"model": mode, "prompt": text, "max_tokens": ANSWER_TOKENS}
@@ -114,27 +130,36 @@ async def _one(client: httpx.AsyncClient, mode: str, text: str, request_id: str)
     return _Call(answer.status_code, time.monotonic() - started, answer.json())
 
 
-async def run_mode(
-    mode: str, times_s: Sequence[float], *, time_scale: float, text: str, run: str
-) -> tuple[list[_Call], float]:
-    """The calls of one mode, and their objective in model seconds."""
-    settings = load_settings(
+def stack_settings(time_scale: float) -> Settings:
+    return load_settings(
         {},
         worker_time_scale=time_scale,
         pipeline_catalogue="assistant",
         log_level="WARNING",
         heartbeat_interval_s=0.1,
     )
-    plan = EmbeddedPlan(llm_workers=WORKERS, torch_workers=0, model_workers=0, http_port=0)
+
+
+async def run_mode(
+    mode: str, times_s: Sequence[float], *, time_scale: float, text: str, run: str
+) -> tuple[list[_Call], float]:
+    """The calls of one mode, and their objective in model seconds."""
+    settings = stack_settings(time_scale)
+    model_workers = 1 if mode == "triage" else 0  # the classifier's emulated-models node
+    plan = EmbeddedPlan(
+        llm_workers=WORKERS, torch_workers=0, model_workers=model_workers, http_port=0
+    )
     stack = EmbeddedStack(settings, plan)
     await stack.start()
     catalogue = stack.catalogue
     assert catalogue is not None
-    if mode == "draft-verify":
+    if mode in PIPELINE_MODES:
         slo_model_s = catalogue.pipelines[mode].slo_s
     else:
         slo_model_s = catalogue.llm[mode].slo_s
     try:
+        if model_workers:
+            await wait_for_model_workers(stack, model_workers)
         # Open loop: every call gets its own connection at once. (httpx's default pool of
         # 100 would queue the rest in this client, where neither the stack nor its
         # admission control can see them.)
@@ -153,34 +178,59 @@ async def run_mode(
         await stack.stop()
 
 
-def simulate_mode(mode: str, times_s: Sequence[float], input_tokens: int, seed: int) -> list[float]:
-    """The calls' latencies (model seconds) in the multi-model simulator, sorted."""
+def simulate_mode(
+    mode: str,
+    times_s: Sequence[float],
+    input_tokens: int,
+    *,
+    run: str,
+    seed: int = 0,
+    time_scale: float = 2.0,
+) -> list[float]:
+    """The calls' latencies (model seconds) in the multi-model simulator, sorted: the live
+    run's LLM workers, LLM policy and (``triage``) its emulated-models node, placement
+    policy and rounds (:func:`~research.multimodel.agreement.live_sim_config`)."""
+    settings = stack_settings(time_scale)
     models, pipelines = pipeline_catalogue("assistant")
-    if mode == "draft-verify":
+    if mode in PIPELINE_MODES:
         pipeline = pipelines[mode]
     else:  # the larger model alone: one LLM stage of the same answer length
         stage = Stage(name="answer", model=mode, llm=LlmStage(output_tokens=ANSWER_TOKENS))
         pipeline = PipelineSpec(name=mode, stages=(stage,), slo_s=60.0)
+    start_s = WARM_MODEL_S if mode == "triage" else 0.0
+    arrivals_s = [start_s + at_s - times_s[0] for at_s in times_s]
+    # The live run's request ids (run_mode), so each call takes the live call's branch.
+    ids = [f"{run}-{i}" for i in range(len(times_s))]
+    if mode == "triage":
+        arrivals_s.insert(0, 0.0)  # the warm-up call, left out below
+        ids.insert(0, f"{run}-warm")
     requests = tuple(
-        MultiModelRequest(f"c{i}", at_s - times_s[0], pipeline.name, input_tokens=input_tokens)
-        for i, at_s in enumerate(times_s)
+        MultiModelRequest(rid, at_s, pipeline.name, input_tokens=input_tokens)
+        for rid, at_s in zip(ids, arrivals_s, strict=True)
     )
     workload = Workload(
         name=mode, models=models, pipelines={pipeline.name: pipeline}, requests=requests
     )
-    policy = make_multimodel_policy("adaptive")  # places nothing: no model stages here
+    policy = make_multimodel_policy(settings.placement_policy)
+    config = live_sim_config(
+        update_hz=settings.placement_update_hz,
+        time_scale=time_scale,
+        demand_tau_model_s=DEMAND_TAU_MODEL_S,
+        seed=seed,
+    )
     llm_workers = [
         LlmWorkers(worker.split("/")[1], (worker,), WorkloadType.CONVERSATION) for worker in WORKERS
     ]
     result = simulate_multimodel(
         workload,
-        (),
+        cluster(settings, 1) if mode == "triage" else (),
         policy.placement,
         policy.router,
-        MultiModelSimConfig(seed=seed, llm_policy="gaps"),
+        replace(config, llm_policy=settings.llm_policy, labels_from_ids=True),
         llm_workers,
     )
-    return sorted(result.latencies_s)
+    latencies = list(result.latencies_s)
+    return sorted(latencies[1:] if mode == "triage" else latencies)
 
 
 def summarise(
@@ -191,10 +241,13 @@ def summarise(
     verdicts: list[str] = []
     large_tokens = 0
     for call in ok:
-        if mode != "draft-verify":
+        if mode not in PIPELINE_MODES:
             large_tokens += call.body["usage"]["completion_tokens"]
             continue
         stages = {s["stage"]: s for s in call.body["stages"]}
+        if mode == "triage":  # the classifier sent it to the 13b model or the 7b one
+            large_tokens += ANSWER_TOKENS if "code" in stages else 0
+            continue
         verdicts.append(stages["verify"]["label"])
         large_tokens += 1 + (ANSWER_TOKENS if "revise" in stages else 0)
     refused = sum(c.status in (429, 503) for c in calls)
@@ -205,6 +258,13 @@ def summarise(
         answered=len(ok),
         refused=refused,
         other=len(calls) - len(ok) - refused,
+        other_outcomes=dict(
+            Counter(
+                f"{c.status}: {str(c.body.get('error', ''))[:120]}"
+                for c in calls
+                if c.status not in (200, 429, 503)
+            )
+        ),
         within_slo=sum(latency <= slo_model_s for latency in latencies),
         p50_model_s=quantile(latencies, 0.5) if latencies else None,
         p99_model_s=quantile(latencies, 0.99) if latencies else None,
@@ -281,8 +341,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.sim_only:
                 row = ModeResult(
                     load=load, mode=mode, offered=len(times_s), answered=0, refused=0,
-                    other=0, within_slo=0, p50_model_s=None, p99_model_s=None,
-                    accepted_share=None, large_tokens_per_call=0.0,
+                    other=0, other_outcomes={}, within_slo=0, p50_model_s=None,
+                    p99_model_s=None, accepted_share=None, large_tokens_per_call=0.0,
                 )  # fmt: skip
             else:
                 calls, slo_model_s = asyncio.run(
@@ -290,13 +350,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
                 row = summarise(load, mode, calls, args.time_scale, slo_model_s)
             if args.simulate or args.sim_only:
-                simulated = simulate_mode(mode, times_s, approximate_tokens(text), args.seed)
+                simulated = simulate_mode(
+                    mode,
+                    times_s,
+                    approximate_tokens(text),
+                    run=f"{load:g}",
+                    seed=args.seed,
+                    time_scale=args.time_scale,
+                )
                 row = replace(
                     row,
                     sim_p50_model_s=quantile(simulated, 0.5),
                     sim_p99_model_s=quantile(simulated, 0.99),
                 )
             rows.append(row)
+            if row.other_outcomes:
+                print(f"  neither answered nor refused: {row.other_outcomes}", flush=True)
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(table(rows))

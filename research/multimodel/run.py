@@ -34,6 +34,10 @@ class MultiModelSimConfig:
     max_drain_s: float = 600.0
     """The run stops this long after the last arrival even if requests are unfinished."""
     seed: int = 0
+    labels_from_ids: bool = False
+    """Draw a stage's label (a classifier's answer, an LLM judge's verdict) from a hash of
+    ``"{request_id}.{stage}"``, as the emulated workers do, instead of the seeded
+    generator: a workload replayed with the live calls' ids then takes their branches."""
     llm_policy: str = "jsq"
     """The registered LLM policy that places LLM stages among their application's workers
     (:mod:`research.multimodel.llm_stages`)."""

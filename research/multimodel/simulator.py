@@ -5,10 +5,10 @@ What it models
 --------------
 * A request runs its pipeline's DAG. A stage becomes *ready* when every stage in its
   ``after`` has finished; a stage whose output feeds two later stages runs once (the
-  intermediate result is shared). A conditional stage runs only when the classifier
-  stage it names answered its label, drawn from the model's label shares by a generator
-  of the run's seed (:mod:`switchyard.multimodel.branching`); a skipped stage counts
-  as done. A request's latency is the end of its last stage run minus its arrival.
+  intermediate result is shared). A conditional stage runs only when the stage it names
+  (a classifier, an LLM judge) answered its label, drawn from the label shares by a
+  generator of the run's seed, or by the request's id (``config.labels_from_ids``)
+  (:mod:`switchyard.multimodel.branching`); a skipped stage counts as done. A request's latency is the end of its last stage run minus its arrival.
 * A ready stage is handed to the :class:`~switchyard.multimodel.snapshot.Router`, which
   picks a worker where the model is placed. While no replica of the model is ready (or
   the router answers ``None``), the stage waits in that model's *pending* queue; pending
@@ -85,7 +85,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from switchyard.multimodel.branching import label_at, stage_runs
+from switchyard.multimodel.branching import label_at, stage_runs, unit_of
 from switchyard.multimodel.model import (
     ModelSpec,
     WorkerSpec,
@@ -424,8 +424,15 @@ class MultiModelSimulator:
         pipeline = run.pipeline
         if pipeline.branching:
             labels = pipeline.labels[stage]
-            answered = label_at(labels, self._label_rng.random()) if labels else None
-            run.answered[pipeline.stages[stage].name] = answered
+            name = pipeline.stages[stage].name
+            answered = None
+            if labels:
+                if self.config.labels_from_ids:
+                    unit = unit_of(f"{self.workload.requests[run.index].request_id}.{name}")
+                else:
+                    unit = self._label_rng.random()
+                answered = label_at(labels, unit)
+            run.answered[name] = answered
         self._release(run, stage)
         if run.left == 0:
             self._latencies[run.index] = self._now - run.arrival_s

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from switchyard.multimodel.branching import label_at, unit_of
 from switchyard.multimodel.model import (
     LlmStage,
     MultiModelRequest,
@@ -150,12 +151,49 @@ def test_bad_llm_workers_are_refused_by_name(
 
 def test_the_llm_pipeline_bench_simulates_both_modes_on_its_own_arrivals() -> None:
     times_s = arrivals(1.0, 30.0, seed=0)
-    alone = simulate_mode("llama-2-13b", times_s, 200, seed=0)
-    cascade = simulate_mode("draft-verify", times_s, 200, seed=0)
-    assert len(alone) == len(cascade) == len(times_s)
+    alone = simulate_mode("llama-2-13b", times_s, 200, run="1")
+    cascade = simulate_mode("draft-verify", times_s, 200, run="1")
+    triage = simulate_mode("triage", times_s, 200, run="1")  # its warm-up call left out
+    assert len(alone) == len(cascade) == len(triage) == len(times_s)
+    # The classifier's 0.05 model seconds, then the 7b model's answer or the 13b model's.
+    small = performance_model(SMALL).idle_service_s(200, 128)
+    assert small < triage[0] < 1.1 * small
     large = performance_model(LARGE).idle_service_s(200, 128)
     # At one call a model second the 13b model alone is nearly idle: about its idle time.
     assert large <= alone[len(alone) // 2] < 1.1 * large
     # An accepted draft answers sooner than the larger model alone; a rejected one later.
     assert cascade[0] < alone[0]
     assert cascade[-1] > alone[-1]
+
+
+def test_labels_drawn_from_request_ids_take_the_live_calls_branches() -> None:
+    pipeline = ASSISTANT_PIPELINES["draft-verify"]
+    calls = 100
+    requests = tuple(
+        MultiModelRequest(f"run-{i}", 100.0 * i, pipeline.name, input_tokens=200)
+        for i in range(calls)
+    )
+    workload = Workload(
+        name="w", models=ASSISTANT_MODELS, pipelines={pipeline.name: pipeline}, requests=requests
+    )
+    policy = make_multimodel_policy("adaptive")
+    results = [
+        simulate_multimodel(
+            workload,
+            (),
+            policy.placement,
+            policy.router,
+            MultiModelSimConfig(seed=seed, labels_from_ids=True),
+            BOTH,
+        )
+        for seed in (0, 1)
+    ]
+    # The emulated verifier's verdict for a stage is label_at(choices, unit_of(its id)).
+    rejected = [
+        label_at(pipeline.stages[1].llm.choices, unit_of(f"run-{i}.verify")) == "reject"  # type: ignore[union-attr]
+        for i in range(calls)
+    ]
+    accepted_s = min(results[0].latencies_s)
+    for result in results:  # the seed no longer decides the branches
+        revised = [latency > 1.5 * accepted_s for latency in result.latencies_s]
+        assert revised == rejected
