@@ -5,16 +5,16 @@ The stack: the embedded one (every service in this process, in-memory bus and st
 with one emulated ``llama-2-7b`` and one emulated ``llama-2-13b`` worker, both on A100
 profiles, at time scale ``--time-scale``. For each load of ``--loads`` (calls a model
 second), one Poisson stream of ``--duration`` model seconds (seed ``--seed``) is offered
-twice, each time to a fresh stack, open-loop: as ``draft-verify`` calls (a 128-token
-draft by the 7b model, a one-token verdict by the 13b model over the input and the
-draft, and a 128-token answer by the 13b model only when it rejects the draft; the
-emulated verifier accepts 70 % of drafts, an assumption) and as ``llama-2-13b``
-completions of 128 tokens. Every call has the same input of about ``--input-tokens``
-tokens. Reported per load and mode: calls offered, answered and refused, the answered
-calls within their objective (the pipeline's or the application's ``slo_s``: 30 and 60
-model seconds) as a share of those offered, latency P50 and P99 of the answered calls in
-model seconds (client wall time times the time scale), the share of drafts accepted, and
-the tokens the 13b model generated a call.
+once per mode of ``--modes``, each time to a fresh stack, open-loop: as ``draft-verify``
+calls (a 128-token draft by the 7b model, a one-token verdict by the 13b model over the
+input and the draft, and a 128-token answer by the 13b model only when it rejects the
+draft; the emulated verifier accepts 70 % of drafts, an assumption) and as
+``llama-2-13b`` completions of 128 tokens. Every call has the same input of about
+``--input-tokens`` tokens. Reported per load and mode: calls offered, answered and
+refused, the answered calls within their objective (the pipeline's or the application's
+``slo_s``: 30 and 60 model seconds) as a share of those offered, latency P50 and P99 of
+the answered calls in model seconds (client wall time times the time scale), the share
+of drafts accepted, and the tokens the 13b model generated a call.
 
 A third mode, ``triage``, sends the calls to the ``triage`` pipeline: an intent
 classifier on an emulated-models worker (placed by the placement service) sends 40 % of

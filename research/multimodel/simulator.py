@@ -8,7 +8,8 @@ What it models
   intermediate result is shared). A conditional stage runs only when the stage it names
   (a classifier, an LLM judge) answered its label, drawn from the label shares by a
   generator of the run's seed, or by the request's id (``config.labels_from_ids``)
-  (:mod:`switchyard.multimodel.branching`); a skipped stage counts as done. A request's latency is the end of its last stage run minus its arrival.
+  (:mod:`switchyard.multimodel.branching`); a skipped stage counts as done. A request's
+  latency is the end of its last stage run minus its arrival.
 * A ready stage is handed to the :class:`~switchyard.multimodel.snapshot.Router`, which
   picks a worker where the model is placed. While no replica of the model is ready (or
   the router answers ``None``), the stage waits in that model's *pending* queue; pending

@@ -232,10 +232,14 @@ class Settings(BaseModel):
         ),
     )
     http_keep_alive_s: float = Field(
-        default=5.0,
+        default=30.0,
         gt=0,
         le=3600,
-        description="How long the ingress keeps an idle keep-alive connection open.",
+        description=(
+            "How long the ingress keeps an idle keep-alive connection open: longer than "
+            "clients keep theirs (httpx and the openai client 5 s, aiohttp 15 s), or a call "
+            "sent on a connection the ingress is closing at that moment fails unanswered."
+        ),
     )
     http_header_timeout_s: float = Field(
         default=10.0,

@@ -189,9 +189,10 @@ def test_labels_drawn_from_request_ids_take_the_live_calls_branches() -> None:
         for seed in (0, 1)
     ]
     # The emulated verifier's verdict for a stage is label_at(choices, unit_of(its id)).
+    verdicts = pipeline.stages[1].llm
+    assert verdicts is not None
     rejected = [
-        label_at(pipeline.stages[1].llm.choices, unit_of(f"run-{i}.verify")) == "reject"  # type: ignore[union-attr]
-        for i in range(calls)
+        label_at(verdicts.choices, unit_of(f"run-{i}.verify")) == "reject" for i in range(calls)
     ]
     accepted_s = min(results[0].latencies_s)
     for result in results:  # the seed no longer decides the branches
