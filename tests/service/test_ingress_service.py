@@ -327,23 +327,30 @@ async def test_runs_under_the_service_runtime_and_exits_cleanly() -> None:
     assert await asyncio.wait_for(run, 10) == EXIT_OK
 
 
-async def test_an_idle_connection_outlives_a_common_clients_keep_alive(running: Running) -> None:
-    """httpx and the official openai client reuse a connection idle for up to 5 s: the
-    ingress must not close it first, or a call sent just as it does fails unanswered
-    (seen as a ReadError once in 255 calls of ``bench.llm_pipeline_bench`` when both
-    sides' timeout was 5 s)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", running.service.http_port)
+async def _healthz_twice_on_one_connection(port: int, *, idle_s: float) -> None:
+    """``GET /healthz`` answered 200 twice on one connection, idle ``idle_s`` between."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        for _ in range(2):
+        for call in range(2):
+            if call:
+                await asyncio.sleep(idle_s)
             writer.write(b"GET /healthz HTTP/1.1\r\nHost: ingress\r\n\r\n")
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
             assert head.startswith(b"HTTP/1.1 200 "), head
             length = re.search(rb"content-length: (\d+)", head.lower())
             assert length is not None, head
             await reader.readexactly(int(length.group(1)))
-            await asyncio.sleep(5.5)  # idle past the clients' 5 s, the same connection
     finally:
         writer.close()
+
+
+async def test_an_idle_connection_outlives_a_common_clients_keep_alive(running: Running) -> None:
+    """httpx and the official openai client reuse a connection idle for up to 5 s: the
+    ingress must not close it first, or a call sent just as it does fails unanswered
+    (seen as a ReadError once in 255 calls of ``bench.llm_pipeline_bench`` when both
+    sides' timeout was 5 s)."""
+    # Idle past the clients' 5 s between two calls on the same connection.
+    await _healthz_twice_on_one_connection(running.service.http_port, idle_s=5.5)
 
 
 @pytest.mark.parametrize("running", [{"http_header_timeout_s": 0.5}], indirect=True)
@@ -371,15 +378,4 @@ async def test_a_connection_whose_headers_do_not_come_is_answered_408_and_closed
         assert answer.startswith(b"HTTP/1.1 408 "), answer
     # Calls whose headers come in time are served as ever, and a connection idle between
     # them is the keep-alive timeout's to close, not this one's.
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        for _ in range(2):
-            writer.write(b"GET /healthz HTTP/1.1\r\nHost: ingress\r\n\r\n")
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-            assert head.startswith(b"HTTP/1.1 200 "), head
-            length = re.search(rb"content-length: (\d+)", head.lower())
-            assert length is not None, head
-            await reader.readexactly(int(length.group(1)))
-            await asyncio.sleep(0.7)  # longer than the header timeout, idle
-    finally:
-        writer.close()
+    await _healthz_twice_on_one_connection(port, idle_s=0.7)  # longer than the header timeout
