@@ -48,7 +48,7 @@ from switchyard.contracts.topics import WORKER_EVENTS
 from switchyard.traces import resolve_trace
 
 from loadgen.harness.process_stack import read_topic
-from loadgen.mixes import build_plan
+from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.replay import new_run_id
 from services.scheduler.windows import SHORT_CIRCUIT_WORKER
 from tests.containers.calls import (
@@ -498,6 +498,14 @@ CRASH_PLAN = build_plan(
 """Calls made while a service crashes: short LLM completions and classification calls."""
 
 
+def crash_calls(run_id: str) -> list[tuple[PlannedRequest, str]]:
+    """The crash plan's calls three laps over, each lap under its own run id: more than
+    the trickle makes in the longest restart the test waits for (120 s at 10 calls a
+    second; Kafka's takes about a minute), with every id distinct. A list, not a
+    generator: the pool's threads draw from it at once."""
+    return [(request, f"{run_id}-lap{lap}") for lap in range(3) for request in CRASH_PLAN]
+
+
 @pytest.mark.parametrize(
     "service",
     ["monitor", "scheduler", "estimator", "predictor", "rebalancer", "ingress", "kafka", "redis"],
@@ -506,11 +514,10 @@ async def test_a_crashed_service_is_restarted_and_every_call_is_answered_once(
     stack: docker.DockerClient, service: str
 ) -> None:
     victim = project_containers(stack, service)[0]
-    run_id = new_run_id()
-    plan = iter(CRASH_PLAN)
+    plan = iter(crash_calls(new_run_id()))
     with ThreadPoolExecutor(max_workers=24) as pool:
         stop = threading.Event()
-        trickle = pool.submit(call_every, pool, 0.1, stop, lambda: answered(next(plan), run_id))
+        trickle = pool.submit(call_every, pool, 0.1, stop, lambda: answered(*next(plan)))
         await asyncio.sleep(1.5)
         restarts = crash(victim)
         back_s = await asyncio.to_thread(wait_restarted, victim, restarts)
