@@ -8,6 +8,11 @@ parameter takes each of ``--values`` (defaults below) and every run in the JSON 
 ``index.html`` (``--report``). Every bad input ends the command with one line naming it
 and exit status 2.
 
+The workloads: ``lora`` (the Alibaba GenAI LoRA trace mix, on Alibaba GPU nodes),
+``synthetic``, and ``assistant`` (:mod:`research.multimodel.assistant`: the live stack's
+pipelines with LLM stages, their LLM stages on simulated LLM workers sized by
+``--llm-workers`` and placed by ``--llm-policy``).
+
 The sweeps:
 
 * ``update-frequency``: placement updates per second (0.2, 0.5, 1, 2, 4 Hz), each
@@ -20,17 +25,18 @@ The sweeps:
 from __future__ import annotations
 
 import argparse
-import html
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from switchyard.errors import SwitchyardError
 
 from research.args import comma_list
+from research.multimodel.assistant import ASSISTANT_INPUT_TOKENS
+from research.multimodel.command_report import format_table, write_report
 from research.report.runs import json_ready
 
 EXIT_BAD_INPUT = 2
@@ -41,25 +47,7 @@ SWEEP_DEFAULTS: dict[str, tuple[float, ...]] = {
     "heterogeneity": (0.0, 0.25, 0.5, 0.75, 1.0),
     "invocation-ratio": (0.0, 0.25, 0.5, 0.75, 1.0),
 }
-SWEEP_LABELS = {
-    "update-frequency": "placement update frequency (Hz)",
-    "fluctuation": "load fluctuation intensity",
-    "heterogeneity": "cluster heterogeneity ratio (share of slow workers)",
-    "invocation-ratio": "model invocation ratio",
-}
-WORKLOADS = ("lora", "synthetic")
-
-# (run key, column title, axis label, format)
-METRICS: tuple[tuple[str, str, str], ...] = (
-    ("utilization", "util %", "resource utilisation (%)"),
-    ("load_cov", "load CoV", "load balance: CoV of worker load (lower is better)"),
-    ("stability", "stability", "stability (1 - CoV of windowed latency, steady segments)"),
-    ("responsiveness_s", "resp s", "adaptation responsiveness (s, lower is better)"),
-    ("p99_s", "P99 s", "P99 latency (s)"),
-    ("slo_violation_rate", "SLO viol", "SLO violation rate"),
-    ("decision_p99_s", "dec ms P99", "decision time per update, P99 (s)"),
-    ("placement_changes", "changes", "placement changes (loads + evictions)"),
-)
+WORKLOADS = ("lora", "synthetic", "assistant")
 
 
 class CommandError(SwitchyardError):
@@ -70,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``switchyard multimodel``."""
     parser.add_argument(
         "--workload", default="lora",
-        help="lora (the Alibaba GenAI LoRA trace mix) or synthetic (default lora)",
+        help="lora (the Alibaba GenAI LoRA trace mix), synthetic, or assistant (the live "
+        "stack's pipelines with LLM stages: a draft checked by a larger model, a classifier "
+        "routing to one of two LLMs) (default lora)",
     )  # fmt: skip
     parser.add_argument(
         "--cluster", default=None,
@@ -89,8 +79,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--step-factor", type=float, default=2.0,
-        help="synthetic: the rate is multiplied by this from half the duration on "
-        "(responsiveness); 1 means no step (default 2)",
+        help="synthetic and assistant: the rate is multiplied by this from half the "
+        "duration on (responsiveness); 1 means no step (default 2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pipelines", type=comma_list(str, "--pipelines"), default=None,
+        help="assistant: comma-separated pipelines the calls go to, uniformly "
+        "(default all: triage, draft-verify)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--input-tokens", type=int, default=ASSISTANT_INPUT_TOKENS,
+        help=f"assistant: a call's input in tokens (default {ASSISTANT_INPUT_TOKENS})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--llm-workers", default=None, metavar="MODEL=PROFILE[:COUNT],...",
+        help="assistant: the LLM workers of each LLM model, e.g. "
+        "llama-2-13b=a100-80gb/llama-2-13b:2,llama-2-7b=l40s-48gb/llama-2-7b "
+        "(default one a100-80gb worker per model)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--llm-policy", default=None,
+        help="assistant: the LLM policy placing LLM stages (a name from `switchyard "
+        "simulate --list-policies`; default the live stack's)",
     )  # fmt: skip
     parser.add_argument(
         "--time-scale", type=float, default=None,
@@ -179,6 +189,34 @@ def build_workers(
     )
 
 
+ASSISTANT_RATE_RPS = 4.0
+"""``--workload assistant``'s calls a second without ``--rate-rps``."""
+
+
+def _pipelines(args: argparse.Namespace) -> tuple[str, ...]:
+    from switchyard.serving.pipelines import ASSISTANT_PIPELINES
+
+    return tuple(args.pipelines) if args.pipelines is not None else tuple(ASSISTANT_PIPELINES)
+
+
+def build_llm_workers(args: argparse.Namespace) -> tuple[Any, ...]:
+    """``--workload assistant``'s LLM workers (none for the other workloads)."""
+    if args.workload != "assistant":
+        return ()
+    from research.multimodel.assistant import parse_llm_workers
+
+    return parse_llm_workers(args.llm_workers, _pipelines(args))
+
+
+def llm_policy(args: argparse.Namespace) -> str:
+    """The LLM policy placing LLM stages: ``--llm-policy``, else the live stack's default."""
+    if args.llm_policy is not None:
+        return str(args.llm_policy)
+    from switchyard.config import Settings
+
+    return str(Settings.model_fields["llm_policy"].default)
+
+
 def build_workload(
     args: argparse.Namespace, sweep: str | None, value: float | None, seed: int
 ) -> Any:
@@ -188,6 +226,18 @@ def build_workload(
 
     from research.multimodel.workload import lora_workload, synthetic_workload
 
+    if args.workload == "assistant":
+        from research.multimodel.assistant import assistant_workload
+
+        return assistant_workload(
+            rate_rps=args.rate_rps if args.rate_rps is not None else ASSISTANT_RATE_RPS,
+            duration_s=args.duration_s,
+            seed=seed,
+            pipelines=_pipelines(args),
+            input_tokens=args.input_tokens,
+            step_factor=args.step_factor,
+            step_at_s=args.duration_s / 2 if args.step_factor != 1.0 else None,
+        )
     if args.workload == "lora":
         kwargs: dict[str, Any] = {"seed": seed}
         if args.models is not None:
@@ -279,8 +329,36 @@ def _check(args: argparse.Namespace) -> tuple[tuple[float | None, ...], tuple[st
                     )
             elif not 0.0 <= value <= 1.0:
                 raise CommandError(f"--values: {args.sweep} must be within [0, 1], got {value:g}")
-    if args.workload == "lora" and args.sweep in ("fluctuation", "invocation-ratio"):
+    if args.workload != "synthetic" and args.sweep in ("fluctuation", "invocation-ratio"):
         raise CommandError(f"--sweep {args.sweep} needs --workload synthetic")
+    if args.workload == "assistant":
+        if args.models is not None or args.time_scale is not None:
+            raise CommandError("--models and --time-scale do not apply to --workload assistant")
+        if args.input_tokens < 1:
+            raise CommandError(f"--input-tokens must be at least 1, got {args.input_tokens}")
+        from switchyard.serving.pipelines import ASSISTANT_PIPELINES
+
+        for name in _pipelines(args):
+            if name not in ASSISTANT_PIPELINES:
+                raise CommandError(
+                    f"unknown --pipelines {name!r}; known: {', '.join(ASSISTANT_PIPELINES)}"
+                )
+        from switchyard.policies.registry import llm_policy_names
+
+        if llm_policy(args) not in llm_policy_names():
+            raise CommandError(
+                f"unknown --llm-policy {args.llm_policy!r}; known: {', '.join(llm_policy_names())}"
+            )
+    else:
+        given = {
+            "--pipelines": args.pipelines is not None,
+            "--llm-workers": args.llm_workers is not None,
+            "--llm-policy": args.llm_policy is not None,
+            "--input-tokens": args.input_tokens != ASSISTANT_INPUT_TOKENS,
+        }
+        for name, is_given in given.items():
+            if is_given:
+                raise CommandError(f"{name} needs --workload assistant")
     known = policy_names()
     policies = tuple(args.policies) if args.policies is not None else known
     for name in policies:
@@ -313,6 +391,12 @@ def _run(args: argparse.Namespace) -> int:
         "large_change": args.large_change,
         "window_s": args.window_s,
     }
+    llm_workers = build_llm_workers(args)
+    if llm_workers:
+        config["pipelines"] = list(_pipelines(args))
+        config["input_tokens"] = args.input_tokens
+        config["llm_workers"] = {w.application: list(w.profiles) for w in llm_workers}
+        config["llm_policy"] = llm_policy(args)
     runs: list[dict[str, Any]] = []
     for value in values:
         for seed in range(args.seeds):
@@ -327,10 +411,12 @@ def _run(args: argparse.Namespace) -> int:
                 window_s=args.window_s,
                 seed=seed,
             )
+            if llm_workers:
+                sim_config = replace(sim_config, llm_policy=llm_policy(args))
             for name in policies:
                 policy = make_policy(name)
                 result = simulate_multimodel(
-                    workload, workers, policy.placement, policy.router, sim_config
+                    workload, workers, policy.placement, policy.router, sim_config, llm_workers
                 )
                 metrics = summarize(result).as_dict()
                 run = {
@@ -359,163 +445,3 @@ def _run(args: argparse.Namespace) -> int:
         page = write_report(runs, config, table, args.report)
         print(f"report written to {page}", file=sys.stderr)
     return 0
-
-
-# --------------------------------------------------------------------------- table
-
-
-def aggregate(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Means over seeds, one row per (policy, value), in first-seen order. A metric that
-    is ``None`` in some seeds (responsiveness without a step) averages the others."""
-    groups: dict[tuple[str, Any], list[Mapping[str, Any]]] = {}
-    for run in runs:
-        groups.setdefault((run["policy"], run["value"]), []).append(run)
-    rows = []
-    for (policy, value), members in groups.items():
-        row: dict[str, Any] = {"policy": policy, "value": value, "seeds": len(members)}
-        for key, _, _ in METRICS:
-            numbers = [
-                float(m[key])
-                for m in members
-                if m.get(key) is not None and math.isfinite(float(m[key]))
-            ]
-            row[key] = sum(numbers) / len(numbers) if numbers else None
-        rows.append(row)
-    return rows
-
-
-def _cell(key: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if key == "slo_violation_rate":
-        return f"{100 * value:.1f}%"
-    if key == "placement_changes":
-        return f"{value:.0f}"
-    if key in ("utilization",):
-        return f"{value:.1f}"
-    if key == "decision_p99_s":  # seconds in the runs, milliseconds on screen
-        return f"{value * 1e3:.3g}"
-    return f"{value:.3g}"
-
-
-def format_table(runs: Sequence[Mapping[str, Any]]) -> str:
-    """A plain-text table of :func:`aggregate`'s rows."""
-    rows = aggregate(runs)
-    sweep = next((run["sweep"] for run in runs if run.get("sweep")), None)
-    head = ["policy", *([sweep] if sweep else []), *(title for _, title, _ in METRICS)]
-    body = [
-        [
-            row["policy"],
-            *([f"{row['value']:g}"] if sweep else []),
-            *(_cell(key, row[key]) for key, _, _ in METRICS),
-        ]
-        for row in rows
-    ]
-    widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            cell.ljust(width) if i == 0 else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in body)])
-
-
-# --------------------------------------------------------------------------- report
-
-
-def write_report(
-    runs: Sequence[Mapping[str, Any]], config: Mapping[str, Any], table: str, out_dir: Path
-) -> Path:
-    """One PNG per metric (against the swept value, or a bar per policy without a sweep)
-    and ``index.html``; returns the page's path."""
-    from switchyard.figures import (
-        INSTALL_HINT,
-        SERIES_COLOURS,
-        SERIES_MARKERS,
-        ReportError,
-        ensure_out_dir,
-        new_figure,
-    )
-
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise ReportError(
-            f"plots need matplotlib, which is not installed; install the report extra: {INSTALL_HINT}"
-        ) from None
-    ensure_out_dir(out_dir)
-    rows = aggregate(runs)
-    policies = list(dict.fromkeys(row["policy"] for row in rows))
-    sweep = config.get("sweep")
-    images: list[tuple[str, str]] = []
-    for key, _, label in METRICS:
-        figure, axes = new_figure()
-        drawn = False
-        for index, policy in enumerate(policies):
-            colour = SERIES_COLOURS[index % len(SERIES_COLOURS)]
-            marker = SERIES_MARKERS[(index // len(SERIES_COLOURS)) % len(SERIES_MARKERS)]
-            points = [
-                (row["value"], row[key])
-                for row in rows
-                if row["policy"] == policy and row[key] is not None
-            ]
-            if not points:
-                continue
-            drawn = True
-            if sweep:
-                points.sort()
-                axes.plot(
-                    [x for x, _ in points],
-                    [y for _, y in points],
-                    label=policy,
-                    color=colour,
-                    marker=marker,
-                    linewidth=1.6,
-                )
-            else:
-                axes.bar([index], [points[0][1]], color=colour, label=policy)
-        if not drawn:
-            continue
-        if sweep:
-            axes.set_xlabel(SWEEP_LABELS.get(str(sweep), str(sweep)))
-            if sweep == "update-frequency":
-                axes.set_xscale("log")
-        else:
-            axes.set_xticks(range(len(policies)), policies, rotation=20, fontsize=8)
-        axes.set_ylabel(label, fontsize=9)
-        axes.set_title(
-            f"{label} ({config.get('workload')}, {config.get('workers')} workers)", fontsize=10
-        )
-        axes.grid(True, alpha=0.3)
-        axes.legend(fontsize=8)
-        name = f"{sweep or 'policies'}_{key}.png"
-        try:
-            figure.savefig(out_dir / name, format="png")
-        except OSError as exc:
-            raise ReportError(f"cannot write {out_dir / name}: {exc.strerror or exc}") from None
-        images.append((name, label))
-    config_rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-        for k, v in config.items()
-    )
-    figures = "".join(
-        f'<figure><img src="{html.escape(name)}" alt="{html.escape(label)}">'
-        f"<figcaption>{html.escape(label)}</figcaption></figure>"
-        for name, label in images
-    )
-    page = out_dir / "index.html"
-    text = (
-        "<!doctype html>\n<html><head><meta charset='utf-8'><title>switchyard multimodel</title>"
-        "<style>body{font-family:sans-serif;margin:2em}figure{display:inline-block;margin:1em}"
-        "table{border-collapse:collapse}th,td{text-align:left;padding:2px 8px}</style></head>"
-        f"<body><h1>Multi-model placement policies</h1><h2>Configuration</h2><table>{config_rows}"
-        f"</table><h2>Results (means over seeds)</h2><pre>{html.escape(table)}</pre>"
-        f"<h2>Plots</h2>{figures}</body></html>\n"
-    )
-    try:
-        page.write_text(text)
-    except OSError as exc:
-        raise ReportError(f"cannot write {page}: {exc.strerror or exc}") from None
-    return page

@@ -89,6 +89,12 @@ decision_p99_s / decision_mean_s
 
 placement_changes
     Loads plus evictions carried out over the run.
+
+llm_utilization (%)
+    The LLM workers of a run with LLM stages (:mod:`research.multimodel.llm_stages`):
+    ``100 * (1/L) * sum_l busy_l / T``, ``busy_l`` the seconds LLM worker ``l`` spent
+    prefilling or decoding. A decoding batch counts as busy whatever its size. None
+    (``-`` in tables) for a run without LLM workers.
 """
 
 from __future__ import annotations
@@ -138,6 +144,9 @@ class MultiModelMetrics:
     requests: int
     unfinished: int
     stages_run: int
+    llm_utilization: float | None = None
+    """Mean over the LLM workers of the share of the run they spent prefilling or
+    decoding, in %; None without LLM workers."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -274,4 +283,11 @@ def summarize(
         requests=n,
         unfinished=sum(1 for done in result.finished if not done),
         stages_run=result.stages_run,
+        llm_utilization=(
+            100.0
+            * math.fsum(result.llm_worker_busy_s.values())
+            / (horizon * len(result.llm_worker_busy_s))
+            if result.llm_worker_busy_s and horizon > 0
+            else None
+        ),
     )

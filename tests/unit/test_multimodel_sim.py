@@ -21,7 +21,7 @@ from switchyard.multimodel.model import (
 from switchyard.multimodel.snapshot import PlacementPlan, PlacementSnapshot
 from switchyard.policies.base import DecisionContext
 
-from research.multimodel import command
+from research.multimodel import command, command_report
 from research.multimodel.metrics import (
     coefficient_of_variation,
     percentile,
@@ -352,14 +352,14 @@ def test_bad_inputs_are_one_line_and_exit_2(
 
 
 def test_format_table_averages_seeds() -> None:
-    base = {key: 1.0 for key, _, _ in command.METRICS}
+    base = {key: 1.0 for key, _, _ in command_report.METRICS}
     runs = [
         {**base, "policy": "p", "sweep": "fluctuation", "value": 0.5, "seed": 0, "p99_s": 1.0},
         {**base, "policy": "p", "sweep": "fluctuation", "value": 0.5, "seed": 1, "p99_s": 3.0},
     ]
-    (row,) = command.aggregate(runs)
+    (row,) = command_report.aggregate(runs)
     assert row["p99_s"] == 2.0
-    assert "fluctuation" in command.format_table(runs).splitlines()[0]
+    assert "fluctuation" in command_report.format_table(runs).splitlines()[0]
 
 
 def test_a_sweep_writes_every_run_and_a_plot_per_metric(tmp_path: Path) -> None:
