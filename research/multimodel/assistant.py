@@ -51,7 +51,7 @@ def llm_applications(pipelines: Sequence[str]) -> tuple[str, ...]:
 
 def parse_llm_workers(spec: str | None, pipelines: Sequence[str]) -> tuple[LlmWorkers, ...]:
     """The LLM workers of ``spec``: comma-separated ``MODEL=PROFILE[:COUNT]`` (``PROFILE``
-    a performance profile, ``gpu/model``); None: one ``a100-80gb`` worker per LLM model
+    a performance profile, ``gpu/model``, as ``switchyard simulate --gpu`` takes); None: one ``a100-80gb`` worker per LLM model
     of ``pipelines``. Every LLM model the pipelines use needs workers.
 
     Raises:

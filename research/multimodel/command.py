@@ -99,8 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--llm-policy", default=None,
-        help="assistant: the LLM policy placing LLM stages (a name from `switchyard "
-        "simulate --list-policies`; default the live stack's)",
+        help="assistant: the LLM policy placing LLM stages (one of `switchyard simulate "
+        "--policies`; default the live stack's, gaps)",
     )  # fmt: skip
     parser.add_argument(
         "--time-scale", type=float, default=None,
