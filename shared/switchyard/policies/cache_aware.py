@@ -30,17 +30,26 @@ cluster's fastest constants, at its own batch with the request added
 (:func:`_slowdowns`). A request on a slower GPU is slower even idle, so it has less room
 under the same objectives: without the factor the policy gave an L40S as many requests
 per slot as an A100 and held 35.2 requests/s on the mixed cluster of the capacity
-benchmark, against 38.4 with it (Llumnix, whose balance of KV use gives the smaller
-L40S cache fewer tokens, 36.4). On a cluster of one kind every factor is 1 and nothing
+benchmark, against 38.4 with it (the stall weight then 10; 37.6 at 3. Llumnix, whose
+balance of KV use gives the smaller L40S cache fewer tokens, 36.4). On a cluster of one kind every factor is 1 and nothing
 changes.
 
 A worker whose profile does not say what a prefill costs (``prefill_per_token_s`` 0)
-has only the last two terms. The least cost wins; ties go to the worker listed first. The weights (stall 10, KV 1 s, load 2 s) were
-chosen near each trace's capacity (``bench/capacity_eval.py``'s traces, 16 and 32
-workers, one seed): on the Mooncake trace at 2.2 times its rate a stall weight of 0 or 3
-met 4 or 1 points fewer of the SLOs than 10, and no KV term 3 to 4 points fewer at 1.6
-to 2 times; on the Azure conversation trace at 32 workers the KV term cost 1.6 points
-with a load weight of 1 and nothing with 2. It reads no prediction.
+has only the last two terms. The least cost wins; ties go to the worker listed first.
+
+The weights (stall 3, KV 1 s, load 2 s) were chosen near each trace's capacity
+(``bench/capacity_eval.py``'s traces, 16 and 32 workers, one seed). The stall weight
+trades the newcomer's first token against the running requests' pace: at 10, a long
+prompt went to the worker with the fewest running requests whatever prompts waited
+there, and on the conversation trace the P99 TTFT at `jsq`'s capacity was 0.94 and 1.00
+times `jsq`'s (16 and 32 workers, ``bench/ttft_at_capacity.py``); at 3 it is 0.77 and
+0.76 (0.70 and 0.65 on the trace's next 4,000 requests, which the choice did not see),
+the capacity at 90 % within the search's 2 % of 10's everywhere in the grid. What 3
+gives up is past capacity on the Mooncake trace: at 2.2 times its rate on 16 workers
+85.3 % of the requests met their SLOs, against 87.1 % at 10 and 83.6 % at 0. Without the
+KV term 3 to 4 points fewer met them on the Mooncake trace at 1.6 to 2 times its rate;
+on the conversation trace at 32 workers the KV term cost 1.6 points with a load weight
+of 1 and nothing with 2. It reads no prediction.
 
 Registered as ``switchyard`` with the ``ttft-feasible`` admission
 (:mod:`switchyard.policies.admission`), without a rebalancer (``policies/registry.py``).
@@ -62,7 +71,7 @@ class CacheAwareRouter:
     """Soonest first token, least pause to the running batch (see the module docstring)."""
 
     name: str = "switchyard"
-    stall_weight: float = 10.0
+    stall_weight: float = 3.0
     kv_weight_s: float = 1.0
     load_weight_s: float = 2.0
 
