@@ -116,16 +116,15 @@ def _run(policy: LlmPolicy, rows: Sequence[TraceRequest], workers: int, profile:
     return Simulator(policy, config).run(rows)
 
 
-def admission_rows(
+def print_admission_rows(
     search: dict[str, Any], requests: int, loads: Sequence[float], margins: Sequence[float]
-) -> list[str]:
-    """Markdown rows: Switchyard plain and with the clairvoyant admission, per load."""
+) -> None:
+    """Print markdown rows: Switchyard plain and with the clairvoyant admission, per load."""
     trace = head(resolve_trace("azure-conv"), requests)
     profile = search["gpu"]
     perf = performance_model(profile)
     slo_scale = SimulationConfig(workers=search["workers"]).slo_scale
     held = search["targets"][0]["held"]
-    lines = []
     for multiple in loads:
         scale = held["load_scale"] * multiple
         rows = scale_load(trace, scale).requests
@@ -145,12 +144,11 @@ def admission_rows(
             )
         for label, policy in settings:
             m = _run(policy, rows, search["workers"], profile)
-            lines.append(
+            print(
                 f"| {multiple:g} ({held['offered_rps'] * multiple:.1f}) | {label} | "
-                f"{m.refused / m.requests:.1%} | {m.slo_attainment:.1%} | {m.goodput_rps:.1f} |"
+                f"{m.refused / m.requests:.1%} | {m.slo_attainment:.1%} | {m.goodput_rps:.1f} |",
+                flush=True,
             )
-            print(lines[-1], flush=True)
-    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -195,10 +193,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.admission_loads and conv16:
         print("\nazure-conv, 16 workers: Switchyard with and without the clairvoyant admission")
         print(
-            "| x best baseline's capacity (req/s) | setting | refused | SLO attainment | goodput req/s |"
+            "| x best baseline's capacity (req/s) | setting | refused | SLO attainment | "
+            "goodput req/s |"
         )
         print("|---|---|---:|---:|---:|")
-        admission_rows(conv16[0], requests, args.admission_loads, args.margins)
+        print_admission_rows(conv16[0], requests, args.admission_loads, args.margins)
 
 
 if __name__ == "__main__":

@@ -51,8 +51,9 @@ def llm_applications(pipelines: Sequence[str]) -> tuple[str, ...]:
 
 def parse_llm_workers(spec: str | None, pipelines: Sequence[str]) -> tuple[LlmWorkers, ...]:
     """The LLM workers of ``spec``: comma-separated ``MODEL=PROFILE[:COUNT]`` (``PROFILE``
-    a performance profile, ``gpu/model``, as ``switchyard simulate --gpu`` takes); None: one ``a100-80gb`` worker per LLM model
-    of ``pipelines``. Every LLM model the pipelines use needs workers.
+    a performance profile, ``gpu/model``, as ``switchyard simulate --gpu`` takes); None:
+    one ``a100-80gb`` worker per LLM model of ``pipelines``. Every LLM model the
+    pipelines use needs workers.
 
     Raises:
         SimulationInputError: a malformed entry, a count below 1, a model given twice or

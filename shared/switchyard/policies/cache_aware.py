@@ -30,9 +30,9 @@ cluster's fastest constants, at its own batch with the request added
 (:func:`_slowdowns`). A request on a slower GPU is slower even idle, so it has less room
 under the same objectives: without the factor the policy gave an L40S as many requests
 per slot as an A100 and held 35.2 requests/s on the mixed cluster of the capacity
-benchmark, against 38.4 with it (the stall weight then 10; 37.6 at 3. Llumnix, whose
-balance of KV use gives the smaller L40S cache fewer tokens, 36.4). On a cluster of one kind every factor is 1 and nothing
-changes.
+benchmark, against 38.4 with it (the stall weight then 10; 37.6 at 3), where Llumnix,
+whose balance of KV use gives the smaller L40S cache fewer tokens, held 36.4. On a
+cluster of one kind every factor is 1 and nothing changes.
 
 A worker whose profile does not say what a prefill costs (``prefill_per_token_s`` 0)
 has only the last two terms. The least cost wins; ties go to the worker listed first.
