@@ -21,7 +21,7 @@ help:
 	@echo "make bench        bus benchmark on the local Kafka broker"
 	@echo "make bench-sim    simulator speed and policy decision speed"
 	@echo "make bench-eval   the GAPS evaluation grid (both Azure traces, 4-32 workers, 3 seeds)"
-	@echo "make bench-capacity  every LLM policy's capacity at 90/99 % SLO attainment (Azure, Mooncake; 8-32 workers)"
+	@echo "make bench-capacity  every LLM policy's capacity at 90/99 % SLO attainment (Azure, Mooncake; 8-32 workers), then P99 TTFT at the best baseline's capacity and each trace's compute ceiling"
 	@echo "make bench-chunked   chunked prefill as a simulator option: capacity, TTFT and TPOT with and without"
 	@echo "make bench-disaggregation  prefill/decode disaggregation as a simulator option: capacity, TTFT and TPOT"
 	@echo "make bench-guidellm  guidellm (vLLM's benchmark client) against the stack, beside the load generator"
@@ -111,6 +111,8 @@ bench-eval: deps
 
 bench-capacity: deps
 	$(BIN)/python -m bench.capacity_eval --with-admission ttft-feasible --json bench/results/capacity_eval.json
+	$(BIN)/python -m bench.ttft_at_capacity
+	$(BIN)/python -m bench.goodput_ceiling
 
 bench-estimator: deps
 	$(BIN)/python -m bench.estimator_bench --json bench/results/estimator.json
