@@ -98,9 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default one a100-80gb worker per model)",
     )  # fmt: skip
     parser.add_argument(
-        "--llm-policy", default=None,
+        "--llm-policy", type=comma_list(str, "--llm-policy"), default=None,
         help="assistant: the LLM policy placing LLM stages (one of `switchyard simulate "
-        "--policies`; default the live stack's, gaps)",
+        "--policies`; default the live stack's, gaps); several, comma-separated, are each "
+        "run with every placement policy",
     )  # fmt: skip
     parser.add_argument(
         "--time-scale", type=float, default=None,
@@ -208,13 +209,14 @@ def build_llm_workers(args: argparse.Namespace) -> tuple[Any, ...]:
     return parse_llm_workers(args.llm_workers, _pipelines(args))
 
 
-def llm_policy(args: argparse.Namespace) -> str:
-    """The LLM policy placing LLM stages: ``--llm-policy``, else the live stack's default."""
+def llm_policies(args: argparse.Namespace) -> tuple[str, ...]:
+    """The LLM policies placing LLM stages, each run in turn: ``--llm-policy``, else the
+    live stack's default."""
     if args.llm_policy is not None:
-        return str(args.llm_policy)
+        return tuple(args.llm_policy)
     from switchyard.config import Settings
 
-    return str(Settings.model_fields["llm_policy"].default)
+    return (str(Settings.model_fields["llm_policy"].default),)
 
 
 def build_workload(
@@ -345,10 +347,11 @@ def _check(args: argparse.Namespace) -> tuple[tuple[float | None, ...], tuple[st
                 )
         from switchyard.policies.registry import llm_policy_names
 
-        if llm_policy(args) not in llm_policy_names():
-            raise CommandError(
-                f"unknown --llm-policy {args.llm_policy!r}; known: {', '.join(llm_policy_names())}"
-            )
+        for name in llm_policies(args):
+            if name not in llm_policy_names():
+                raise CommandError(
+                    f"unknown --llm-policy {name!r}; known: {', '.join(llm_policy_names())}"
+                )
     else:
         given = {
             "--pipelines": args.pipelines is not None,
@@ -396,7 +399,7 @@ def _run(args: argparse.Namespace) -> int:
         config["pipelines"] = list(_pipelines(args))
         config["input_tokens"] = args.input_tokens
         config["llm_workers"] = {w.application: list(w.profiles) for w in llm_workers}
-        config["llm_policy"] = llm_policy(args)
+        config["llm_policies"] = list(llm_policies(args))
     runs: list[dict[str, Any]] = []
     for value in values:
         for seed in range(args.seeds):
@@ -411,16 +414,20 @@ def _run(args: argparse.Namespace) -> int:
                 window_s=args.window_s,
                 seed=seed,
             )
-            if llm_workers:
-                sim_config = replace(sim_config, llm_policy=llm_policy(args))
-            for name in policies:
+            # Without LLM workers there is no LLM policy to vary: one pass, its name unused.
+            compared = llm_policies(args) if llm_workers else (None,)
+            for name, llm in [(name, llm) for name in policies for llm in compared]:
                 policy = make_policy(name)
+                config_run = sim_config if llm is None else replace(sim_config, llm_policy=llm)
                 result = simulate_multimodel(
-                    workload, workers, policy.placement, policy.router, sim_config, llm_workers
+                    workload, workers, policy.placement, policy.router, config_run, llm_workers
                 )
                 metrics = summarize(result).as_dict()
+                label = getattr(policy, "name", name)
                 run = {
-                    "policy": getattr(policy, "name", name),
+                    # With several LLM policies a row is a pair: placement / LLM policy.
+                    "policy": label if len(compared) == 1 else f"{label} / {llm}",
+                    "llm_policy": llm,
                     "sweep": args.sweep,
                     "value": value,
                     "seed": seed,

@@ -84,13 +84,34 @@ def test_the_command_runs_the_llm_stages_and_a_second_13b_worker_shortens_the_ta
         assert command.run(_args(*argv)) == 0
         assert "LLM busy %" in capsys.readouterr().out
         document = json.loads(out.read_text())
-        assert document["config"]["llm_policy"] == "gaps"  # the live stack's default
+        assert document["config"]["llm_policies"] == ["gaps"]  # the live stack's default
         assert document["config"]["llm_workers"]["llama-2-13b"] == ["a100-80gb/llama-2-13b"] * count
         (run,) = document["runs"]
         assert run["unfinished"] == 0
         assert 0 < run["llm_utilization"] <= 100
         p99s.append(run["p99_s"])
     assert p99s[1] < 0.8 * p99s[0]
+
+
+def test_several_llm_policies_are_each_run_with_every_placement_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "runs.json"
+    argv = (
+        *("--workload", "assistant", "--policies", "gaps,static-rr", "--duration-s", "20"),
+        *("--llm-policy", "jsq,round-robin", "--json", str(out)),
+    )
+    assert command.run(_args(*argv)) == 0
+    table = capsys.readouterr().out
+    runs = json.loads(out.read_text())["runs"]
+    pairs = [(run["policy"], run["llm_policy"]) for run in runs]
+    assert pairs == [
+        ("gaps / jsq", "jsq"),
+        ("gaps / round-robin", "round-robin"),
+        ("static-rr / jsq", "jsq"),
+        ("static-rr / round-robin", "round-robin"),
+    ]
+    assert all(label in table for label, _ in pairs)
 
 
 @pytest.mark.parametrize(
