@@ -44,12 +44,12 @@ prompt went to the worker with the fewest running requests whatever prompts wait
 there, and on the conversation trace the P99 TTFT at `jsq`'s capacity was 0.94 and 1.00
 times `jsq`'s (16 and 32 workers, ``bench/ttft_at_capacity.py``); at 3 it is 0.77 and
 0.76 (0.70 and 0.65 on the trace's next 4,000 requests, which the choice did not see),
-the capacity at 90 % within the search's 2 % of 10's everywhere in the grid. What 3
-gives up is past capacity on the Mooncake trace: at 2.2 times its rate on 16 workers
-85.3 % of the requests met their SLOs, against 87.1 % at 10 and 83.6 % at 0. Without the
-KV term 3 to 4 points fewer met them on the Mooncake trace at 1.6 to 2 times its rate;
-on the conversation trace at 32 workers the KV term cost 1.6 points with a load weight
-of 1 and nothing with 2. It reads no prediction.
+every capacity at 90 % in the grid within 2.1 % of 10's (the search's resolution is
+2 %). What 3 gives up is past capacity on the Mooncake trace: at 2.2 times its rate on
+16 workers 85.3 % of the requests met their SLOs, against 87.1 % at 10 and 83.6 % at 0.
+Without the KV term 3 to 4 points fewer met them on the Mooncake trace at 1.6 to 2 times
+its rate; on the conversation trace at 32 workers the KV term cost 1.6 points with a
+load weight of 1 and nothing with 2. It reads no prediction.
 
 Registered as ``switchyard`` with the ``ttft-feasible`` admission
 (:mod:`switchyard.policies.admission`), without a rebalancer (``policies/registry.py``).
