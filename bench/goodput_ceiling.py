@@ -81,8 +81,6 @@ class ClairvoyantAdmission:
     truths: Mapping[str, tuple[int, float]]
     """Request id -> (output tokens, latency objective in seconds)."""
     margin: float
-    decode_base_s: float
-    """The profile's fixed time of a decode step (the workers' views leave it out)."""
     inner: AdmissionPolicy | None
     name: str = "clairvoyant"
 
@@ -97,14 +95,16 @@ class ClairvoyantAdmission:
 
     def _latency_s(self, worker: WorkerView, request: RequestView, output_tokens: int) -> float:
         """The prompts queued ahead, its own prefill, then its decode steps in the batch
-        with every request there and itself, the KV of its prompt and half its output."""
+        with every request there and itself, the KV of its prompt and half its output. The
+        profiles' fixed time of an iteration is the same for a prefill and a decode step,
+        so ``prefill_base_s`` stands for the decode's (as in ``policies/cache_aware.py``)."""
         wait_s = worker.waiting_prompt_tokens * worker.prefill_per_token_s
         cached = request.cached_tokens.get(worker.worker_id, 0)
         prefill_s = worker.prefill_compute_s(request.prompt_tokens, cached)
         batch = worker.running + worker.waiting + 1
         kv_tokens = worker.queued_tokens + request.prompt_tokens + output_tokens // 2
         step_s = (
-            self.decode_base_s
+            worker.prefill_base_s
             + batch * worker.decode_step_per_seq_s
             + kv_tokens * worker.decode_step_per_kv_token_s
         )
@@ -138,7 +138,7 @@ def print_admission_rows(
         plain = make_llm_policy("switchyard")
         settings: list[tuple[str, LlmPolicy]] = [("switchyard", plain)]
         for margin in margins:
-            admission = ClairvoyantAdmission(truths, margin, perf.decode_base_s, plain.admission)
+            admission = ClairvoyantAdmission(truths, margin, plain.admission)
             settings.append(
                 (f"+ clairvoyant, margin {margin:g}", replace(plain, admission=admission))
             )

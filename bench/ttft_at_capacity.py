@@ -74,9 +74,7 @@ def _p99_ttft_s(
 def idle_prefill_p99_s(rows: Sequence[TraceRequest], profiles: Sequence[str]) -> float:
     """The P99 over ``rows`` of each prompt's prefill alone on the fastest idle profile."""
     models = [performance_model(profile) for profile in dict.fromkeys(profiles)]
-    return quantile(
-        sorted(min(m.prefill_s((r.prompt_tokens,)) for m in models) for r in rows), 0.99
-    )
+    return quantile([min(m.prefill_s((r.prompt_tokens,)) for m in models) for r in rows], 0.99)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -40,9 +40,9 @@ def test_the_ceiling_with_a_tenth_refused_leaves_out_the_costliest_requests() ->
 def test_the_clairvoyant_admission_refuses_what_the_batch_would_make_late() -> None:
     # 200 output tokens at 12 ms a step alone (2.4 s); joining a batch of 100 makes each
     # step 32 ms (0.2 ms a sequence; 6.4 s in all), past 0.6 x a 10 s objective.
-    admission = ClairvoyantAdmission({"r1": (200, 10.0)}, 0.6, 0.012, inner=None)
-    idle = worker("w1")
-    busy = worker("w2", running=100)
+    admission = ClairvoyantAdmission({"r1": (200, 10.0)}, 0.6, inner=None)
+    idle = worker("w1", prefill_base_s=0.012)
+    busy = worker("w2", running=100, prefill_base_s=0.012)
     assert admission.admit(request(prompt_tokens=10), cluster(idle)) is None
     refusal = admission.admit(request(prompt_tokens=10), cluster(busy))
     assert refusal is not None
