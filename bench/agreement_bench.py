@@ -18,6 +18,12 @@ overhead to a few percent of a median latency.
 workers' ``SWITCHYARD_WORKER_CHUNKED_PREFILL_TOKENS``, the simulator's option of the
 same name).
 
+``--prefill-workers N`` disaggregates both sides: the first N workers only prefill and
+hand each request with its KV cache to one of the others (the workers'
+``SWITCHYARD_WORKER_ROLE``, the simulator's ``--prefill-workers``). The live placer picks
+the decode worker when the request arrives, so the simulator does too
+(``--decode-at-arrival``).
+
 ``--sensitivity`` runs the simulator alone: the same slices with every arrival delayed by
 an exponential jitter of mean ``--jitter-ms`` (six seeds), to show how far the simulated
 P50 and P99 move with timing differences smaller than the live control plane's.
@@ -87,6 +93,8 @@ def sensitivity(args: argparse.Namespace, profiles: list[str], seeds: int = 6) -
                         policy=policy,
                         profiles=profiles,
                         chunked_prefill_tokens=args.chunked_prefill,
+                        prefill_workers=args.prefill_workers,
+                        decode_at_arrival=args.prefill_workers is not None,
                     ).values()
                 )
                 p50.append(quantile(latencies, 0.5))
@@ -119,6 +127,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="TOKENS",
         help="chunked prefill at this token budget, live and simulated (default: off)",
     )
+    parser.add_argument(
+        "--prefill-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the first N workers only prefill, the others only decode, live and simulated "
+        "(default: off)",
+    )
     parser.add_argument("--sensitivity", action="store_true", help="simulator only, jittered")
     parser.add_argument("--jitter-ms", type=float, default=10.0)
     args = parser.parse_args(argv)
@@ -129,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             problem = performance_model(profile).chunk_budget_problem(args.chunked_prefill)
             if problem is not None:
                 parser.error(f"--chunked-prefill: {problem}")
+    if args.prefill_workers is not None and not 1 <= args.prefill_workers < len(profiles):
+        parser.error(f"--prefill-workers must leave both pools non-empty: 1 to {len(profiles) - 1}")
     if args.sensitivity:
         sensitivity(args, profiles)
         return
@@ -148,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         profiles=profiles,
                         log_dir=Path(logs) / f"{trace}-{policy}",
                         chunked_prefill_tokens=args.chunked_prefill,
+                        prefill_workers=args.prefill_workers,
                     )
                 )
                 rows.append(agreement)
@@ -163,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     {
                         **agreement.to_json(),
                         "chunked_prefill_tokens": args.chunked_prefill,
+                        "prefill_workers": args.prefill_workers,
                         "replay": result.config(),
                     }
                 )
@@ -177,14 +197,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     chunking = "off" if args.chunked_prefill is None else f"{args.chunked_prefill} tokens"
     print(
         f"first {args.limit} rows; workers {', '.join(profiles)}; chunked prefill "
-        f"{chunking}; trace seconds"
+        f"{chunking}; prefill workers {args.prefill_workers or 'none'}; trace seconds"
     )
     print(format_table(rows))
-    out = RESULTS / (
-        "agreement.json"
-        if args.chunked_prefill is None
-        else f"agreement-chunked-{args.chunked_prefill}.json"
-    )
+    name = "agreement"
+    if args.chunked_prefill is not None:
+        name += f"-chunked-{args.chunked_prefill}"
+    if args.prefill_workers is not None:
+        name += f"-prefill-{args.prefill_workers}"
+    out = RESULTS / f"{name}.json"
     out.write_text(json.dumps(records, indent=2))
     print(f"\nwritten {out}")
 

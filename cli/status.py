@@ -190,6 +190,8 @@ def render(document: dict[str, Any], where: str) -> Any:
     for w in document["workers"]:
         running = "-" if w["running"] is None else f"{w['running']}/{w['max_slots'] or '-'}"
         profile = w["profile"] or w["worker_type"] or "-"
+        if w.get("role") in ("prefill", "decode"):
+            profile += f" [{w['role']}]"
         workers.add_row(
             w["worker_id"],
             Text(w["state"], style=_STATE_STYLE.get(w["state"], "")),

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 from switchyard.bus import MemoryBroker, bus_from_settings
 from switchyard.config import Settings
@@ -81,12 +81,22 @@ class EmbeddedPlan:
             the base settings' resource vector), placed by the placement service
             (``switchyard up --embedded`` starts 2).
         http_port: the ingress HTTP API's port (0: a free one).
+        prefill_workers: prefill/decode disaggregation: the first this-many LLM workers
+            only prefill and the others only decode, as the simulator's
+            ``--prefill-workers`` (0: every LLM worker runs both phases).
     """
 
     llm_workers: tuple[str, ...] = DEFAULT_LLM_WORKERS
     torch_workers: int = 1
     model_workers: int = 0
     http_port: int = 8080
+    prefill_workers: int = 0
+
+    def llm_role(self, index: int) -> Literal["mixed", "prefill", "decode"]:
+        """The role of LLM worker ``index``."""
+        if not self.prefill_workers:
+            return "mixed"
+        return "prefill" if index < self.prefill_workers else "decode"
 
     def worker_settings(self, base: Settings) -> list[Settings]:
         """The settings of every worker, ids ``llm-0``.., ``torch-0``.., ``models-0``.."""
@@ -97,6 +107,7 @@ class EmbeddedPlan:
                     "instance_id": f"llm-{index}",
                     "worker_backend": "emulated-llm",
                     "worker_profile": profile,
+                    "worker_role": self.llm_role(index),
                 }
             )
             for index, profile in enumerate(self.llm_workers)

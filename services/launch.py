@@ -66,6 +66,14 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         "measurement",
     )
     parser.add_argument(
+        "--prefill-workers",
+        type=int,
+        default=0,
+        help="disaggregate prefill and decode (DistServe, Splitwise, Dynamo): the first N "
+        "LLM workers only prefill, the others only decode, under any LLM policy (default 0: "
+        "every worker runs both)",
+    )
+    parser.add_argument(
         "--transports",
         choices=("memory", "configured"),
         default="memory",
@@ -102,6 +110,12 @@ def run_up(settings: Settings, args: argparse.Namespace) -> int:
                 f"switchyard up: --llm-workers: unknown profile {profile!r}; known: {', '.join(known)}"
             )
             return 2
+    if args.prefill_workers and not 1 <= args.prefill_workers < len(profiles):
+        print(
+            f"switchyard up: --prefill-workers must leave both pools non-empty: 1 to "
+            f"{len(profiles) - 1} of the {len(profiles)} LLM workers, got {args.prefill_workers}"
+        )
+        return 2
     if args.host:
         settings = settings.model_copy(update={"http_host": args.host})
     plan = EmbeddedPlan(
@@ -109,6 +123,7 @@ def run_up(settings: Settings, args: argparse.Namespace) -> int:
         torch_workers=args.torch_workers,
         model_workers=args.model_workers,
         http_port=args.port,
+        prefill_workers=args.prefill_workers,
     )
     return run(
         run_embedded(settings, plan, over_settings_transports=args.transports == "configured")

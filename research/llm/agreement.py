@@ -99,10 +99,14 @@ def simulate(
     seed: int = 0,
     options: PolicyOptions | None = None,
     chunked_prefill_tokens: int | None = None,
+    prefill_workers: int | None = None,
+    decode_at_arrival: bool = False,
 ) -> dict[int, SimulatedLatency]:
     """Simulate ``rows`` under ``policy`` on one worker per entry of ``profiles`` (in that
     order, as the live stack's workers are started), with chunked prefill at
-    ``chunked_prefill_tokens`` when given; returns each completed request by its row
+    ``chunked_prefill_tokens`` when given, and the first ``prefill_workers`` workers
+    prefilling for the others when given (their decode workers chosen on arrival with
+    ``decode_at_arrival``, as the live placer does); returns each completed request by its row
     index.
 
     Raises:
@@ -118,6 +122,8 @@ def simulate(
             profiles=tuple(profiles),
             seed=seed,
             chunked_prefill_tokens=chunked_prefill_tokens,
+            prefill_workers=prefill_workers,
+            decode_at_arrival=decode_at_arrival,
         ),
     )
     simulator.run(rows)

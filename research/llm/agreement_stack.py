@@ -5,7 +5,9 @@ on the real Kafka broker and Redis, each service a process of its own, with one 
 worker per profile (started in the order given, as the simulator numbers its workers),
 the scheduler running ``policy`` and the workers' time scale equal to the replay's
 speed-up; with a chunked-prefill budget, the workers and the simulator both prefill in
-chunks of it. Admission control is off: the simulator has none, and a refusal would
+chunks of it; with ``prefill_workers``, the first that many workers only prefill and
+the others only decode (``SWITCHYARD_WORKER_ROLE``; the simulator's option of the same
+name, its decode workers chosen on arrival as the live placer chooses them). Admission control is off: the simulator has none, and a refusal would
 take a request out of one side of the comparison only.
 """
 
@@ -36,16 +38,21 @@ async def run_live(
     speedup: float,
     profiles: Sequence[str],
     timeout_s: float = 300.0,
+    prefill_workers: int | None = None,
 ) -> ReplayResult:
-    """Start ``stack``'s services (one worker per profile) and replay the first ``limit``
-    rows of ``trace`` at ``speedup`` through its ingress."""
+    """Start ``stack``'s services (one worker per profile, the first ``prefill_workers``
+    prefilling for the others) and replay the first ``limit`` rows of ``trace`` at
+    ``speedup`` through its ingress."""
     stack.start_service("monitor")
     stack.start_service("predictor")
     stack.start_service("scheduler")
     # The policy's rebalancer (GAPS has one), as the simulator runs it; idle for JSQ.
     stack.start_service("rebalancer")
     for number, profile in enumerate(profiles):
-        stack.start_worker(f"w{number:02d}", profile)
+        role = (
+            "mixed" if not prefill_workers else "prefill" if number < prefill_workers else "decode"
+        )
+        stack.start_worker(f"w{number:02d}", profile, env={"SWITCHYARD_WORKER_ROLE": role})
     stack.start_service("ingress")
     await stack.wait_ready(workers=len(profiles))
     # The simulated cluster serves one model; every workload of the slice goes to it.
@@ -88,6 +95,7 @@ async def measure(
     kafka: str | None = None,
     redis: str | None = None,
     chunked_prefill_tokens: int | None = None,
+    prefill_workers: int | None = None,
 ) -> tuple[Agreement, ReplayResult]:
     """The live run and the simulation of one slice, compared."""
     stack = agreement_stack(
@@ -100,12 +108,25 @@ async def measure(
         chunked_prefill_tokens=chunked_prefill_tokens,
     )
     try:
-        result = await run_live(stack, trace, limit, speedup=speedup, profiles=profiles)
+        result = await run_live(
+            stack,
+            trace,
+            limit,
+            speedup=speedup,
+            profiles=profiles,
+            prefill_workers=prefill_workers,
+        )
     finally:
         await stack.close()
     rows = head(resolve_trace(trace), limit).requests
     simulated = simulate(
-        rows, policy=policy, profiles=profiles, chunked_prefill_tokens=chunked_prefill_tokens
+        rows,
+        policy=policy,
+        profiles=profiles,
+        chunked_prefill_tokens=chunked_prefill_tokens,
+        prefill_workers=prefill_workers,
+        # The live placer chooses the decode worker with the prefill worker.
+        decode_at_arrival=prefill_workers is not None,
     )
     agreement = compare(
         result.records,

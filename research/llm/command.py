@@ -105,6 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the interconnect; every policy places each phase over its pool; default off "
         "(every worker runs both phases)",
     )  # fmt: skip
+    parser.add_argument(
+        "--decode-at-arrival", action="store_true",
+        help="with --prefill-workers: choose each request's decode worker on arrival, with "
+        "its prefill worker (Splitwise, llm-d and the live stack do), not when its prefill "
+        "ends",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (default 1)")
     parser.add_argument("--requests", type=int, default=None, help="use the first N requests")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
@@ -125,6 +131,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
     for workers in args.workers:
         if workers < 1:
             raise ValueError(f"--workers must be at least 1, got {workers}")
+    if args.decode_at_arrival and args.prefill_workers is None:
+        raise ValueError("--decode-at-arrival needs --prefill-workers")
     if args.prefill_workers is not None:
         for workers in args.workers:
             problem = pool_problem(workers, args.prefill_workers)
@@ -196,6 +204,7 @@ def _run(args: argparse.Namespace) -> int:
         policy_options=options,
         chunked_prefill_tokens=args.chunked_prefill,
         prefill_workers=args.prefill_workers,
+        decode_at_arrival=args.decode_at_arrival,
     )
     if args.chunked_prefill is not None:
         print(

@@ -59,6 +59,11 @@ class SimulationConfig:
     its pool (:mod:`research.llm.disaggregation`). None: off, every worker runs both
     phases (the default; a stage-aware policy such as ``splitwise`` still splits the
     cluster by its own ``prefill_fraction``). Both pools must keep a worker."""
+    decode_at_arrival: bool = False
+    """With ``prefill_workers``: choose each request's decode worker on arrival, with its
+    prefill worker (Splitwise's cluster scheduler, llm-d's P/D profile, and the live
+    placer do), instead of when its prefill ends; the chosen worker counts it as
+    waiting, with its predicted work, until it arrives there."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -83,3 +88,5 @@ class SimulationConfig:
             problem = pool_problem(self.workers, self.prefill_workers)
             if problem is not None:
                 raise SimulationError(problem)
+        elif self.decode_at_arrival:
+            raise SimulationError("decode-at-arrival needs prefill-workers (the pools)")

@@ -24,6 +24,10 @@ snapshot carries the role ``MIXED``, because policies pick among
 policy unaware of pools would otherwise find no worker). A rebalancing policy (GAPS,
 Llumnix) plans over each pool on its own, so a request never moves between pools.
 
+The pools' views and the decode placement are
+:mod:`switchyard.policies.disaggregation`'s: the live stack's placer cuts its clusters
+there too (it chooses the decode worker at arrival, as Splitwise and llm-d do).
+
 A stage-aware policy that brings its own decode rule (a :class:`DecodeRouter`, the
 registered ``splitwise``) keeps it: it places the decode phase by ``route_decode`` over
 the whole cluster, as before. Without the option its pools are its own
@@ -34,7 +38,8 @@ Simplified against those systems: the pools are fixed (no Splitwise mixed pool, 
 Dynamo planner moving workers between them, no DistServe search for their sizes and
 parallelism); every request is disaggregated (Dynamo may prefill a short prompt or a
 well-cached one on its decode worker); the decode worker is chosen when the prefill
-ends (Splitwise picks both at arrival); the KV cache moves whole after the prefill, at
+ends (Splitwise picks both at arrival, and so does the simulator with
+``SimulationConfig.decode_at_arrival``, as the live placer does); the KV cache moves whole after the prefill, at
 the profile's interconnect bandwidth, with no layer-by-layer overlap (Splitwise) and no
 contention between transfers, and the prefill worker frees it at once (DistServe's
 decode stage pulls it when it has room, the prefill GPU holding it meanwhile).
@@ -43,8 +48,6 @@ decode stage pulls it when it has room, the prefill GPU holding it meanwhile).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
-from typing import Any
 
 from switchyard.policies.base import (
     AssignmentPolicy,
@@ -52,6 +55,7 @@ from switchyard.policies.base import (
     DecodeRouter,
     Placement,
 )
+from switchyard.policies.disaggregation import bringing_kv, place_decode, shown_as_mixed
 from switchyard.policies.snapshot import (
     ClusterSnapshot,
     RebalanceSnapshot,
@@ -60,43 +64,9 @@ from switchyard.policies.snapshot import (
     WorkerView,
 )
 from switchyard.policies.splitwise import split_roles
-from switchyard.policies.view_builders import new_cluster_snapshot, new_request_view
+from switchyard.policies.view_builders import new_cluster_snapshot
 
 __all__ = ["Pools", "bringing_kv", "pool_problem", "worker_roles"]
-
-_WORKER_SLOTS: tuple[Any, ...] = tuple(WorkerView.__dict__[f.name] for f in fields(WorkerView))
-_ROLE: Any = WorkerView.__dict__["role"]
-
-
-def _shown_as_mixed(view: WorkerView) -> WorkerView:
-    """``replace(view, role=MIXED)``, slot by slot (a third of the cost; see
-    :mod:`switchyard.policies.view_builders`)."""
-    shown: WorkerView = object.__new__(WorkerView)
-    for slot in _WORKER_SLOTS:
-        slot.__set__(shown, slot.__get__(view, WorkerView))
-    _ROLE.__set__(shown, WorkerRole.MIXED)
-    return shown
-
-
-def bringing_kv(request: RequestView, workers: Sequence[WorkerView]) -> RequestView:
-    """``request`` as its decode phase is placed: its whole prompt cached on every one
-    of ``workers`` (its KV cache comes with it) and no first-token objective left."""
-    prompt = request.prompt_tokens
-    # RequestView's fields in order (see view_builders: the same object, built faster).
-    return new_request_view(
-        request.request_id,
-        request.arrival_s,
-        prompt,
-        request.workload,
-        request.model,
-        request.output_tokens_hint,
-        request.predicted_s,
-        request.calibrated_s,
-        request.deadline_s,
-        request.true_service_s,
-        {worker.worker_id: prompt for worker in workers},  # cached_tokens
-        None,  # ttft_slo_s: the first token is out
-    )
 
 
 def pool_problem(workers: int, prefill_workers: int) -> str | None:
@@ -174,7 +144,7 @@ class Pools:
             view = workers[i]
             known = relabeled.get(i)
             if known is None or known[0] is not view:
-                known = relabeled[i] = (view, _shown_as_mixed(view))
+                known = relabeled[i] = (view, shown_as_mixed(view))
             shown.append(known[1])
         return new_cluster_snapshot(cluster.now_s, tuple(shown))
 
@@ -187,13 +157,7 @@ class Pools:
         if self._router is not None:
             return self._router.route_decode(request, kv_tokens, cluster, ctx)
         pool = self.decode(cluster)
-        placement = self._assignment.assign(bringing_kv(request, pool.workers), pool, ctx)
-        if placement.worker_id not in self._decode_ids:
-            raise RuntimeError(
-                f"{self._assignment.name} placed a decode phase on {placement.worker_id}, "
-                "outside the decode pool it was shown"
-            )
-        return placement
+        return place_decode(self._assignment, request, kv_tokens, cluster, ctx, pool)
 
     def rebalance(self, snapshot: RebalanceSnapshot) -> tuple[RebalanceSnapshot, ...]:
         """``snapshot`` as one per pool: each pool's workers and queued requests, so a

@@ -43,6 +43,8 @@ class ExperimentConfig:
     prefill_workers: int | None = None
     """Workers of each cluster that only prefill, the rest only decode (None: off;
     see SimulationConfig)."""
+    decode_at_arrival: bool = False
+    """With ``prefill_workers``: decode workers chosen on arrival (see SimulationConfig)."""
 
     def runs(self) -> int:
         return (
@@ -89,6 +91,7 @@ def run_experiment(
             slo_scale=config.slo_scale,
             chunked_prefill_tokens=config.chunked_prefill_tokens,
             prefill_workers=config.prefill_workers,
+            decode_at_arrival=config.decode_at_arrival,
         )
     runs: list[dict[str, Any]] = []
     for load_scale in config.load_scales:
@@ -136,6 +139,7 @@ def simulate_one(
         seed=seed,
         chunked_prefill_tokens=config.chunked_prefill_tokens,
         prefill_workers=config.prefill_workers,
+        decode_at_arrival=config.decode_at_arrival,
     )
     simulator = Simulator(policy, sim_config, on_progress=on_requests)
     started = time.perf_counter()

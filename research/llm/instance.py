@@ -62,6 +62,8 @@ class SimInstance:
         "busy_area",
         "busy_until_s",
         "changed",
+        "incoming",
+        "incoming_work_s",
         "index",
         "kv_base",
         "last_account_s",
@@ -147,6 +149,20 @@ class SimInstance:
         self.util_area = 0.0
         self.busy_area = 0.0
         self.last_account_s = 0.0
+        self.incoming = 0
+        """Decode phases chosen for this worker at arrival and not arrived yet
+        (``SimulationConfig.decode_at_arrival``): they count as waiting, with their
+        predicted work, as a live placer counts its own decisions."""
+        self.incoming_work_s = 0.0
+
+    def expect(self, work_s: float, count: int) -> None:
+        """``count`` decode phases of ``work_s`` predicted work each chosen for this
+        worker (a negative count: they arrived, or went elsewhere)."""
+        self.incoming += count
+        self.incoming_work_s += count * work_s
+        if self.view is not None:
+            self.view = None
+            self.changed.append(self)
 
     # -- figures a snapshot reads --------------------------------------------------
 
@@ -528,12 +544,12 @@ def worker_view(inst: SimInstance, chunked_prefill_tokens: int | None) -> Worker
         inst.worker_type,
         inst.role,
         True,  # alive
-        len(inst.waiting),
+        len(inst.waiting) + inst.incoming,
         n_running + len(inst.prefilling),
         perf.max_batch_slots,
         kv,
         perf.kv_capacity_tokens,
-        inst.queued_work_s(),
+        inst.queued_work_s() + inst.incoming_work_s,
         inst.waiting_prompt_tokens + kv,
         inst.util_now,
         perf.decode_step_s(n_running, kv_running) if n_running else 0.0,

@@ -12,6 +12,7 @@ class SimRequest:
 
     __slots__ = (
         "arrival_s",
+        "decode_to",
         "end_token",
         "features",
         "finished_s",
@@ -63,6 +64,9 @@ class SimRequest:
         # The instance running it, compared by identity only (so this module needs
         # nothing of the instance's and the two do not import each other).
         self.instance: object | None = None
+        self.decode_to: tuple[object, float] | None = None
+        """Its decode worker and the work counted there, when chosen at arrival
+        (``SimulationConfig.decode_at_arrival``)."""
         self.queued_at_s = arrival_s
         self.served_by = ""
         """The worker type it was last queued on."""

@@ -21,7 +21,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, cast
 
 from switchyard.contracts.messages import WorkloadType
 from switchyard.perf import PerformanceModel, performance_model
@@ -141,6 +141,8 @@ class Simulator:
             else None
         )
         """Set when the cluster is split into prefill and decode pools."""
+        self._decode_early = self._pools is not None and config.decode_at_arrival
+        """Decode workers chosen on arrival (``SimulationConfig.decode_at_arrival``)."""
         self._views: list[WorkerView | None] = [None] * config.workers
         self._workers: tuple[WorkerView, ...] = ()
         """The views of the last snapshot, reused until an instance changes."""
@@ -335,6 +337,8 @@ class Simulator:
         placement = self.policy.assignment.assign(request.view, self._entry(now_s), self._context())
         self.decisions += 1
         inst = self.by_id[placement.worker_id]
+        if self._decode_early and inst.role is WorkerRole.PREFILL:
+            self._choose_decode(request, now_s)
         inst.enqueue(request, now_s)
         if inst.phase is Phase.IDLE:
             # An idle worker admits it at once. _reschedule would push a wake-up at now_s
@@ -363,15 +367,33 @@ class Simulator:
         ):
             self._rebalance(now_s)
 
-    def _handoff(self, request: SimRequest, source: SimInstance, now_s: float) -> None:
-        """``request``'s prefill ended on a prefill-only worker: its decode phase is
-        placed (:meth:`Pools.place_decode`) and its KV cache sent there."""
+    def _choose_decode(self, request: SimRequest, now_s: float) -> None:
+        """Place ``request``'s decode phase on arrival (its KV cache will be its prompt
+        and first token); the chosen worker counts it until it arrives there."""
         assert self._pools is not None
-        kv_tokens = request.prompt_tokens + request.generated_at_join
         placement = self._pools.place_decode(
-            request.view, kv_tokens, self._cluster(now_s), self._context()
+            request.view, request.prompt_tokens + 1, self._cluster(now_s), self._context()
         )
         target = self.by_id[placement.worker_id]
+        work_s = request.service_estimate_s(target.worker_type)
+        target.expect(work_s, 1)
+        request.decode_to = (target, work_s)
+
+    def _handoff(self, request: SimRequest, source: SimInstance, now_s: float) -> None:
+        """``request``'s prefill ended on a prefill-only worker: its decode phase is
+        placed (:meth:`Pools.place_decode`; chosen on arrival with
+        ``decode_at_arrival``) and its KV cache sent there."""
+        assert self._pools is not None
+        kv_tokens = request.prompt_tokens + request.generated_at_join
+        chosen = request.decode_to
+        if chosen is not None:
+            target = chosen[0]
+            assert isinstance(target, SimInstance)
+        else:
+            placement = self._pools.place_decode(
+                request.view, kv_tokens, self._cluster(now_s), self._context()
+            )
+            target = self.by_id[placement.worker_id]
         transfer_s = source.perf.kv_transfer_s(kv_tokens)
         self._push(now_s + transfer_s, _ARRIVE, target, request)
 
@@ -553,6 +575,11 @@ class Simulator:
         if kind == _ARRIVE:
             assert inst is not None
             assert request is not None
+            chosen = request.decode_to
+            if chosen is not None and request.generated_at_join:
+                # The decode phase chosen on arrival is here: no longer expected.
+                request.decode_to = None
+                cast(SimInstance, chosen[0]).expect(chosen[1], -1)
             self._place(request, inst, now_s)
             return pending
         # A rebalancing tick; the next one only while work is outstanding (the next

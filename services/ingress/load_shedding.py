@@ -456,6 +456,8 @@ class AdmissionGate:
             heartbeat = record.heartbeat
             if heartbeat is None or not self._live(record) or not _serves(heartbeat, demand):
                 continue
+            if heartbeat.role == "decode":
+                continue  # it takes no new request: the prefill pool does
             pending = self._pending.get(record.worker_id)
             found = estimate(
                 demand,

@@ -57,6 +57,7 @@ from switchyard.contracts.messages import Migration, QueuedEntry
 from switchyard.contracts.topics import WORKER_INBOX
 from switchyard.lifecycle import RECENT_WINDOW
 from switchyard.policies.base import DecisionContext, MigrationPlan, RebalancePolicy
+from switchyard.policies.disaggregation import rebalance_pools
 from switchyard.policies.registry import make_llm_policy
 from switchyard.policies.snapshot import RebalanceSnapshot
 from switchyard.runtime.service import Service, ServiceContext
@@ -246,10 +247,13 @@ class RebalancerService(Service):
                 adjustments=self._pending(listings, now_mono_s),
             )
             self.last_snapshot = snapshot
-            plans = policy.plan(snapshot, DecisionContext(self._rng, self._sequence))
-            self._sequence += 1
-            plans_total += len(plans)
-            published += await self._publish(plans, listed, snapshot, now_s, now_mono_s)
+            # With prefill/decode pools, each pool is planned on its own: a request
+            # never moves between them.
+            for pool in rebalance_pools(snapshot):
+                plans = policy.plan(pool, DecisionContext(self._rng, self._sequence))
+                self._sequence += 1
+                plans_total += len(plans)
+                published += await self._publish(plans, listed, pool, now_s, now_mono_s)
         self.rounds += 1
         self._m_rounds.add(1, {"trigger": trigger})
         if published:

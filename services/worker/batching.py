@@ -52,8 +52,8 @@ def admit_continuous(
     """The ready requests one prefill iteration admits, in queue order.
 
     A request needs a free slot and ``prompt + output`` free KV tokens; its prefill covers
-    ``prompt + generated`` tokens (a migrated request recomputes what it generated
-    elsewhere). The prefill tokens of an iteration stay within ``prefill_token_budget``,
+    ``prompt + generated`` tokens, none for a request that brings its KV cache
+    (``WorkItem.brings_kv``). The prefill tokens of an iteration stay within ``prefill_token_budget``,
     except that the first request is always admitted when it fits the slots and memory.
     Admission stops at the first request that does not fit, keeping queue order.
     """
@@ -65,9 +65,10 @@ def admit_continuous(
         need = kv_reservation_tokens(item)
         if need > kv_free_tokens:
             break
-        if admitted and prefill_tokens + item.context_tokens > prefill_token_budget:
+        tokens = 0 if item.brings_kv else item.context_tokens
+        if admitted and prefill_tokens + tokens > prefill_token_budget:
             break
         admitted.append(item)
         kv_free_tokens -= need
-        prefill_tokens += item.context_tokens
+        prefill_tokens += tokens
     return admitted

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from switchyard.contracts.messages import Heartbeat, LLMPayload, QueuedEntry, WorkloadType
 
@@ -26,6 +27,7 @@ class HeartbeatFacts:
     inbox_read_through_s: float | None
     draining: bool
     now_s: float
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
 
 
 def build_heartbeat(backend: Backend, queue: LocalQueue, facts: HeartbeatFacts) -> Heartbeat:
@@ -76,6 +78,7 @@ def build_heartbeat(backend: Backend, queue: LocalQueue, facts: HeartbeatFacts) 
         emulated=backend.emulated,
         inbox_partition=facts.inbox_partition,
         inbox_read_through_s=facts.inbox_read_through_s,
+        role=facts.role,
         sent_at_s=facts.now_s,
     )
 

@@ -1,4 +1,5 @@
-"""What a worker takes in: assignments (fenced in the request ledger) and migrations.
+"""What a worker takes in: assignments (fenced in the request ledger) and migrations, and
+what it hands on: a request prefilled here for its decode worker.
 
 Delivery is at least once, so intake is idempotent. In this process, an assignment whose
 ``(request_id, epoch)`` was taken already, or whose epoch is lower than one already taken
@@ -15,7 +16,9 @@ once, a running LLM request preempted with the tokens it generated and the model
 transfer of its KV cache. The move is recorded in the ledger first (the epoch it
 replaces must still be recorded here), then the moved assignment is published to the
 target's inbox partition; a move that cannot be recorded does not happen, and the
-request waits here again.
+request waits here again. A hand-off (prefill/decode disaggregation) is the same move,
+the worker's own: once a request's prefill gave its first token, it goes to the decode
+worker its assignment names, with its KV cache.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from switchyard.contracts.topics import WORKER_INBOX
 from switchyard.lifecycle import Assign, Fence, RequestLedger
 
 from services.worker.answers import AnswerOutbox
-from services.worker.backends.base import Backend, UnsupportedWorkError
+from services.worker.backends.base import Backend, Preemption, UnsupportedWorkError
 from services.worker.holdings import Holdings
 from services.worker.queue import WorkItem
 from services.worker.telemetry import WorkerMetrics
@@ -202,6 +205,9 @@ class Intake:
                 prompt_tokens=spec.prompt_tokens,
                 output_tokens=spec.output_tokens,
                 generated_tokens=assignment.generated_tokens,
+                brings_kv=assignment.generated_tokens > 0,
+                started_s=assignment.started_s,
+                first_token_s=assignment.first_token_s,
                 estimate_s=spec.estimate_s,
                 trace_context=context,
             )
@@ -229,7 +235,7 @@ class Intake:
             error=error[:2000],
             timeline=RequestTimeline(
                 arrival_s=request.arrival_s,
-                assigned_s=assignment.assigned_at_s,
+                assigned_s=assignment.decided_at_s,
                 finished_s=self.clock(),
             ),
             deadline_s=assignment.deadline_s
@@ -269,7 +275,8 @@ class Intake:
             log.warning("migration of %s ignored: it names no inbox partition", request_id)
             return False
         now_s = self.clock()
-        if holdings.queue.remove(request_id) is not None:
+        preempted = holdings.queue.remove(request_id) is None
+        if not preempted:
             not_before_s = now_s + migration.cost_s
         else:
             preemption = self._backend().preempt(request_id)
@@ -287,13 +294,66 @@ class Intake:
                 "assigned_at_s": now_s,
                 "generated_tokens": item.generated_tokens,
                 "not_before_s": not_before_s,
+                "first_assigned_s": item.assignment.decided_at_s,
+                "started_s": item.started_s,
+                "first_token_s": item.first_token_s,
             }
         )
+        if not await self._move(item, moved, migration.to_inbox_partition, "move"):
+            if preempted:  # it resumes from the tokens it generated, prefilled again
+                item.brings_kv = False
+            holdings.queue.push(item)
+            holdings.wake.set()
+            return False
+        return True
+
+    async def hand_off(self, item: WorkItem, handoff: Preemption) -> None:
+        """Send a request prefilled here, out of the batch with its KV cache, to the
+        decode worker its assignment names (disaggregated serving), as a move: recorded
+        in the ledger (epoch + 1), then published to that worker's inbox partition, with
+        the tokens it generated, its start and first token, the predictions for the decode
+        worker's type, and ``not_before_s = now +`` the modelled transfer. One whose move
+        cannot be recorded is decoded here instead, prefilled again: nothing is lost."""
+        holdings = self.holdings
+        assignment = item.assignment
+        target = assignment.decode
+        assert target is not None, "only a request with a decode target is handed off"
+        now_s = self.clock()
+        moved = assignment.model_copy(
+            update={
+                "worker_id": target.worker_id,
+                "epoch": assignment.epoch + 1,
+                "assigned_at_s": now_s,
+                "generated_tokens": item.generated_tokens,
+                "not_before_s": now_s + handoff.transfer_s,
+                "decode": None,
+                # What the decode worker reports and the predictor's calibration learns
+                # from are its own type's predictions.
+                "predicted_s": target.predicted_s,
+                "predicted_raw_s": target.predicted_raw_s,
+                "first_assigned_s": assignment.decided_at_s,
+                "started_s": item.started_s,
+                "first_token_s": item.first_token_s,
+            }
+        )
+        if await self._move(item, moved, target.inbox_partition, "hand-off"):
+            self.metrics.handed_off()
+            return
+        item.assignment = assignment.model_copy(update={"decode": None})
+        item.brings_kv = False
+        holdings.queue.push(item)
+        holdings.wake.set()
+
+    async def _move(self, item: WorkItem, moved: Assignment, partition: int, what: str) -> bool:
+        """Record ``moved`` (``item``'s assignment, now another worker's) in the ledger,
+        then publish it to that worker's ``partition``; False when the ledger refused or
+        could not be reached (nothing was published: ``item`` is still this worker's)."""
+        holdings = self.holdings
+        request_id = item.request_id
         # Recorded before it is published, as the scheduler records its decisions: if
         # the target then dies, its WorkerDown finds the request on it. A move that
         # cannot be recorded does not happen (unrecorded, the request would be found on
-        # neither worker when one dies): it waits here again, a preempted one resuming
-        # from the tokens it generated.
+        # neither worker when one dies).
         try:
             outcome = await self.ledger.assign(
                 Assign(moved, replaces_epoch=item.epoch, replaces_worker=self.worker_id)
@@ -304,30 +364,30 @@ class Intake:
             recorded, reason = False, str(exc)
         if not recorded:
             log.error(
-                "the move of %s to %s could not be recorded, so it stays here: %s",
+                "the %s of %s to %s could not be recorded, so it stays here: %s",
+                what,
                 request_id,
-                migration.to_worker_id,
+                moved.worker_id,
                 reason,
-                extra={"request_id": request_id, "to_worker_id": migration.to_worker_id},
+                extra={"request_id": request_id, "to_worker_id": moved.worker_id},
             )
-            holdings.queue.push(item)
-            holdings.wake.set()
             return False
         del holdings.held[request_id]
-        holdings.remember(request_id, migration.epoch)
+        holdings.remember(request_id, moved.epoch)
         if item.span is not None:
             item.span.end()
             item.span = None
         # In the request's trace: the target worker's handling continues it.
         with item.in_trace():
-            await self.bus.publish(WORKER_INBOX, moved, partition=migration.to_inbox_partition)
+            await self.bus.publish(WORKER_INBOX, moved, partition=partition)
         log.info(
-            "moved %s to %s (epoch %d, %d tokens generated, may start in %.3f s)",
+            "%s: %s to %s (epoch %d, %d tokens generated, may start in %.3f s)",
+            what,
             request_id,
-            migration.to_worker_id,
-            migration.epoch,
+            moved.worker_id,
+            moved.epoch,
             item.generated_tokens,
-            not_before_s - now_s,
-            extra={"request_id": request_id, "to_worker_id": migration.to_worker_id},
+            (moved.not_before_s or moved.assigned_at_s) - moved.assigned_at_s,
+            extra={"request_id": request_id, "to_worker_id": moved.worker_id},
         )
         return True

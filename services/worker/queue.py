@@ -73,6 +73,9 @@ class WorkItem:
         prompt_tokens: prompt length as the backend counts it (0 for classification).
         output_tokens: total output the request will have (0 for classification).
         generated_tokens: output tokens produced so far, here or before a migration.
+        brings_kv: it came with its KV cache (moved while running, or handed on after its
+            prefill), so it decodes on without a prefill; cleared when this worker puts it
+            back in its queue after taking it out of the batch (its KV cache is gone).
         estimate_s: the backend's estimate of its service time, for ``queued_work_s``.
         started_s, first_token_s: wall-clock instants on this worker.
         emulated: modelled instants, for an emulated backend.
@@ -93,6 +96,7 @@ class WorkItem:
     prompt_tokens: int = 0
     output_tokens: int = 0
     generated_tokens: int = 0
+    brings_kv: bool = False
     estimate_s: float = 0.0
     started_s: float | None = None
     first_token_s: float | None = None

@@ -6,9 +6,11 @@ the context its assignment was taken in); a streamed request's tokens go out as
 :class:`OutputChunk`\\ s every :data:`CHUNK_TOKENS` tokens, to the partition of
 ``switchyard.answers`` its ingress replica reads, queued in order (one producer, one
 partition: the chunks arrive before the answer, which follows the same path after its
-record is written); a finished or failed request's :class:`Completion` goes to the
-:class:`~services.worker.answers.AnswerOutbox`; a finished LLM request's execution time
-joins the observations the predictor learns from.
+record is written); a request prefilled for its decode worker is handed on
+(:meth:`~services.worker.intake.Intake.hand_off`, off the engine); a finished or failed
+request's :class:`Completion` goes to the :class:`~services.worker.answers.AnswerOutbox`;
+a finished LLM request's execution time joins the observations the predictor learns
+from.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 from opentelemetry import trace
 from switchyard import __version__
@@ -35,7 +38,7 @@ from switchyard.runtime.connections import backoff_s
 from switchyard.telemetry import Telemetry
 
 from services.worker.answers import AnswerOutbox
-from services.worker.backends.base import Backend, Result
+from services.worker.backends.base import Backend, Preemption, Result
 from services.worker.holdings import Holdings
 from services.worker.queue import WorkItem
 from services.worker.telemetry import SCOPE, WorkerMetrics
@@ -73,6 +76,7 @@ class Reporter:
         metrics: WorkerMetrics,
         telemetry: Telemetry,
         *,
+        hand_off: Callable[[WorkItem, Preemption], Coroutine[Any, Any, None]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.holdings = holdings
@@ -84,6 +88,8 @@ class Reporter:
         self._tracer = trace.get_tracer(SCOPE, __version__, telemetry.tracer_provider)
         self._observations: list[ServiceObservation] = []
         self._sending: set[asyncio.Task[None]] = set()
+        self._hand_off = hand_off
+        self._handing: set[asyncio.Task[None]] = set()
 
     # -- the sink ------------------------------------------------------------------------
 
@@ -129,6 +135,21 @@ class Reporter:
 
     async def failed(self, item: WorkItem, error: str) -> None:
         self._answer(item, CompletionStatus.FAILED, error=error)
+
+    async def prefill_done(self, item: WorkItem, handoff: Preemption) -> None:
+        if item.streaming and (item.pending_chunk_tokens or item.pending_chunk_text):
+            await self._flush_chunk(item)  # the first token goes out from here
+        if self._hand_off is None:
+            raise RuntimeError("this worker's reporter was given no hand-off")
+        # Off the engine: the move's ledger round trip must not stall the batch.
+        task = asyncio.create_task(self._hand_off(item, handoff))
+        self._handing.add(task)
+        task.add_done_callback(self._handed)
+
+    def _handed(self, task: asyncio.Task[None]) -> None:
+        self._handing.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("a hand-off to a decode worker failed: %s", exc)
 
     # -- answers -------------------------------------------------------------------------
 
@@ -181,7 +202,7 @@ class Reporter:
             error=None if error is None else error[:2000],
             timeline=RequestTimeline(
                 arrival_s=request.arrival_s,
-                assigned_s=assignment.assigned_at_s,
+                assigned_s=assignment.decided_at_s,
                 started_s=item.started_s,
                 first_token_s=item.first_token_s,
                 finished_s=finished_s,
@@ -245,7 +266,10 @@ class Reporter:
             log.error("an output chunk could not be published: %s", exc)
 
     async def sent(self) -> None:
-        """Wait for every output chunk on its way to the broker."""
+        """Wait for every hand-off in progress and every output chunk on its way to the
+        broker."""
+        if self._handing:
+            await asyncio.gather(*self._handing, return_exceptions=True)
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
 

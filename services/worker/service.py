@@ -128,7 +128,13 @@ class WorkerService(Service):
             self.holdings, lambda: self.backend, self.ledger, ctx.bus, self.outbox, self.metrics
         )
         self.reporter = Reporter(
-            self.holdings, lambda: self.backend, ctx.bus, self.outbox, self.metrics, ctx.telemetry
+            self.holdings,
+            lambda: self.backend,
+            ctx.bus,
+            self.outbox,
+            self.metrics,
+            ctx.telemetry,
+            hand_off=self.intake.hand_off,
         )
         self.touch = Touch(ctx.settings.worker_timeout_s)
         self.inbox: Inbox[InboxMessage] = Inbox(ctx, WORKER_INBOX, self.worker_id)
@@ -376,6 +382,7 @@ class WorkerService(Service):
                 inbox_read_through_s=None if reading is None else reading.handled_through_s(),
                 draining=draining,
                 now_s=time.time(),
+                role=settings.worker_role,
             ),
         )
 

@@ -77,6 +77,12 @@ class WorkerMetrics:
             description="Answers discarded and assignments dropped: the request had been "
             "given to another worker or epoch.",
         )
+        self._handoffs = meter.create_counter(
+            "switchyard.worker.handoffs",
+            unit="{request}",
+            description="Requests prefilled here and handed, with their KV cache, to their "
+            "decode worker (prefill/decode disaggregation).",
+        )
         provider = telemetry.meter_provider
         # Bound methods: held weakly, so a worker that is gone stops reporting.
         observe(
@@ -128,6 +134,10 @@ class WorkerMetrics:
             self._execution_s.record(
                 max(0.0, execution_s), {**attributes, "model": model, "status": status.value}
             )
+
+    def handed_off(self) -> None:
+        """One request handed to its decode worker after its prefill."""
+        self._handoffs.add(1, self._attributes())
 
     def superseded(self, count: int = 1) -> None:
         self._superseded.add(count, self._attributes())

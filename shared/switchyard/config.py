@@ -485,6 +485,16 @@ class Settings(BaseModel):
             "their own."
         ),
     )
+    worker_role: Literal["mixed", "prefill", "decode"] = Field(
+        default="mixed",
+        description=(
+            "Prefill/decode disaggregation on an emulated-llm worker: mixed runs both "
+            "phases; prefill takes new requests and hands each, with its KV cache, to the "
+            "decode worker chosen with it once its first token is out; decode takes only "
+            "those hand-offs. A cluster with decode workers is disaggregated under any LLM "
+            "policy."
+        ),
+    )
     worker_device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Torch device of a torch worker; auto: CUDA when present."
     )

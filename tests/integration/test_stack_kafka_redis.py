@@ -7,7 +7,7 @@ prefix of its own.
 
 from __future__ import annotations
 
-from switchyard.config import load_settings
+from switchyard.config import Settings, load_settings
 from switchyard.traces import resolve_trace
 
 from loadgen.mixes import build_plan
@@ -16,10 +16,9 @@ from loadgen.replay_summary import summarize
 from services.embedded import EmbeddedPlan, EmbeddedStack
 
 
-async def test_every_request_of_a_mixed_replay_is_answered_once(
-    kafka_bootstrap: str, redis_url: str, unique_prefix: str
-) -> None:
-    settings = load_settings(
+def _settings(kafka_bootstrap: str, redis_url: str, unique_prefix: str) -> Settings:
+    """Every service on the real broker and Redis, under this test's own prefixes."""
+    return load_settings(
         {},
         bus="kafka",
         state="redis",
@@ -32,6 +31,12 @@ async def test_every_request_of_a_mixed_replay_is_answered_once(
         # Exactly-once delivery is the subject here; refusing load is tested elsewhere.
         admission="off",
     )
+
+
+async def test_every_request_of_a_mixed_replay_is_answered_once(
+    kafka_bootstrap: str, redis_url: str, unique_prefix: str
+) -> None:
+    settings = _settings(kafka_bootstrap, redis_url, unique_prefix)
     plan = build_plan(resolve_trace("azure-mix-sample"), "mixed", 120, 0, classification_share=0.3)
     stack = EmbeddedStack(
         settings,
@@ -57,4 +62,37 @@ async def test_every_request_of_a_mixed_replay_is_answered_once(
         assert record.worker_id
         if record.kind == "llm":
             assert record.emulated is True
+    assert code == 0
+
+
+async def test_a_disaggregated_replay_is_decoded_on_the_decode_pool_and_answered_once(
+    kafka_bootstrap: str, redis_url: str, unique_prefix: str
+) -> None:
+    settings = _settings(kafka_bootstrap, redis_url, unique_prefix)
+    a100 = "a100-80gb/llama-2-7b"
+    plan = build_plan(resolve_trace("azure-conv-sample"), "llm", 60, 0)
+    stack = EmbeddedStack(
+        settings,
+        # llm-0 prefills every request, hands it to llm-1 or llm-2 over its Kafka inbox
+        # partition, the move recorded in Redis first.
+        EmbeddedPlan(
+            llm_workers=(a100, a100, a100), torch_workers=0, http_port=0, prefill_workers=1
+        ),
+        over_settings_transports=True,
+    )
+    await stack.start()
+    try:
+        result = await replay(plan, stack.url, speedup=20.0, timeout_s=60.0, progress=False)
+    finally:
+        code = await stack.stop()
+    failures = [
+        (r.request_id, r.status_code, r.error_message)
+        for r in result.records
+        if r.status_code != 200
+    ]
+    assert failures == []
+    assert len({r.request_id for r in result.records}) == len(plan)
+    # A one-token answer ends with its prefill; every other is the decode pool's.
+    served_by = {r.worker_id for r in result.records if (r.max_tokens or 0) > 1}
+    assert served_by == {"llm-1", "llm-2"}
     assert code == 0

@@ -64,6 +64,7 @@ def _enqueue(backend: EmulatedLlmBackend, queue: LocalQueue, assignment: Assignm
         prompt_tokens=spec.prompt_tokens,
         output_tokens=spec.output_tokens,
         generated_tokens=assignment.generated_tokens,
+        brings_kv=assignment.generated_tokens > 0,
         estimate_s=spec.estimate_s,
     )
     queue.push(item)
@@ -181,16 +182,21 @@ async def test_kv_capacity_limits_admission(perf: PerformanceModel) -> None:
         backend.describe(_assignment("huge", prompt=200, output=200))
 
 
-async def test_a_migrated_request_continues_from_its_generated_tokens(
+async def test_a_migrated_request_continues_from_its_generated_tokens_without_a_prefill(
     perf: PerformanceModel,
 ) -> None:
     backend = EmulatedLlmBackend(perf, time_scale=SCALE)
     queue, sink = LocalQueue(), Sink()
-    item = _enqueue(backend, queue, _assignment("moved", prompt=200, output=10, generated=4))
+    moved = _assignment("moved", prompt=200, output=10, generated=4)
+    assert backend.describe(moved).estimate_s == pytest.approx(
+        perf.decode_steps_s(1, 204, 6) / SCALE
+    )
+    item = _enqueue(backend, queue, moved)
     await _run_all(backend, queue, sink)
     started, first, finished = _times(item)
-    assert first - started == pytest.approx(perf.prefill_s([204]))
-    assert finished - started == pytest.approx(perf.idle_service_s(204, 6))
+    # Its KV cache came with it (as in the simulator): it only decodes its 6 tokens.
+    assert first == started
+    assert finished - started == pytest.approx(perf.decode_steps_s(1, 204, 6))
     assert sink.token_counts["moved"] == 6
     assert sink.results["moved"] == LLMResult(output_tokens=10, text=emulated_text(0, 10))
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from switchyard.contracts.messages import Result
 
+from services.worker.backends.base import Preemption
 from services.worker.queue import WorkItem
 
 
@@ -18,6 +19,7 @@ class Sink:
         self.texts: dict[str, str] = {}
         self.results: dict[str, Result] = {}
         self.errors: dict[str, str] = {}
+        self.handoffs: dict[str, Preemption] = {}
 
     async def started(self, items: Sequence[WorkItem]) -> None:
         self.started_ids.extend(item.request_id for item in items)
@@ -31,3 +33,6 @@ class Sink:
 
     async def failed(self, item: WorkItem, error: str) -> None:
         self.errors[item.request_id] = error
+
+    async def prefill_done(self, item: WorkItem, handoff: Preemption) -> None:
+        self.handoffs[item.request_id] = handoff

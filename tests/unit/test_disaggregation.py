@@ -205,3 +205,57 @@ def test_the_command_takes_it_and_names_a_bad_one(
     assert "req/s @90%" in out
     document = json.loads(out_file.read_text())
     assert document["config"]["prefill_workers"] == 1
+
+
+# -- the decode worker chosen on arrival ---------------------------------------------------
+
+
+def test_on_arrival_both_phases_are_placed_at_once_and_the_decode_worker_counts_it(
+    busy_conv: Sequence[TraceRequest],
+) -> None:
+    watching = Watching(make_llm_policy("jsq").assignment)
+    policy = replace(make_llm_policy("jsq"), assignment=watching)
+    config = SimulationConfig(workers=5, prefill_workers=2, decode_at_arrival=True)
+    sim = Recording(policy, config)
+    metrics = sim.run(busy_conv[:100])
+    prefill, decode = pools(sim)
+    assert metrics.completed == 100
+    # Decisions come in pairs, each request's decode phase right after its prefill.
+    kinds = ["decode" if r.ttft_slo_s is None else "prefill" for r, _ in watching.seen]
+    assert kinds == ["prefill", "decode"] * 100
+    ids = [r.request_id for r, _ in watching.seen]
+    assert ids[0::2] == ids[1::2]
+    assert {r.served_on for r in sim.completed} <= decode
+    assert {worker for _, worker in sim.prefilled_on} <= prefill
+    # Counted on its decode worker from the choice until it arrived, then no more.
+    assert all(i.incoming == 0 and i.incoming_work_s == pytest.approx(0.0) for i in sim.instances)
+
+
+def test_on_arrival_a_burst_is_spread_over_the_decode_pool() -> None:
+    # Four requests at once: join-shortest-queue over the decode pool sees each earlier
+    # choice as waiting there, so no decode worker gets two while another has none.
+    sim = Simulator(
+        make_llm_policy("jsq"),
+        SimulationConfig(workers=5, prefill_workers=1, decode_at_arrival=True),
+    )
+    metrics = sim.run([Row(0.0, 500, 50) for _ in range(4)])
+    assert metrics.completed == 4
+    assert sorted(r.served_on for r in sim.completed) == ["w01", "w02", "w03", "w04"]
+
+
+def test_on_arrival_needs_the_pools() -> None:
+    with pytest.raises(SimulationError, match="decode-at-arrival needs prefill-workers"):
+        SimulationConfig(workers=4, decode_at_arrival=True)
+
+
+def test_the_command_takes_decode_at_arrival_only_with_the_pools(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common = ("--trace", "azure-conv-sample", "--requests", "60", "--policies", "jsq")
+    code, _, err = simulate_command(capsys, *common, "--workers", "4", "--decode-at-arrival")
+    assert_one_line_error(code, err, "--decode-at-arrival needs --prefill-workers")
+    code, out, _ = simulate_command(
+        capsys, *common, "--workers", "4", "--prefill-workers", "2", "--decode-at-arrival"
+    )
+    assert code == 0
+    assert "jsq" in out

@@ -171,6 +171,14 @@ def test_the_least_loaded_worker_of_the_model_decides() -> None:
     assert decision.worker_id == "idle"
 
 
+def test_an_idle_decode_worker_does_not_admit_what_the_prefill_pool_cannot_start() -> None:
+    idle_decoder = record(beat("decoder").model_copy(update={"role": "decode"}))
+    made = gate(saturated(4_000.0, "prefill"), idle_decoder)
+    decision = made.decide(llm(30.0), NOW)
+    assert decision.verdict is Verdict.OVERLOADED
+    assert decision.worker_id == "prefill"
+
+
 def test_admissions_since_the_heartbeat_count_until_the_next_one() -> None:
     # A free batch slot for each of 94 requests, then a queue: a burst between two
     # heartbeats fills the worker by local accounting alone.

@@ -96,9 +96,15 @@ def build_backend(settings: Settings, catalogue: ServingCatalogue | None) -> Bac
 
     Raises:
         UnknownProfileError: an emulated backend's ``worker_profile`` is not a profile.
-        ConfigError: a chunked-prefill budget below the emulated profile's batch slots.
+        ConfigError: a chunked-prefill budget below the emulated profile's batch slots, or
+            a prefill or decode role on another backend.
         ValueError: a torch or emulated-models backend without a catalogue.
     """
+    if settings.worker_role != "mixed" and settings.worker_backend != "emulated-llm":
+        raise ConfigError(
+            f"SWITCHYARD_WORKER_ROLE={settings.worker_role}: prefill/decode disaggregation "
+            f"needs the emulated-llm backend, not {settings.worker_backend}"
+        )
     if settings.worker_backend == "emulated-llm":
         perf = performance_model(settings.worker_profile)
         if settings.worker_max_slots is not None:

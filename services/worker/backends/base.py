@@ -62,7 +62,8 @@ class WorkSpec:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
-    """A running request taken out of the batch for migration."""
+    """A running request taken out of the batch for migration, or after its prefill for
+    its decode worker."""
 
     item: WorkItem
     kv_tokens: int
@@ -120,6 +121,11 @@ class ExecutionSink(Protocol):
 
     async def finished(self, item: WorkItem, result: Result) -> None:
         """``item`` is done; ``result`` is its answer."""
+        ...
+
+    async def prefill_done(self, item: WorkItem, handoff: Preemption) -> None:
+        """``item``'s prefill gave its first token and, its assignment naming a decode
+        worker, it left the batch with its KV cache (``handoff``): hand it on."""
         ...
 
     async def failed(self, item: WorkItem, error: str) -> None:

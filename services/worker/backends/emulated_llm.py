@@ -39,9 +39,16 @@ token (:func:`emulated_text`: " lorem ipsum dolor sit amet" repeated), so that a
 streamed answer shows its length and pace to a client or a benchmark tool that counts
 what it reads; it is not a model's output, and the answer says ``emulated``. A request
 with ``choices`` (a pipeline's judge stage) answers one of their labels, drawn by their
-shares from its request id (:func:`emulated_result`). A request that
-migrated in with ``generated_tokens = g`` is prefilled over prompt + g tokens (the
-modelled recomputation) and goes on from token g + 1.
+shares from its request id (:func:`emulated_result`). A request that comes with its KV
+cache (``generated_tokens = g > 0``: moved while running, or handed on after its
+prefill) joins the running batch without a prefill, as the simulator's does, and goes
+on from token g + 1; its ``not_before_s`` held it back for the modelled transfer.
+
+Prefill/decode disaggregation: a request whose assignment names a decode worker
+(``Assignment.decode``) leaves the batch once its prefill gave its first token, with the
+KV cache of its prompt and that token, and the sink hands it on
+(:meth:`~services.worker.backends.base.ExecutionSink.prefill_done`); the transfer takes
+the profile's ``kv_transfer_s``, as in the simulator.
 
 Everything it reports is the performance model's output, not a measurement: the worker
 labels every completion, chunk and heartbeat of this backend ``emulated``. Durations in
@@ -204,7 +211,10 @@ class EmulatedLlmBackend:
                 f"{output}), more than the {self.perf.kv_capacity_tokens} of profile "
                 f"{self.perf.name}"
             )
-        estimate_s = self.perf.idle_service_s(prompt + generated, output - generated)
+        if generated:  # its KV cache comes with it: decode steps only
+            estimate_s = self.perf.decode_steps_s(1, prompt + generated, output - generated)
+        else:
+            estimate_s = self.perf.idle_service_s(prompt, output)
         return WorkSpec(
             key=BatchKey(self.perf.model, assignment.variant),
             prompt_tokens=prompt,
@@ -250,20 +260,27 @@ class EmulatedLlmBackend:
     ) -> None:
         """Move ``admitted`` from the queue into the running batch, reserving their KV."""
         queue.take(admitted)
+        now_s = self.modelled_now_s
         for item in admitted:
             self._running[item.request_id] = item
             self._reserved_tokens += kv_reservation_tokens(item)
-            item.emulated = EmulatedTimes(started_s=self.modelled_now_s)
+            # One that brings its KV cache is past its first token: it only decodes.
+            item.emulated = EmulatedTimes(
+                started_s=now_s, first_token_s=now_s if item.brings_kv else None
+            )
         await sink.started(admitted)
 
     async def _prefill(
         self, admitted: list[WorkItem], queue: LocalQueue, sink: ExecutionSink
     ) -> None:
         await self._start(admitted, queue, sink)
-        prefill_s = self.perf.prefill_s([self._uncached_tokens(i) for i in admitted])
+        fresh = [item for item in admitted if not item.brings_kv]
+        if not fresh:
+            return  # they joined the batch with their KV caches: the next step decodes
+        prefill_s = self.perf.prefill_s([self._uncached_tokens(i) for i in fresh])
         self._prefill_modelled_s += prefill_s  # the batch's decode waits for it
         await self._spend(prefill_s)
-        await self._yield_tokens(admitted, sink)
+        await self._yield_tokens(fresh, sink)
 
     async def _mixed_iteration(
         self, queue: LocalQueue, sink: ExecutionSink, *, admit: bool
@@ -283,13 +300,18 @@ class EmulatedLlmBackend:
             room -= tokens
         if admit and room > 0 and len(chunks) == len(self._prefilling):
             admitted: list[_Prefilling] = []
+            joined: list[WorkItem] = []  # they bring their KV caches: no chunk to prefill
             kv_free_tokens = self.perf.kv_capacity_tokens - self._reserved_tokens
             free_slots = self.perf.max_batch_slots - len(self._running)
             for item in queue.ready(time.time()):
                 need = kv_reservation_tokens(item)
-                if room <= 0 or len(admitted) >= free_slots or need > kv_free_tokens:
+                full = len(admitted) + len(joined) >= free_slots
+                if full or need > kv_free_tokens or (room <= 0 and not item.brings_kv):
                     break  # queue order: the first that does not fit blocks the rest
                 kv_free_tokens -= need
+                if item.brings_kv:
+                    joined.append(item)
+                    continue
                 new_tokens = self._uncached_tokens(item)
                 part = _Prefilling(item, item.context_tokens - new_tokens, new_tokens)
                 admitted.append(part)
@@ -298,7 +320,8 @@ class EmulatedLlmBackend:
                 room -= tokens
             if admitted:
                 self._prefilling.update((part.item.request_id, part) for part in admitted)
-                await self._start([part.item for part in admitted], queue, sink)
+            if admitted or joined:
+                await self._start(joined + [part.item for part in admitted], queue, sink)
         if not chunks:
             return False
         kv_tokens = sum(item.context_tokens for item in decoding)
@@ -411,6 +434,12 @@ class EmulatedLlmBackend:
             await sink.tokens(item, steps, emulated_text(first_new, steps))
             if done:
                 await sink.finished(item, emulated_result(item))
+            elif item.assignment.decode is not None:
+                # Prefilled here for a decode worker: it leaves with its KV cache.
+                kv_tokens = item.context_tokens
+                self._release(item)
+                transfer_s = self.wall_s(self.perf.kv_transfer_s(kv_tokens))
+                await sink.prefill_done(item, Preemption(item, kv_tokens, transfer_s))
 
     async def _spend(self, modelled_s: float) -> None:
         """Sleep the wall time of ``modelled_s``, paced: the target moves by exactly the

@@ -78,6 +78,10 @@ class _Tracking:
         self.done.add(id(item))
         await self.sink.failed(item, error)
 
+    async def prefill_done(self, item: WorkItem, handoff: Preemption) -> None:
+        self.done.add(id(item))
+        await self.sink.prefill_done(item, handoff)
+
 
 class StaticBatchBackend:
     """Static batching over ``runners``; the torch backend of a worker.

@@ -21,6 +21,14 @@ from the workers' caches. A restarted worker's lost cache, and what other replic
 routed, are not known to it. A policy with an admission (``LlmPolicy.admission``) is
 asked through :meth:`LlmPlacer.refusal` before the request is recorded, with the same
 views.
+
+In a cluster with decode workers (prefill/decode disaggregation,
+:mod:`switchyard.policies.disaggregation`), a new request is placed over the prefill pool
+(and mixed workers); one placed on a ``prefill`` worker gets its decode worker at once,
+the policy asked again over the decode pool, and that worker's pending work counts it.
+The simulator chooses the decode worker when the prefill ends, from fresher loads;
+choosing both at arrival, as Splitwise's and llm-d's schedulers do, keeps the live
+hand-off to one message from the prefill worker to the decode worker.
 """
 
 from __future__ import annotations
@@ -31,11 +39,18 @@ from dataclasses import dataclass, replace
 from switchyard.cluster.records import ClusterView
 from switchyard.cluster.views import worker_view
 from switchyard.contracts.fields import PREFIX_BLOCK_TOKENS
-from switchyard.contracts.messages import Assignment, Heartbeat, InferenceRequest, LLMPayload
+from switchyard.contracts.messages import (
+    Assignment,
+    DecodeTarget,
+    Heartbeat,
+    InferenceRequest,
+    LLMPayload,
+)
 from switchyard.perf.prefix_cache import PrefixCache, cached_tokens
 from switchyard.policies.base import DecisionContext, NoWorkerError, Placement, Refusal
+from switchyard.policies.disaggregation import decode_pool, place_decode, prefill_pool
 from switchyard.policies.registry import LlmPolicy
-from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
+from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerRole, WorkerView
 from switchyard.prediction.snapshot import FittedPredictor
 from switchyard.prediction.views import LlmRequestFacts, predict, request_view
 
@@ -80,6 +95,8 @@ class Placed:
     """The calibrated prediction on the chosen worker's type (None: none)."""
     predicted_raw_s: float | None
     """The raw prediction there: the worker reports it back for calibration."""
+    decode: DecodeTarget | None = None
+    """Disaggregated: where its decode runs (None: where it is prefilled)."""
 
     def assignment(
         self, request: InferenceRequest, policy: str, *, epoch: int, assigned_at_s: float
@@ -96,6 +113,7 @@ class Placed:
             predicted_raw_s=self.predicted_raw_s,
             deadline_s=request.deadline_s,
             assigned_at_s=assigned_at_s,
+            decode=self.decode,
         )
 
 
@@ -228,7 +246,7 @@ class LlmPlacer:
         if admission is None:
             return None
         view = request_view(request_facts(request), None)
-        cluster = self.cluster(view.model, now_s, frozenset())
+        cluster = prefill_pool(self.cluster(view.model, now_s, frozenset()))
         blocks = _prefix_blocks(request)
         if blocks:
             view = replace(view, cached_tokens=self._cached_tokens(blocks, view.prompt_tokens))
@@ -245,15 +263,14 @@ class LlmPlacer:
         facts = request_facts(request)
         prediction = predict(facts, self.predictor, self.policy.prediction)
         view = request_view(facts, prediction)
-        cluster = self.cluster(view.model, now_s, exclude)
+        whole = self.cluster(view.model, now_s, exclude)
+        cluster = prefill_pool(whole)
         if not cluster.eligible():
             raise NoWorkerError(f"no live worker serves model {view.model!r}")
         blocks = _prefix_blocks(request) if self.policy.reads_cached_tokens else []
         if blocks:
             view = replace(view, cached_tokens=self._cached_tokens(blocks, view.prompt_tokens))
-        ctx = DecisionContext(self._rng, self._sequence)
-        self._sequence += 1
-        placement = self.policy.assignment.assign(view, cluster, ctx)
+        placement = self.policy.assignment.assign(view, cluster, self._context())
         self._account(placement.worker_id, view)
         if blocks:
             self._sent_prefix(placement.worker_id, blocks)
@@ -264,7 +281,46 @@ class LlmPlacer:
             worker_type,
             view.calibrated_s.get(worker_type),
             view.predicted_s.get(worker_type),
+            self._decode_target(view, placement.worker_id, whole, cluster),
         )
+
+    def _decode_target(
+        self,
+        view: RequestView,
+        prefill_worker_id: str,
+        whole: ClusterSnapshot,
+        entry: ClusterSnapshot,
+    ) -> DecodeTarget | None:
+        """Where a request placed on ``prefill_worker_id`` is decoded, and its
+        predictions there (None: there, on a mixed worker or without a live decode
+        worker)."""
+        chosen = next(w for w in entry.workers if w.worker_id == prefill_worker_id)
+        if chosen.role is not WorkerRole.PREFILL:
+            return None
+        pool = decode_pool(whole)
+        if not pool.eligible():
+            return None
+        # Its KV cache moves with the prompt and the first token.
+        kv_tokens = view.prompt_tokens + 1
+        decode = place_decode(
+            self.policy.assignment, view, kv_tokens, whole, self._context(), pool
+        ).worker_id
+        partition = self.inbox_partition(decode)
+        if decode == prefill_worker_id or partition is None:
+            return None
+        self._account(decode, view)
+        worker_type = self.worker_type(decode, view.model)
+        return DecodeTarget(
+            worker_id=decode,
+            inbox_partition=partition,
+            predicted_s=view.calibrated_s.get(worker_type),
+            predicted_raw_s=view.predicted_s.get(worker_type),
+        )
+
+    def _context(self) -> DecisionContext:
+        ctx = DecisionContext(self._rng, self._sequence)
+        self._sequence += 1
+        return ctx
 
     def _account(self, worker_id: str, view: RequestView) -> None:
         heartbeat = self._heartbeats[worker_id]

@@ -92,7 +92,7 @@ def worker_view(heartbeat: Heartbeat, *, alive: bool = True) -> WorkerView:
     return WorkerView(
         worker_id=heartbeat.worker_id,
         worker_type=profile,
-        role=WorkerRole.MIXED,
+        role=WorkerRole(heartbeat.role),
         alive=alive,
         waiting=heartbeat.queue_length,
         running=heartbeat.running,

@@ -164,6 +164,21 @@ class AccuracyEstimate(Message):
     estimated_at_s: float
 
 
+class DecodeTarget(Part):
+    """Where a request's decode phase runs after its prefill (prefill/decode
+    disaggregation), and what was predicted of the request there: the hand-off carries
+    these predictions, so the decode worker reports its work, and the predictor's
+    calibration learns, for its own worker type."""
+
+    worker_id: Identifier
+    inbox_partition: NonNegativeInt = Field(
+        description="The decode worker's partition of switchyard.worker-inbox (from its "
+        "heartbeat), where the hand-off goes."
+    )
+    predicted_s: NonNegativeFloat | None = None
+    predicted_raw_s: NonNegativeFloat | None = None
+
+
 class Assignment(Message):
     """The scheduler's decision: which worker and model variant serve a request, in what order.
 
@@ -190,12 +205,39 @@ class Assignment(Message):
     assigned_at_s: float
     generated_tokens: NonNegativeInt = Field(
         default=0,
-        description="Output tokens already generated elsewhere (a migrated running request).",
+        description="Output tokens already generated elsewhere (a migrated running request, "
+        "or one handed on after its prefill): its KV cache comes with it, so the worker "
+        "decodes on without prefilling it again.",
     )
     not_before_s: float | None = Field(
         default=None,
         description="The request may not start before this (its KV cache is still in transfer).",
     )
+    decode: DecodeTarget | None = Field(
+        default=None,
+        description="Disaggregated serving: where its decode runs. The worker that "
+        "prefills it hands it there, with its KV cache, after the first token. None: it is "
+        "decoded where it is prefilled.",
+    )
+    first_assigned_s: float | None = Field(
+        default=None,
+        description="When it was first assigned (epoch seconds), for a request moved or "
+        "handed on since: its answer's timeline counts its decision from there. None: "
+        "assigned_at_s is its first assignment.",
+    )
+    started_s: float | None = Field(
+        default=None,
+        description="When its execution began on an earlier worker (epoch seconds): a "
+        "running request moved or handed off keeps its start and first token.",
+    )
+    first_token_s: float | None = Field(
+        default=None, description="When its first token came, on an earlier worker."
+    )
+
+    @property
+    def decided_at_s(self) -> float:
+        """When the request was first assigned: its timeline's ``assigned_s``."""
+        return self.assigned_at_s if self.first_assigned_s is None else self.first_assigned_s
 
 
 class Migration(Message):
@@ -415,6 +457,12 @@ class Heartbeat(Message):
         default=None,
         description="The partition of switchyard.worker-inbox this worker reads: where "
         "its assignments and migrations go.",
+    )
+    role: Literal["mixed", "prefill", "decode"] = Field(
+        default="mixed",
+        description="What this LLM worker runs (prefill/decode disaggregation): mixed, both "
+        "phases; prefill, new requests' prompts, each handed on with its KV cache after its "
+        "first token; decode, only requests handed to it with their KV cache.",
     )
     inbox_read_through_s: float | None = Field(
         default=None,

@@ -11,7 +11,7 @@ Document::
      "totals": {"workers_alive", "workers", "completed", "violated", "slo_attainment",
                 "recent_slo_attainment", "recent_window", "answers_per_s",
                 "superseded", "dead_letters"},
-     "workers": [{"worker_id", "state", "worker_type", "profile", "models", "waiting",
+     "workers": [{"worker_id", "state", "worker_type", "profile", "role", "models", "waiting",
                   "running", "max_slots", "utilization", "kv_used", "heartbeat_age_s",
                   "completed", "violated", "answers_per_s", "emulated"}],
      "services": [{"name", "instance", "state", "health_url", "up_s", "seen_age_s"}]}
@@ -102,6 +102,7 @@ def _worker_row(
         "state": worker_state(record, worker_timeout_s),
         "worker_type": None if heartbeat is None else heartbeat.worker_type,
         "profile": None if heartbeat is None else heartbeat.profile,
+        "role": None if heartbeat is None else heartbeat.role,
         "models": [] if heartbeat is None else list(heartbeat.resident_models),
         "waiting": None if heartbeat is None else heartbeat.queue_length,
         "running": None if heartbeat is None else heartbeat.running,
