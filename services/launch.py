@@ -110,11 +110,9 @@ def run_up(settings: Settings, args: argparse.Namespace) -> int:
                 f"switchyard up: --llm-workers: unknown profile {profile!r}; known: {', '.join(known)}"
             )
             return 2
-    if args.prefill_workers and not 1 <= args.prefill_workers < len(profiles):
-        print(
-            f"switchyard up: --prefill-workers must leave both pools non-empty: 1 to "
-            f"{len(profiles) - 1} of the {len(profiles)} LLM workers, got {args.prefill_workers}"
-        )
+    problem = prefill_pool_problem(profiles, args.prefill_workers)
+    if problem is not None:
+        print(f"switchyard up: --prefill-workers: {problem}")
         return 2
     if args.host:
         settings = settings.model_copy(update={"http_host": args.host})
@@ -128,3 +126,30 @@ def run_up(settings: Settings, args: argparse.Namespace) -> int:
     return run(
         run_embedded(settings, plan, over_settings_transports=args.transports == "configured")
     )
+
+
+def prefill_pool_problem(profiles: tuple[str, ...], prefill_workers: int) -> str | None:
+    """Why the first ``prefill_workers`` of the LLM workers ``profiles`` cannot prefill
+    for the others (None: they can, or the option is off): every model served needs a
+    worker in each pool."""
+    if not prefill_workers:
+        return None
+    from switchyard.perf.profiles import performance_model
+
+    if not 1 <= prefill_workers < len(profiles):
+        return (
+            f"must leave both pools non-empty: 1 to {len(profiles) - 1} of the "
+            f"{len(profiles)} LLM workers, got {prefill_workers}"
+        )
+    models = [performance_model(profile).model for profile in profiles]
+    for model in dict.fromkeys(models):
+        for pool, members in (
+            ("prefill", models[:prefill_workers]),
+            ("decode", models[prefill_workers:]),
+        ):
+            if model not in members:
+                return (
+                    f"{model} would have no {pool} worker (the first {prefill_workers} of "
+                    f"--llm-workers {','.join(profiles)} prefill, the rest decode)"
+                )
+    return None

@@ -214,7 +214,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.prefill_workers is not None:
         print(
             f"disaggregated: {args.prefill_workers} workers of each cluster only prefill, "
-            "the rest only decode",
+            "the rest only decode"
+            + (", each decode worker chosen on arrival" if args.decode_at_arrival else ""),
             file=sys.stderr,
         )
     if args.capacity:

@@ -299,7 +299,7 @@ class Intake:
                 "first_token_s": item.first_token_s,
             }
         )
-        if not await self._move(item, moved, migration.to_inbox_partition, "move"):
+        if await self._move(item, moved, migration.to_inbox_partition, "move") != "moved":
             if preempted:  # it resumes from the tokens it generated, prefilled again
                 item.brings_kv = False
             holdings.queue.push(item)
@@ -313,7 +313,9 @@ class Intake:
         in the ledger (epoch + 1), then published to that worker's inbox partition, with
         the tokens it generated, its start and first token, the predictions for the decode
         worker's type, and ``not_before_s = now +`` the modelled transfer. One whose move
-        cannot be recorded is decoded here instead, prefilled again: nothing is lost."""
+        cannot be recorded is decoded here instead, prefilled again: nothing is lost; one
+        the ledger shows answered or given to another worker meanwhile is dropped (its
+        answer from here would be refused)."""
         holdings = self.holdings
         assignment = item.assignment
         target = assignment.decode
@@ -336,18 +338,24 @@ class Intake:
                 "first_token_s": item.first_token_s,
             }
         )
-        if await self._move(item, moved, target.inbox_partition, "hand-off"):
+        outcome = await self._move(item, moved, target.inbox_partition, "hand-off")
+        if outcome == "moved":
             self.metrics.handed_off()
+            return
+        if outcome in ("answered", "superseded"):
+            holdings.forget(item)
+            self.metrics.superseded()
             return
         item.assignment = assignment.model_copy(update={"decode": None})
         item.brings_kv = False
         holdings.queue.push(item)
         holdings.wake.set()
 
-    async def _move(self, item: WorkItem, moved: Assignment, partition: int, what: str) -> bool:
+    async def _move(self, item: WorkItem, moved: Assignment, partition: int, what: str) -> str:
         """Record ``moved`` (``item``'s assignment, now another worker's) in the ledger,
-        then publish it to that worker's ``partition``; False when the ledger refused or
-        could not be reached (nothing was published: ``item`` is still this worker's)."""
+        then publish it to that worker's ``partition``; returns ``moved``, or why not:
+        the ledger's answer, or ``unreachable`` (nothing was published either way:
+        ``item`` is still held here)."""
         holdings = self.holdings
         request_id = item.request_id
         # Recorded before it is published, as the scheduler records its decisions: if
@@ -358,10 +366,11 @@ class Intake:
             outcome = await self.ledger.assign(
                 Assign(moved, replaces_epoch=item.epoch, replaces_worker=self.worker_id)
             )
-            recorded = outcome.result == "assigned"
+            result: str = outcome.result
             reason = f"the ledger says {outcome.result}"
         except Exception as exc:
-            recorded, reason = False, str(exc)
+            result, reason = "unreachable", str(exc)
+        recorded = result == "assigned"
         if not recorded:
             log.error(
                 "the %s of %s to %s could not be recorded, so it stays here: %s",
@@ -371,7 +380,7 @@ class Intake:
                 reason,
                 extra={"request_id": request_id, "to_worker_id": moved.worker_id},
             )
-            return False
+            return result
         del holdings.held[request_id]
         holdings.remember(request_id, moved.epoch)
         if item.span is not None:
@@ -380,7 +389,9 @@ class Intake:
         # In the request's trace: the target worker's handling continues it.
         with item.in_trace():
             await self.bus.publish(WORKER_INBOX, moved, partition=partition)
-        log.info(
+        # A hand-off is every request's lot on a prefill worker: not worth a line each.
+        log.log(
+            logging.DEBUG if what == "hand-off" else logging.INFO,
             "%s: %s to %s (epoch %d, %d tokens generated, may start in %.3f s)",
             what,
             request_id,
@@ -390,4 +401,4 @@ class Intake:
             (moved.not_before_s or moved.assigned_at_s) - moved.assigned_at_s,
             extra={"request_id": request_id, "to_worker_id": moved.worker_id},
         )
-        return True
+        return "moved"

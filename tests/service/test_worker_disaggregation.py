@@ -8,6 +8,9 @@ Backend durations are asserted on the modelled clock, not on wall time.
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from switchyard.contracts.messages import (
     Assignment,
@@ -16,6 +19,7 @@ from switchyard.contracts.messages import (
     LLMResult,
     OutputChunk,
 )
+from switchyard.lifecycle import Assign, RequestLedger
 from switchyard.perf import PerformanceModel, performance_model
 from switchyard.state import keys
 
@@ -191,3 +195,36 @@ async def test_a_hand_off_the_ledger_cannot_record_is_decoded_here_and_answered_
     record = await _read(state, "kept")
     assert (record.status, record.worker_id, record.epoch) == ("ok", "p1", 0)
     assert await state.zcard(keys.assigned("d1")) == 0
+
+
+async def test_a_hand_off_of_a_request_given_away_meanwhile_is_dropped(stack: Stack) -> None:
+    # Real time (scale 1): a 4,000-token prefill lasts about 0.3 s, time enough to give
+    # the request to another worker, as a WorkerDown would, before its hand-off.
+    ctx = _context(stack.bus, stack.state, worker_id="p2", worker_role="prefill")
+    perf = performance_model(PROFILE)
+    backend = EmulatedLlmBackend(perf, time_scale=1.0)
+    worker = WorkerService(ctx, backend)
+    await _start(worker)
+    try:
+        async with stack.answers("t-given-away") as answers:
+            sent = _for_decode(_llm("away", prompt=4000, output=6, worker_id="p2"), "d1", 3)
+            await _record(stack.state, sent)
+            await _send(worker, sent)
+            deadline = time.monotonic() + 5.0
+            while "away" not in worker.holdings.held or "away" in worker.queue:
+                assert time.monotonic() < deadline, "its prefill did not begin"
+                await asyncio.sleep(0.005)
+            elsewhere = sent.model_copy(update={"worker_id": "x", "epoch": 1, "decode": None})
+            ledger = RequestLedger(stack.state)
+            given = await ledger.assign(Assign(elsewhere, replaces_epoch=0, replaces_worker="p2"))
+            assert given.result == "assigned"
+            # Its prefill ends, the hand-off finds it gone: dropped, not decoded here (its
+            # worker spent one prefill and nothing since).
+            assert await answers.next_within(1.0) is None
+            assert "away" not in worker.holdings.held
+            assert backend.modelled_now_s == pytest.approx(perf.prefill_s([4000]))
+    finally:
+        await _stop(worker)
+    record = await _read(stack.state, "away")
+    assert (record.status, record.worker_id, record.epoch) == ("assigned", "x", 1)
+    assert await stack.state.zcard(keys.assigned("d1")) == 0

@@ -164,3 +164,20 @@ def test_a_rebalancer_is_shown_each_pool_with_its_own_queued_requests() -> None:
         cluster=prefill_pool(cluster), queued=(), recent_slo_violation_rate=0.0
     )
     assert rebalance_pools(plain) == (plain,)
+
+
+def test_switchyard_up_refuses_pools_that_leave_a_model_without_a_prefill_or_decode_worker() -> (
+    None
+):
+    from services.launch import prefill_pool_problem
+
+    a7, h13 = "a100-80gb/llama-2-7b", "h100-80gb/llama-2-13b"
+    assert prefill_pool_problem((a7, a7, h13), 0) is None  # off
+    assert prefill_pool_problem((a7, a7, a7), 1) is None
+    assert "1 to 2 of the 3" in (prefill_pool_problem((a7, a7, a7), 3) or "")
+    assert "llama-2-13b would have no prefill worker" in (
+        prefill_pool_problem((a7, a7, h13), 1) or ""
+    )
+    assert "llama-2-7b would have no decode worker" in (
+        prefill_pool_problem((a7, h13, h13), 1) or ""
+    )

@@ -25,10 +25,11 @@ views.
 In a cluster with decode workers (prefill/decode disaggregation,
 :mod:`switchyard.policies.disaggregation`), a new request is placed over the prefill pool
 (and mixed workers); one placed on a ``prefill`` worker gets its decode worker at once,
-the policy asked again over the decode pool, and that worker's pending work counts it.
-The simulator chooses the decode worker when the prefill ends, from fresher loads;
-choosing both at arrival, as Splitwise's and llm-d's schedulers do, keeps the live
-hand-off to one message from the prefill worker to the decode worker.
+the policy asked again over the decode pool, with the predictions for that worker's
+type, and that worker's pending work counts it. Choosing both at arrival, as
+Splitwise's and llm-d's schedulers do, keeps the hand-off to one message from the
+prefill worker to the decode worker; the simulator chooses when the prefill ends, from
+fresher loads, unless told to choose as this does (``decode_at_arrival``).
 """
 
 from __future__ import annotations
