@@ -321,12 +321,14 @@ class RebalancerService(Service):
         moved: set[str] = set()
         published: list[Migration] = []
         for plan in plans:
+            request = views.get(plan.request_id)
+            target = alive.get(plan.to_worker_id)
             item = where.get((plan.from_worker_id, plan.request_id))
             source = alive.get(plan.from_worker_id)
             if (
                 item is None
                 or source is None
-                or plan.to_worker_id not in alive
+                or target is None
                 or partitions.get(plan.from_worker_id) is None
                 or partitions.get(plan.to_worker_id) is None
                 or plan.to_worker_id == plan.from_worker_id
@@ -337,6 +339,7 @@ class RebalancerService(Service):
                 self.plans_dropped += 1
                 self._m_dropped.add(1, {"policy": self.policy.name})
                 continue
+            target_type = target.worker_type
             migration = Migration(
                 request_id=plan.request_id,
                 from_worker_id=plan.from_worker_id,
@@ -347,6 +350,8 @@ class RebalancerService(Service):
                 expected_gain_s=plan.expected_gain_s,
                 cost_s=max(0.0, plan.cost_s),
                 kv_cache_bytes=max(0, plan.kv_tokens) * source.kv_bytes_per_token,
+                predicted_s=None if request is None else request.calibrated_s.get(target_type),
+                predicted_raw_s=None if request is None else request.predicted_s.get(target_type),
                 decided_at_s=now_s,
             )
             await self.ctx.bus.publish(
@@ -354,8 +359,6 @@ class RebalancerService(Service):
             )
             moved.add(plan.request_id)
             entry = item.entry
-            target = alive[plan.to_worker_id]
-            request = views.get(plan.request_id)
             target_work_s = entry.remaining_s
             if request is not None:
                 target_work_s = request.calibrated_s.get(target.worker_type, target_work_s)

@@ -299,6 +299,14 @@ class Intake:
                 "first_token_s": item.first_token_s,
             }
         )
+        if migration.predicted_s is not None:
+            # The target reports its work, and calibrates, on its own type's prediction.
+            moved = moved.model_copy(
+                update={
+                    "predicted_s": migration.predicted_s,
+                    "predicted_raw_s": migration.predicted_raw_s,
+                }
+            )
         if await self._move(item, moved, migration.to_inbox_partition, "move") != "moved":
             if preempted:  # it resumes from the tokens it generated, prefilled again
                 item.brings_kv = False

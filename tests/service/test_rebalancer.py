@@ -404,6 +404,9 @@ async def test_llumnix_moves_running_requests_with_their_kv_cache(stack: Stack) 
     assert first.epoch == 1
     assert first.to_inbox_partition == INBOX["w-empty"]
     assert first.kv_cache_bytes == 500 * performance_model(A100).kv_bytes_per_token
+    # The prediction for the target's type travels with the move (no published model:
+    # what the worker reports, 1.5 s, stands for it on this A100 as on the source).
+    assert (first.predicted_s, first.predicted_raw_s) == (1.5, 1.5)
 
 
 async def test_a_dead_worker_takes_no_part(stack: Stack) -> None:

@@ -76,8 +76,11 @@ def _migration(
     to_inbox_partition: int | None,
     to_worker_id: str = "w2",
     decided_at_s: float | None = None,
+    predicted_s: float | None = None,
 ) -> Migration:
     return Migration(
+        predicted_s=predicted_s,
+        predicted_raw_s=None if predicted_s is None else predicted_s / 2,
         request_id=request_id,
         from_worker_id=from_worker_id,
         to_worker_id=to_worker_id,
@@ -114,6 +117,7 @@ async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack
                 cost_s=0.5,
                 decided_at_s=before,
                 to_inbox_partition=target,
+                predicted_s=0.8,
             ),
         )
         moved = await _next_in_inbox(w2)
@@ -122,6 +126,9 @@ async def test_migrating_a_waiting_request_reassigns_it_with_the_new_epoch(stack
     assert moved.worker_id == "w2"
     assert moved.epoch == 3
     assert moved.request == held.request
+    # The target's own type's predictions (what it reports and calibrates on).
+    assert (moved.predicted_s, moved.predicted_raw_s) == (0.8, 0.4)
+    assert moved.first_assigned_s == held.assigned_at_s
     assert moved.generated_tokens == 0
     assert moved.not_before_s is not None
     assert before + 0.5 <= moved.not_before_s <= after + 0.5

@@ -258,6 +258,15 @@ class Migration(Message):
     expected_gain_s: float
     cost_s: NonNegativeFloat
     kv_cache_bytes: NonNegativeInt = 0
+    predicted_s: NonNegativeFloat | None = Field(
+        default=None,
+        description="The request's calibrated prediction on the target's worker type: the "
+        "moved assignment carries it, so the target reports its work, and the predictor's "
+        "calibration learns, for its own type. None: the source's prediction is kept.",
+    )
+    predicted_raw_s: NonNegativeFloat | None = Field(
+        default=None, description="The uncalibrated prediction on the target's worker type."
+    )
     decided_at_s: float
 
 
