@@ -10,8 +10,9 @@ from __future__ import annotations
 from switchyard.config import Settings, load_settings
 from switchyard.traces import resolve_trace
 
-from loadgen.mixes import build_plan
+from loadgen.mixes import PlannedRequest, build_plan
 from loadgen.replay import replay
+from loadgen.replay_records import ReplayResult
 from loadgen.replay_summary import summarize
 from services.embedded import EmbeddedPlan, EmbeddedStack
 
@@ -33,21 +34,30 @@ def _settings(kafka_bootstrap: str, redis_url: str, unique_prefix: str) -> Setti
     )
 
 
-async def test_every_request_of_a_mixed_replay_is_answered_once(
-    kafka_bootstrap: str, redis_url: str, unique_prefix: str
-) -> None:
-    settings = _settings(kafka_bootstrap, redis_url, unique_prefix)
-    plan = build_plan(resolve_trace("azure-mix-sample"), "mixed", 120, 0, classification_share=0.3)
-    stack = EmbeddedStack(
-        settings,
-        EmbeddedPlan(llm_workers=("a100-80gb/llama-2-7b", "h100-80gb/llama-2-13b"), http_port=0),
-        over_settings_transports=True,
-    )
+async def _replay(
+    settings: Settings, stack_plan: EmbeddedPlan, plan: list[PlannedRequest]
+) -> tuple[ReplayResult, int]:
+    """Replay ``plan`` at x20 through the stack ``stack_plan`` describes, each service on
+    its own connections; returns the result and the stack's exit status."""
+    stack = EmbeddedStack(settings, stack_plan, over_settings_transports=True)
     await stack.start()
     try:
         result = await replay(plan, stack.url, speedup=20.0, timeout_s=60.0, progress=False)
     finally:
         code = await stack.stop()
+    return result, code
+
+
+async def test_every_request_of_a_mixed_replay_is_answered_once(
+    kafka_bootstrap: str, redis_url: str, unique_prefix: str
+) -> None:
+    settings = _settings(kafka_bootstrap, redis_url, unique_prefix)
+    plan = build_plan(resolve_trace("azure-mix-sample"), "mixed", 120, 0, classification_share=0.3)
+    result, code = await _replay(
+        settings,
+        EmbeddedPlan(llm_workers=("a100-80gb/llama-2-7b", "h100-80gb/llama-2-13b"), http_port=0),
+        plan,
+    )
     summary = summarize(result.records, result.duration_s)
     failures = [
         (r.request_id, r.status_code, r.error_message)
@@ -71,20 +81,15 @@ async def test_a_disaggregated_replay_is_decoded_on_the_decode_pool_and_answered
     settings = _settings(kafka_bootstrap, redis_url, unique_prefix)
     a100 = "a100-80gb/llama-2-7b"
     plan = build_plan(resolve_trace("azure-conv-sample"), "llm", 60, 0)
-    stack = EmbeddedStack(
+    result, code = await _replay(
         settings,
         # llm-0 prefills every request, hands it to llm-1 or llm-2 over its Kafka inbox
         # partition, the move recorded in Redis first.
         EmbeddedPlan(
             llm_workers=(a100, a100, a100), torch_workers=0, http_port=0, prefill_workers=1
         ),
-        over_settings_transports=True,
+        plan,
     )
-    await stack.start()
-    try:
-        result = await replay(plan, stack.url, speedup=20.0, timeout_s=60.0, progress=False)
-    finally:
-        code = await stack.stop()
     failures = [
         (r.request_id, r.status_code, r.error_message)
         for r in result.records

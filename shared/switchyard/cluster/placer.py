@@ -295,6 +295,8 @@ class LlmPlacer:
         """Where a request placed on ``prefill_worker_id`` is decoded, and its
         predictions there (None: there, on a mixed worker or without a live decode
         worker)."""
+        if entry is whole:
+            return None  # no decode pool (prefill_pool cut nothing): the usual case
         chosen = next(w for w in entry.workers if w.worker_id == prefill_worker_id)
         if chosen.role is not WorkerRole.PREFILL:
             return None
