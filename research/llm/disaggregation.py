@@ -10,7 +10,8 @@ unchanged, deciding twice per request:
 
 1. on arrival it is shown a snapshot of the prefill pool only, and places the request
    there (the admission policy, if any, is asked over the same snapshot);
-2. when the prefill ends, with the first token, it is asked again, over a snapshot of
+2. when the prefill ends, with the first token (unless that token was the answer's
+   only one: it ends on its prefill worker), it is asked again, over a snapshot of
    the decode pool only, with the request's view marked as bringing its KV cache:
    ``cached_tokens`` holds the whole prompt for every decode worker (no worker need
    prefill any of it) and ``ttft_slo_s`` is None (the first token is out). The KV

@@ -421,20 +421,20 @@ class SimInstance:
         finished: list[SimRequest],
         handoffs: list[SimRequest],
     ) -> None:
-        """``request``'s prefill ended at ``at_s``, with its first token: a prefill-only
-        worker hands it off, a one-token answer is finished, any other joins the decode
-        batch."""
+        """``request``'s prefill ended at ``at_s``, with its first token: a one-token
+        answer is finished (on a prefill-only worker too, as a live one ends it), a
+        prefill-only worker hands any other off, and any other joins the decode batch."""
         request.first_token_s = at_s
         request.generated_at_join = 1
-        if self.role is WorkerRole.PREFILL:
-            self.reserved_tokens -= request.prompt_tokens + request.output_tokens
-            request.instance = None
-            handoffs.append(request)
-        elif request.output_tokens <= 1:
+        if request.output_tokens <= 1:
             self.reserved_tokens -= request.prompt_tokens + request.output_tokens
             request.finished_s = at_s
             request.instance = None
             finished.append(request)
+        elif self.role is WorkerRole.PREFILL:
+            self.reserved_tokens -= request.prompt_tokens + request.output_tokens
+            request.instance = None
+            handoffs.append(request)
         else:
             self._join(request)
 

@@ -398,6 +398,10 @@ class Simulator:
         self._push(now_s + transfer_s, _ARRIVE, target, request)
 
     def _complete(self, request: SimRequest) -> None:
+        if request.decode_to is not None:  # a one-token answer ended where it was prefilled
+            target, work_s = request.decode_to
+            cast(SimInstance, target).expect(work_s, -1)
+            request.decode_to = None
         latency_s = request.finished_s - request.arrival_s
         self.completed.append(request)
         recent = self._recent

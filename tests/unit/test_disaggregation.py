@@ -159,6 +159,27 @@ def test_the_kv_transfer_counts_in_latency_and_tpot_not_in_ttft(policy: str) -> 
     assert metrics.tpot_p50_s == pytest.approx((transfer_s + decode_s) / 299, abs=1e-9)
 
 
+@pytest.mark.parametrize("at_arrival", [False, True])
+def test_a_one_token_answer_ends_on_its_prefill_worker_with_no_transfer(
+    at_arrival: bool,
+) -> None:
+    # As a live prefill worker ends it: the first token is the answer, so no KV cache
+    # travels, and a decode worker chosen on arrival stops counting it.
+    perf = performance_model(A100)
+    config = SimulationConfig(workers=3, prefill_workers=1, decode_at_arrival=at_arrival)
+    sim = Recording(make_llm_policy("jsq"), config)
+    metrics = sim.run([Row(0.0, 1200, 1), Row(0.0, 1200, 40)])
+    assert metrics.completed == 2
+    one, longer = sorted(sim.completed, key=lambda r: r.output_tokens)
+    prefill, decode = pools(sim)
+    assert one.served_on in prefill
+    assert one.finished_s == pytest.approx(one.first_token_s, abs=1e-12)
+    assert one.first_token_s <= perf.prefill_s((1200, 1200)) + 1e-9
+    assert [index for index, _ in sim.prefilled_on] == [longer.index]
+    assert longer.served_on in decode
+    assert all(i.incoming == 0 and i.incoming_work_s == pytest.approx(0.0) for i in sim.instances)
+
+
 def test_the_option_sets_splitwises_pools_and_works_with_chunked_prefill(
     busy_conv: Sequence[TraceRequest],
 ) -> None:
