@@ -31,6 +31,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
+from switchyard import heap
 from switchyard.config import load_settings
 from switchyard.contracts.messages import (
     Completion,
@@ -132,7 +133,7 @@ async def _calls(count: int, concurrency: int, young_allocations: int) -> float:
         await app(dict(SCOPE, headers=list(SCOPE["headers"])), receive, send)
 
     await asyncio.gather(*(one() for _ in range(concurrency)))  # warm-up
-    event_loop.settle_heap()
+    heap.settle_heap()
     gc.set_threshold(young_allocations, *gc.get_threshold()[1:])
     statuses.clear()
     started = time.process_time()
@@ -151,7 +152,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument(
         "--young-allocations",
-        default=f"{CPYTHON_DEFAULT_YOUNG},{event_loop.YOUNG_COLLECTION_ALLOCATIONS}",
+        default=f"{CPYTHON_DEFAULT_YOUNG},{heap.YOUNG_COLLECTION_ALLOCATIONS}",
         help="comma-separated settings of the youngest generation's collection threshold, "
         "interleaved run by run (default: CPython's and the services')",
     )

@@ -10,6 +10,14 @@ different windows are drawn before the clock starts; each repeat times every sch
 on all of them (after ``--warmup`` untimed calls) with ``time.perf_counter_ns`` and
 keeps the P50 and P99; the table shows the medians over ``--repeats`` (5).
 
+``--collector service`` (the default) runs the garbage collector as the scheduler
+service does: the heap settled once (:func:`switchyard.heap.settle_heap`) and each plan
+made with the collector paused, its youngest generation collected right after
+(:func:`switchyard.heap.collector_paused`; that collection is timed apart and shown).
+``--collector unpaused`` settles the heap but plans with the collector running (the
+scheduler service before 2026-11-29); ``--collector default`` leaves CPython's collector
+as it is, as the figures before 2026-11-29 were taken.
+
 Run ``python -m bench.selection_bench [--schedulers a,b] [--json OUT]``. Needs the
 scheduler registry (``switchyard.selection.registry``). Figures are not asserted.
 """
@@ -17,6 +25,7 @@ scheduler registry (``switchyard.selection.registry``). Figures are not asserted
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import random
@@ -28,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from switchyard.apps.penalty import Penalty
+from switchyard.heap import collector_paused, settle_heap
 from switchyard.policies.base import DecisionContext
 from switchyard.selection.snapshot import (
     AppView,
@@ -121,25 +131,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     windows = [
         synthetic_window(apps, args.requests, 0.1 * (i + 1), rng) for i in range(args.windows)
     ]
+    as_service = args.collector == "service"
+    if args.collector != "default":
+        settle_heap()
     results: dict[str, dict[str, float]] = {}
     for name in names:
         scheduler = make_window_scheduler(name)
         p50s: list[float] = []
         p99s: list[float] = []
+        collect_p99s: list[float] = []
         for _ in range(args.repeats):
             for i in range(args.warmup):
                 scheduler.schedule(windows[i % len(windows)], DecisionContext(random.Random(i)))
             samples = []
+            collections = []
             for i, window in enumerate(windows):
                 ctx = DecisionContext(rng=random.Random(i), sequence=i)
-                started = time.perf_counter_ns()
-                scheduler.schedule(window, ctx)
-                samples.append((time.perf_counter_ns() - started) / 1e6)
+                with collector_paused() if as_service else contextlib.nullcontext():
+                    started = time.perf_counter_ns()
+                    scheduler.schedule(window, ctx)
+                    decided = time.perf_counter_ns()
+                collections.append((time.perf_counter_ns() - decided) / 1e6)
+                samples.append((decided - started) / 1e6)
             p50s.append(float(np.percentile(samples, 50)))
             p99s.append(float(np.percentile(samples, 99)))
+            collect_p99s.append(float(np.percentile(collections, 99)))
         results[name] = {
             "p50_ms": statistics.median(p50s),
             "p99_ms": statistics.median(p99s),
+            "collection_after_p99_ms": statistics.median(collect_p99s) if as_service else 0.0,
             "data_aware": float(scheduler.data_aware),
         }
     return {
@@ -150,6 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "windows": args.windows,
             "repeats": args.repeats,
             "seed": args.seed,
+            "collector": args.collector,
             "python": platform.python_version(),
             "machine": platform.machine(),
         },
@@ -162,14 +183,18 @@ def markdown(document: dict[str, Any]) -> str:
     lines = [
         f"schedule() wall time, {config['requests']} requests, {config['apps']} applications x "
         f"{config['variants_per_app']} variants, 1 worker; medians over {config['repeats']} "
-        f"repeats of {config['windows']} windows",
+        f"repeats of {config['windows']} windows; collector: {config['collector']}",
         "",
-        "| scheduler | data-aware | P50 ms | P99 ms |",
-        "|---|---|---:|---:|",
+        "| scheduler | data-aware | P50 ms | P99 ms | collection after, P99 ms |",
+        "|---|---|---:|---:|---:|",
     ]
     for name, row in document["schedulers"].items():
         aware = "yes" if row["data_aware"] else "no"
-        lines.append(f"| {name} | {aware} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} |")
+        after = row["collection_after_p99_ms"] if config["collector"] == "service" else None
+        lines.append(
+            f"| {name} | {aware} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
+            f"{'-' if after is None else f'{after:.3f}'} |"
+        )
     return "\n".join(lines)
 
 
@@ -182,6 +207,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--collector",
+        choices=("service", "unpaused", "default"),
+        default="service",
+        help="the garbage collector as the scheduler service runs it, the heap settled "
+        "without the pause, or CPython's default (default: %(default)s)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     document = run(args)

@@ -27,9 +27,9 @@ from typing import Literal, cast
 
 from switchyard.bus import MemoryBroker, bus_from_settings
 from switchyard.config import Settings
+from switchyard.heap import settle_heap
 from switchyard.runtime import Service, ServiceContext, run_service
 from switchyard.runtime.dead_letter_tally import DeadLetterTally
-from switchyard.runtime.loop import settle_heap
 from switchyard.runtime.service import ServiceFactory
 from switchyard.serving.catalogue import ServingCatalogue
 from switchyard.state import StateStore, keys, state_from_settings

@@ -18,7 +18,8 @@ The shell around a :class:`~switchyard.selection.base.WindowScheduler`, in virtu
    the window, the applications' views (:func:`~switchyard.selection.views.app_view`:
    profiles x the emulated-device scale) and the workers (when each is free, which
    variant is loaded, carried over from earlier windows). ``schedule`` is timed with
-   ``time.perf_counter``: the only wall clock this module reads.
+   ``time.perf_counter``, the only wall clock this module reads, with the collector
+   paused as the scheduler service pauses it (:func:`~switchyard.runtime.loop.collector_paused`).
 4. The plan must cover each request exactly once (:class:`PlanError`, naming the
    scheduler, otherwise). The shell then executes it with *real inference*: each batch
    runs its variant's ``predict_proba`` on the requests' real features; a request is
@@ -59,6 +60,7 @@ from switchyard.estimation import (
     SneakPeekEstimator,
 )
 from switchyard.estimation.application import estimator_for_application
+from switchyard.heap import collector_paused
 from switchyard.policies.base import DecisionContext
 from switchyard.selection.base import WindowPlan, WindowScheduler, batch_latency_s
 from switchyard.selection.snapshot import (
@@ -312,9 +314,10 @@ class WindowSimulator:
                 ),
             )
             ctx = DecisionContext(rng=random.Random(seed * 1_000_003 + window), sequence=window)
-            started = time.perf_counter()
-            plan = scheduler.schedule(snapshot, ctx)
-            overhead_s.append(time.perf_counter() - started)
+            with collector_paused():  # as the scheduler service decides a window
+                started = time.perf_counter()
+                plan = scheduler.schedule(snapshot, ctx)
+                overhead_s.append(time.perf_counter() - started)
             by_id = {r.request_id: r for r in requests}
             _check_plan(name, plan, by_id, self._views, worker_ids)
             for request_id in plan.short_circuited:

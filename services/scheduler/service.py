@@ -73,6 +73,7 @@ from switchyard.contracts.topics import (
     REQUESTS,
     WORKER_EVENTS,
 )
+from switchyard.heap import collector_paused
 from switchyard.lifecycle import RequestLedger
 from switchyard.multimodel.policy_registry import MultiModelPolicy, make_multimodel_policy
 from switchyard.policies.base import DecisionContext, NoWorkerError
@@ -445,9 +446,10 @@ class SchedulerService(Service):
         )
         ctx = DecisionContext(self._window_rng, self._window_sequence)
         self._window_sequence += 1
-        decision, busy_until_s = decide_window(
-            self.window_scheduler, snapshot, requests, estimates, ctx
-        )
+        with collector_paused():  # a collection inside would set the decision's tail
+            decision, busy_until_s = decide_window(
+                self.window_scheduler, snapshot, requests, estimates, ctx
+            )
         for worker_id, until_s in busy_until_s.items():
             self._busy_until_s[worker_id] = max(self._busy_until_s.get(worker_id, 0.0), until_s)
         assigned_at_s = time.time()

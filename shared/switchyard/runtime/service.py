@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 
 from switchyard.config import Settings, load_settings
 from switchyard.errors import ConfigError, SwitchyardError, is_retriable
+from switchyard.heap import settle_heap
 from switchyard.runtime.connections import StartError, backoff_s, close_connections, connect
 from switchyard.runtime.health import HealthServer, ReadinessCheck
-from switchyard.runtime.loop import settle_heap
 from switchyard.runtime.presence import Presence
 from switchyard.runtime.status import StatusSource
 
