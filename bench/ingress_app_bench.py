@@ -12,7 +12,9 @@ batches as it does under load.
 Every setting (``--young-allocations``: how often the garbage collector's youngest
 generation is collected, CPython's default against the services') is measured
 ``--runs`` times interleaved in one process; the medians of CPU seconds
-(``time.process_time``) over calls are reported. What it leaves out (uvicorn's
+(``time.process_time``) over calls are reported, with the collector's pauses over the
+calls (how many, their P50 and longest, timed through ``gc.callbacks``): a pause stalls
+every call in flight. What it leaves out (uvicorn's
 HTTP parsing, the Kafka producer, the Redis round trip) is in ``make bench-stack``.
 
 Run ``python -m bench.ingress_app_bench``; JSON in ``bench/results/ingress_app.json``.
@@ -28,6 +30,7 @@ import json
 import statistics
 import time
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +98,29 @@ def _completion(request: InferenceRequest) -> Completion:
     )
 
 
-async def _calls(count: int, concurrency: int, young_allocations: int) -> float:
+@dataclass
+class _Run:
+    cpu_s_per_call: float
+    pauses_s: list[float]
+    """Each collection's wall time over the measured calls."""
+
+
+class _Pauses:
+    """The collector's pauses, timed from its callbacks while attached."""
+
+    def __init__(self) -> None:
+        self.pauses_s: list[float] = []
+        self._started_s = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        del info
+        if phase == "start":
+            self._started_s = time.perf_counter()
+        else:
+            self.pauses_s.append(time.perf_counter() - self._started_s)
+
+
+async def _calls(count: int, concurrency: int, young_allocations: int) -> _Run:
     """CPU seconds per call over ``count`` calls on a fresh app, the heap settled as a
     service settles it once started, with the youngest generation collected every
     ``young_allocations``."""
@@ -136,13 +161,18 @@ async def _calls(count: int, concurrency: int, young_allocations: int) -> float:
     heap.settle_heap()
     gc.set_threshold(young_allocations, *gc.get_threshold()[1:])
     statuses.clear()
+    pauses = _Pauses()
+    gc.callbacks.append(pauses)
     started = time.process_time()
-    for _ in range(count // concurrency):
-        await asyncio.gather(*(one() for _ in range(concurrency)))
-    spent = time.process_time() - started
+    try:
+        for _ in range(count // concurrency):
+            await asyncio.gather(*(one() for _ in range(concurrency)))
+        spent = time.process_time() - started
+    finally:
+        gc.callbacks.remove(pauses)
     if set(statuses) != {200}:
         raise SystemExit(f"the app answered {sorted(set(statuses))}, not only 200")
-    return spent / len(statuses)
+    return _Run(spent / len(statuses), pauses.pauses_s)
 
 
 def main() -> None:
@@ -160,20 +190,35 @@ def main() -> None:
     args = parser.parse_args()
     settings = [int(x) for x in args.young_allocations.split(",")]
     runs_us: dict[int, list[float]] = {young: [] for young in settings}
+    pauses_ms: dict[int, list[float]] = {young: [] for young in settings}
     for _ in range(args.runs):
         for young in settings:
-            spent_s = event_loop.run(_calls(args.calls, args.concurrency, young))
-            runs_us[young].append(1e6 * spent_s)
+            run = event_loop.run(_calls(args.calls, args.concurrency, young))
+            runs_us[young].append(1e6 * run.cpu_s_per_call)
+            pauses_ms[young].extend(1e3 * pause_s for pause_s in run.pauses_s)
     result: dict[str, Any] = {"calls": args.calls, "concurrency": args.concurrency}
     result["young_allocations"] = {
-        str(young): {"runs_us": us, "median_us": statistics.median(us)}
+        str(young): {
+            "runs_us": us,
+            "median_us": statistics.median(us),
+            "collections_per_1000_calls": 1000 * len(pauses_ms[young]) / (args.runs * args.calls),
+            "pauses_ms": pauses_ms[young],
+        }
         for young, us in runs_us.items()
     }
     for young, us in runs_us.items():
+        pauses = sorted(pauses_ms[young])
         print(
             f"POST /v1/completions through the ingress app, young generation collected "
             f"every {young} allocations: {statistics.median(us):.0f} us of CPU a call "
-            f"(median of {args.runs}; runs {', '.join(f'{x:.0f}' for x in us)})"
+            f"(median of {args.runs}; runs {', '.join(f'{x:.0f}' for x in us)}); "
+            + (
+                f"{1000 * len(pauses) / (args.runs * args.calls):.1f} collections per "
+                f"1,000 calls, pause P50 {statistics.median(pauses):.2f} ms, longest "
+                f"{pauses[-1]:.2f} ms"
+                if pauses
+                else "no collection"
+            )
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
