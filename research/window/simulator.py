@@ -19,7 +19,7 @@ The shell around a :class:`~switchyard.selection.base.WindowScheduler`, in virtu
    profiles x the emulated-device scale) and the workers (when each is free, which
    variant is loaded, carried over from earlier windows). ``schedule`` is timed with
    ``time.perf_counter``, the only wall clock this module reads, with the collector
-   paused as the scheduler service pauses it (:func:`~switchyard.runtime.loop.collector_paused`).
+   paused as the scheduler service pauses it (:func:`~switchyard.heap.collector_paused`).
 4. The plan must cover each request exactly once (:class:`PlanError`, naming the
    scheduler, otherwise). The shell then executes it with *real inference*: each batch
    runs its variant's ``predict_proba`` on the requests' real features; a request is
