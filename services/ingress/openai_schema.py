@@ -4,8 +4,9 @@ validation failure becomes a 400 that names the field.
 Validation is strict: no coercion (``"16"`` is not a number, ``1`` is not ``true``), NaN
 and infinities are refused. Unknown top-level fields are ignored (OpenAI clients send
 ``temperature``, ``top_p``, ``seed``, ... which change which tokens a model picks, not the
-shape of the answer); unknown fields inside the ``switchyard`` block are refused, so a
-misspelt option is not silently dropped. OpenAI parameters that would change the shape
+shape of the answer); unknown fields inside the ``switchyard`` block, and in a
+classification call's body (:class:`InferBody`), are refused, so a misspelt option is not
+silently dropped. OpenAI parameters that would change the shape
 of the answer and that Switchyard does not honour (:data:`UNSUPPORTED_CHAT`,
 :data:`UNSUPPORTED_COMPLETION`: several choices, log probabilities, echo, stop
 sequences, tools, structured output) are refused with 400 ``unsupported_parameter``
@@ -187,7 +188,12 @@ class ChatBody(_Strict):
 
 
 class InferBody(_Strict):
-    """``POST /v1/apps/{app}/infer``."""
+    """``POST /v1/apps/{app}/infer``: Switchyard's own body, so an unknown field is
+    refused by name (as a pipeline call's is), not ignored as an OpenAI client's extras
+    are: a ``switchyard`` block or a misspelt ``deadline_ms`` would otherwise leave the
+    call on its application's default deadline without a word."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     # Float32: the models read features as 32-bit floats, where 1e39 is infinite.
     features: Annotated[list[Float32], Field(min_length=1)]

@@ -251,7 +251,7 @@ def test_classification_calls_run_on_the_torch_worker(stack: docker.DockerClient
     for planned in plan:
         answer = httpx.post(
             f"{INGRESS}/v1/apps/{planned.app}/infer",
-            json={"features": list(planned.features), "switchyard": LONG_DEADLINE},
+            json={"features": list(planned.features), **LONG_DEADLINE},
             headers=AUTH,
             timeout=120,
         )

@@ -378,6 +378,10 @@ async def test_features_beyond_float32_are_400s(ingress: Replica, literal: str) 
         ({"features": ["0.5"] * WINE_FEATURES}, "features[0]"),
         ({"features": features(), "deadline_ms": 0}, "deadline_ms"),
         ({"features": features(), "priority": 5000}, "priority"),
+        # Switchyard's own body: an unknown field is refused, not left to the default
+        # deadline (the completions' ``switchyard`` block does not belong here).
+        ({"features": features(), "switchyard": {"deadline_ms": 9000}}, "switchyard"),
+        ({"features": features(), "deadline": 9000}, "deadline"),
     ],
 )
 async def test_bad_infer_bodies_are_400s(
