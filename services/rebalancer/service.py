@@ -359,9 +359,9 @@ class RebalancerService(Service):
             )
             moved.add(plan.request_id)
             entry = item.entry
-            target_work_s = entry.remaining_s
-            if request is not None:
-                target_work_s = request.calibrated_s.get(target.worker_type, target_work_s)
+            target_work_s = (
+                entry.remaining_s if migration.predicted_s is None else migration.predicted_s
+            )
             self._moves[plan.request_id] = _Move(
                 decided_monotonic_s=now_mono_s,
                 epoch=migration.epoch,

@@ -287,26 +287,21 @@ class Intake:
                 )
                 return False
             not_before_s = now_s + preemption.transfer_s
-        moved = item.assignment.model_copy(
-            update={
-                "worker_id": migration.to_worker_id,
-                "epoch": migration.epoch,
-                "assigned_at_s": now_s,
-                "generated_tokens": item.generated_tokens,
-                "not_before_s": not_before_s,
-                "first_assigned_s": item.assignment.decided_at_s,
-                "started_s": item.started_s,
-                "first_token_s": item.first_token_s,
-            }
-        )
+        update = {
+            "worker_id": migration.to_worker_id,
+            "epoch": migration.epoch,
+            "assigned_at_s": now_s,
+            "generated_tokens": item.generated_tokens,
+            "not_before_s": not_before_s,
+            "first_assigned_s": item.assignment.decided_at_s,
+            "started_s": item.started_s,
+            "first_token_s": item.first_token_s,
+        }
         if migration.predicted_s is not None:
             # The target reports its work, and calibrates, on its own type's prediction.
-            moved = moved.model_copy(
-                update={
-                    "predicted_s": migration.predicted_s,
-                    "predicted_raw_s": migration.predicted_raw_s,
-                }
-            )
+            update["predicted_s"] = migration.predicted_s
+            update["predicted_raw_s"] = migration.predicted_raw_s
+        moved = item.assignment.model_copy(update=update)
         if await self._move(item, moved, migration.to_inbox_partition, "move") != "moved":
             if preempted:  # it resumes from the tokens it generated, prefilled again
                 item.brings_kv = False
