@@ -561,6 +561,8 @@ def worker_view(inst: SimInstance, chunked_prefill_tokens: int | None) -> Worker
         perf.prefill_per_token_sq_s,
         perf.prefill_base_s,
         chunked_prefill_tokens,
+        # in chunks, prefill_tokens is the KV the chunks made so far, not an iteration's
+        inst.prefill_tokens if chunked_prefill_tokens is None else 0,
     )
 
 

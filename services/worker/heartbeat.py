@@ -65,6 +65,7 @@ def build_heartbeat(backend: Backend, queue: LocalQueue, facts: HeartbeatFacts) 
         decode_step_s=load.decode_step_s,
         prefill_share=min(1.0, max(0.0, load.prefill_share)),
         chunked_prefill_tokens=load.chunked_prefill_tokens,
+        prefilling_tokens=load.prefilling_tokens,
         outstanding=entries[: Heartbeat.MAX_LISTED],
         outstanding_total=len(entries),
         draining=facts.draining,

@@ -23,7 +23,7 @@ from bench.capacity_eval import chunked_settings
 from research.llm import RunMetrics, SimulationConfig, SimulationError, Simulator
 from research.llm.chunked import ChunkedInstance
 from research.llm.command import main as simulate_main
-from research.llm.instance import Phase, SimInstance
+from research.llm.instance import Phase, SimInstance, worker_view
 from research.llm.request import SimRequest
 from tests.unit.test_simulator import Row
 from tests.unit.test_simulator_golden import GOLDEN, _request_line
@@ -272,3 +272,22 @@ def test_a_bad_budget_fails_before_anything_runs(capsys: pytest.CaptureFixture[s
     assert chunked_settings("off, 512,2048") == [None, 512, 2048]
     with pytest.raises(ValueError, match="off or token budgets"):
         chunked_settings("0")
+
+
+def test_policies_see_a_whole_prompt_prefill_in_progress_and_no_chunks() -> None:
+    perf = performance_model(A100)
+    whole = SimInstance(0, "w0", perf, WorkerRole.MIXED)
+    whole.enqueue(_request(0, 0.0, 3_000, 4), 0.0)
+    whole.wake(0.0)
+    assert whole.phase is Phase.PREFILL
+    assert worker_view(whole, None).prefilling_tokens == 3_000
+    whole.wake(whole.busy_until_s)  # the first token: decoding
+    assert worker_view(whole, None).prefilling_tokens == 0
+    chunked = ChunkedInstance(0, "w0", perf, WorkerRole.MIXED, budget=512)
+    chunked.enqueue(_request(0, 0.0, 3_000, 4), 0.0)
+    chunked.wake(0.0)
+    first_chunk_s = chunked.next_wake_s(0.0)
+    assert first_chunk_s is not None
+    chunked.wake(first_chunk_s)
+    assert chunked.prefill_tokens > 0  # its first chunk's KV, not an iteration's prompts
+    assert worker_view(chunked, 512).prefilling_tokens == 0

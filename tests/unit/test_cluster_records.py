@@ -409,3 +409,8 @@ def test_violation_rule() -> None:
     assert not completion_violated(completion("a", deadline_s=None))
     expired = completion("a", finished_s=1.0, deadline_s=12.0, status=CompletionStatus.EXPIRED)
     assert completion_violated(expired)
+
+
+def test_policies_see_the_prefill_a_worker_reports_in_progress() -> None:
+    assert worker_view(heartbeat(prefilling_tokens=3000, running=2)).prefilling_tokens == 3000
+    assert worker_view(heartbeat()).prefilling_tokens == 0  # not reported: none

@@ -78,6 +78,22 @@ def test_switchyard_leaves_a_prefix_behind_a_backlog_of_prefills() -> None:
     assert policy.assign(hit, snapshot, ctx()).worker_id == "w2"
 
 
+def test_switchyard_counts_half_of_a_prefill_in_progress_as_ahead() -> None:
+    policy = make_llm_policy("switchyard").assignment
+    # Both run one request holding 4,000 KV tokens. On w1 it is a prompt still
+    # prefilling: half of its 1.6 s is counted ahead of a newcomer (0.8 s), which w2,
+    # decoding, does not have. Listed first, w1 would win the tie if it were not counted.
+    held = {"running": 1, "kv_used_tokens": 4000, "queued_tokens": 4000, **_PREFILL}
+    prefilling = worker("w1", prefilling_tokens=4000, **held)
+    snapshot = cluster(prefilling, worker("w2", **held))
+    assert policy.assign(request(prompt_tokens=100), snapshot, ctx()).worker_id == "w2"
+    # Half, not all: w1's 0.8 s ahead beats w2's 2,500-token prompt waiting (1.0 s);
+    # counted whole (1.6 s), w1 would lose.
+    waiting = worker("w2", waiting=1, **{**held, "queued_tokens": 6500})
+    snapshot = cluster(prefilling, waiting)
+    assert policy.assign(request(prompt_tokens=100), snapshot, ctx()).worker_id == "w1"
+
+
 def test_switchyard_keeps_a_long_prefill_away_from_a_full_batch() -> None:
     policy = make_llm_policy("switchyard").assignment
     # 5,000 tokens: 2 s of prefill. On w1 it would pause 48 running decodes (x 8.5); w2

@@ -95,6 +95,8 @@ class BackendLoad:
     """An LLM backend's recent share of its busy time spent prefilling (0..1; 0: unknown)."""
     chunked_prefill_tokens: int | None = None
     """The chunked-prefill budget of an LLM backend that prefills in chunks."""
+    prefilling_tokens: int = 0
+    """Prompt tokens of the whole-prompt prefill iteration in progress (0: none)."""
     capacity: ResourceVector = field(default_factory=ResourceVector)
     free: ResourceVector = field(default_factory=ResourceVector)
     kv_cache_free_bytes: int | None = None

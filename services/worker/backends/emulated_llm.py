@@ -159,6 +159,7 @@ class EmulatedLlmBackend:
         self._reserved_tokens = 0
         self._pace_s: float | None = None  # loop time the current iteration should end at
         self._prefill_modelled_s = 0.0  # modelled seconds of prefill iterations begun
+        self._prefilling_tokens = 0  # prompt tokens of the whole-prompt prefill under way
         self._share = PrefillShare()
         self._clock = clock  # when the prefill share is read (monotonic seconds)
         self._interrupt: asyncio.Event | None = None  # the wake event of a group in progress
@@ -273,13 +274,18 @@ class EmulatedLlmBackend:
     async def _prefill(
         self, admitted: list[WorkItem], queue: LocalQueue, sink: ExecutionSink
     ) -> None:
-        await self._start(admitted, queue, sink)
         fresh = [item for item in admitted if not item.brings_kv]
-        if not fresh:
-            return  # they joined the batch with their KV caches: the next step decodes
-        prefill_s = self.perf.prefill_s([self._uncached_tokens(i) for i in fresh])
-        self._prefill_modelled_s += prefill_s  # the batch's decode waits for it
-        await self._spend(prefill_s)
+        # Heartbeats read it from the requests' start to the prefill's end.
+        self._prefilling_tokens = sum(item.prompt_tokens for item in fresh)
+        try:
+            await self._start(admitted, queue, sink)
+            if not fresh:
+                return  # they joined the batch with their KV caches: the next step decodes
+            prefill_s = self.perf.prefill_s([self._uncached_tokens(i) for i in fresh])
+            self._prefill_modelled_s += prefill_s  # the batch's decode waits for it
+            await self._spend(prefill_s)
+        finally:
+            self._prefilling_tokens = 0
         await self._yield_tokens(fresh, sink)
 
     async def _mixed_iteration(
@@ -512,6 +518,7 @@ class EmulatedLlmBackend:
                 self._clock(), self._prefill_modelled_s, self.modelled_now_s
             ),
             chunked_prefill_tokens=self.chunked_prefill_tokens,
+            prefilling_tokens=self._prefilling_tokens,
             # The KV cache is the memory requests compete for; the GPUs are the instance's.
             capacity=ResourceVector(
                 cpu=cpu,

@@ -114,6 +114,7 @@ def worker_view(heartbeat: Heartbeat, *, alive: bool = True) -> WorkerView:
         prefill_per_token_sq_s=constants.prefill_per_token_sq_s / scale,
         prefill_base_s=constants.prefill_base_s / scale,
         chunk_budget_tokens=heartbeat.chunked_prefill_tokens,
+        prefilling_tokens=heartbeat.prefilling_tokens,
     )
 
 

@@ -433,6 +433,12 @@ class Heartbeat(Message):
         description="An LLM worker that prefills in chunks: the tokens one iteration "
         "processes (vLLM's max_num_batched_tokens). None: whole prompts.",
     )
+    prefilling_tokens: NonNegativeInt = Field(
+        default=0,
+        description="Prompt tokens of the whole-prompt prefill iteration in progress "
+        "(counted in running and kv_used_tokens): a request queued behind it starts when "
+        "it ends. 0: none, prefills in chunks, or not reported.",
+    )
     outstanding: list[QueuedEntry] = Field(default_factory=list)
     outstanding_total: NonNegativeInt = 0
     draining: bool = Field(

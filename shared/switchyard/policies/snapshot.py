@@ -103,6 +103,10 @@ class WorkerView:
     chunk_budget_tokens: int | None = None
     """Tokens one iteration processes when the worker prefills in chunks (chunked
     prefill's budget, vLLM's ``max_num_batched_tokens``); None: whole prompts."""
+    prefilling_tokens: int = 0
+    """Prompt tokens of the whole-prompt prefill iteration in progress, counted in
+    ``running`` and ``kv_used_tokens`` (0: none, or not reported): a request queued
+    behind it starts when it ends."""
 
     def prefill_compute_s(self, prompt_tokens: int, cached_tokens: int) -> float:
         """Seconds of prefill compute the prompt needs on this worker past a cached prefix

@@ -71,6 +71,7 @@ _new = object.__new__
     _w_prefill_per_token_sq_s,
     _w_prefill_base_s,
     _w_chunk_budget_tokens,
+    _w_prefilling_tokens,
 ) = _slot_setters(
     WorkerView,
     (
@@ -95,6 +96,7 @@ _new = object.__new__
         "prefill_per_token_sq_s",
         "prefill_base_s",
         "chunk_budget_tokens",
+        "prefilling_tokens",
     ),
 )
 
@@ -121,6 +123,7 @@ def new_worker_view(
     prefill_per_token_sq_s: float,
     prefill_base_s: float,
     chunk_budget_tokens: int | None,
+    prefilling_tokens: int,
 ) -> WorkerView:
     """Exactly ``WorkerView(worker_id=worker_id, ...)`` with every field given."""
     view: WorkerView = _new(WorkerView)
@@ -145,6 +148,7 @@ def new_worker_view(
     _w_prefill_per_token_sq_s(view, prefill_per_token_sq_s)
     _w_prefill_base_s(view, prefill_base_s)
     _w_chunk_budget_tokens(view, chunk_budget_tokens)
+    _w_prefilling_tokens(view, prefilling_tokens)
     return view
 
 
