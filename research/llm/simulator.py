@@ -440,11 +440,16 @@ class Simulator:
         for inst in self.instances:
             inst.account(now_s)
             inst.sync(now_s)
-        cluster = self._cluster(now_s)
         scope = rebalancer.queue_scope
         queued: list[QueuedRequestView] = []
         for inst in self.instances:
             inst.list_queued(queued, scope.waiting_tail, scope.running)
+        if not queued:
+            # Nothing listed, nothing to move. The views wait for the next decision (the
+            # state is the same: a change marks them stale); the sequence moves on.
+            self._context()
+            return
+        cluster = self._cluster(now_s)
         rate = self._violations / len(self._recent) if self._recent else 0.0
         snapshot = RebalanceSnapshot(
             cluster=cluster, queued=tuple(queued), recent_slo_violation_rate=rate
