@@ -23,7 +23,7 @@ from typing import Any
 
 from switchyard.contracts.fields import WorkloadType
 from switchyard.slo import TokenSlo, judge, time_per_output_token_s
-from switchyard.stats import coefficient_of_variation, quantile
+from switchyard.stats import coefficient_of_variation, quantiles
 
 from research.llm.request import SimRequest
 
@@ -130,19 +130,24 @@ def summarise(
         for r in done
         if r.served_by in r.predicted_s
     ]
+    p50_s, p90_s, p99_s, *percentiles_s = quantiles(
+        latencies, (0.50, 0.90, 0.99, *(i / 100 for i in range(101)))
+    )
+    ttft_p50_s, ttft_p99_s = quantiles(ttfts, (0.50, 0.99))
+    tpot_p50_s, tpot_p99_s = quantiles(tpots, (0.50, 0.99))
     return RunMetrics(
         requests=total,
         completed=len(done),
         rejected=rejected,
         refused=refused,
-        p50_s=quantile(latencies, 0.50),
-        p90_s=quantile(latencies, 0.90),
-        p99_s=quantile(latencies, 0.99),
+        p50_s=p50_s,
+        p90_s=p90_s,
+        p99_s=p99_s,
         mean_latency_s=sum(latencies) / len(latencies) if latencies else math.nan,
-        ttft_p50_s=quantile(ttfts, 0.50),
-        ttft_p99_s=quantile(ttfts, 0.99),
-        tpot_p50_s=quantile(tpots, 0.50),
-        tpot_p99_s=quantile(tpots, 0.99),
+        ttft_p50_s=ttft_p50_s,
+        ttft_p99_s=ttft_p99_s,
+        tpot_p50_s=tpot_p50_s,
+        tpot_p99_s=tpot_p99_s,
         slo_violation_rate=(violations + rejected + refused) / total if total else 0.0,
         ttft_attainment=ttft_met / total if total else 0.0,
         tpot_attainment=tpot_met / total if total else 0.0,
@@ -155,5 +160,5 @@ def summarise(
         throughput_rps=len(done) / duration_s,
         predictor_mape=sum(errors) / len(errors) if errors else None,
         decisions=run.decisions,
-        latency_quantiles_s=tuple(quantile(latencies, i / 100) for i in range(101)),
+        latency_quantiles_s=tuple(percentiles_s),
     )
