@@ -72,8 +72,10 @@ counted as still ahead of a newcomer: the view does not say when it began, and a
 decision falls on average halfway through it. Without it the first-token term saw a
 worker busy with a 4,000-token prompt (a third of a second on an A100) as idle; counting
 it took the P99 TTFT at the best baseline's capacity from 0.81 to 0.77 of Llumnix's on
-the mixed cluster and from 0.75 to 0.67 of jsq's on 16 A100s (docs/benchmarks.md,
-"Capacity"); counting all of it gained little more on TTFT and held less load."""
+the mixed cluster and from 0.77 to 0.69 of jsq's on 16 A100s (docs/benchmarks.md,
+"Capacity"); counting all of it gained little more on TTFT and held less load. The
+tokens are whole prompts, a cached prefix included (the simulator's and the emulated
+worker's alike), so a prefill that reuses a prefix is counted a little long."""
 
 
 @dataclass(frozen=True, slots=True)
