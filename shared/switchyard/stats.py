@@ -16,9 +16,7 @@ def quantile(values: Sequence[float], q: float) -> float:
 
     Example: ``quantile([1, 2, 3, 4], 0.5) == 2.5``.
     """
-    if not values:
-        return math.nan
-    return float(np.quantile(values, q))
+    return quantiles(values, (q,))[0]
 
 
 def quantiles(values: Sequence[float], qs: Sequence[float]) -> tuple[float, ...]:
