@@ -3,6 +3,8 @@ hand-built snapshots: a prefix hit draws a request, until load outweighs it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from switchyard.policies import make_llm_policy
 from switchyard.policies.prefix_aware import EndpointPicker, KvRouter
@@ -92,6 +94,41 @@ def test_switchyard_counts_half_of_a_prefill_in_progress_as_ahead() -> None:
     waiting = worker("w2", waiting=1, **{**held, "queued_tokens": 6500})
     snapshot = cluster(prefilling, waiting)
     assert policy.assign(request(prompt_tokens=100), snapshot, ctx()).worker_id == "w1"
+
+
+def test_switchyard_joins_a_waiting_prompt_rather_than_pause_a_batch_again() -> None:
+    policy = make_llm_policy("switchyard").assignment
+    # Both decode 40 requests. On w2 a 100-token newcomer opens a prefill iteration of
+    # its own, whose 20 ms base pauses all 40 (0.5 x 0.02 x 40 = 0.4 s); on w1 it joins
+    # the 100-token prompt waiting there: 0.04 s behind it, 0.04 s more before that
+    # one's first token, one more outstanding (2 / 64 s). Without the iteration's cost
+    # w2 would win by 0.11 s.
+    held = {"running": 40, "kv_used_tokens": 8000, "prefill_base_s": 0.02, **_PREFILL}
+    joining = worker("w1", waiting=1, queued_tokens=8100, **held)
+    opening = worker("w2", queued_tokens=8000, **held)
+    newcomer = request(prompt_tokens=100)
+    assert policy.assign(newcomer, cluster(joining, opening), ctx()).worker_id == "w1"
+    # Nothing running: a new iteration pauses no one, and the shorter wait wins.
+    idle = {**held, "running": 0, "kv_used_tokens": 0}
+    snapshot = cluster(worker("w1", waiting=1, queued_tokens=100, **idle), worker("w2", **idle))
+    assert policy.assign(newcomer, snapshot, ctx()).worker_id == "w2"
+    # In chunks the prompt rides the decodes' own iterations: no iteration of its own.
+    snapshot = cluster(
+        replace(joining, chunk_budget_tokens=512), replace(opening, chunk_budget_tokens=512)
+    )
+    assert policy.assign(newcomer, snapshot, ctx()).worker_id == "w2"
+
+
+def test_switchyard_keeps_a_long_prompt_from_holding_back_a_short_one_waiting() -> None:
+    policy = make_llm_policy("switchyard").assignment
+    long_prompt = request(prompt_tokens=2000)  # 0.8 s of prefill
+    # Joining w1's 100-token prompt would hold that one's first token back 0.8 s; on w2
+    # it waits for half the 1,000-token prefill in progress (0.2 s). Without counting
+    # the first token it delays, w1 (0.04 s ahead) would win.
+    waiting = worker("w1", waiting=1, queued_tokens=100, **_PREFILL)
+    busy = {"running": 1, "kv_used_tokens": 1000, "queued_tokens": 1000}
+    prefilling = worker("w2", prefilling_tokens=1000, **busy, **_PREFILL)
+    assert policy.assign(long_prompt, cluster(waiting, prefilling), ctx()).worker_id == "w2"
 
 
 def test_switchyard_keeps_a_long_prefill_away_from_a_full_batch() -> None:
