@@ -53,9 +53,9 @@ has only the last two terms. The least cost wins; ties go to the worker listed f
 
 The weights (stall 3, KV 1 s, load 2 s, iteration 0.5) were chosen near each trace's
 capacity (``bench/capacity_eval.py``'s traces, 16 and 32 workers, one seed; the
-iteration weight at 8 to 32 on the conversation trace and the mixed cluster, where it
-matters: 0.2 to 1 all held more than `jsq`, and above 0.5 the P99 TTFT rose toward
-`jsq`'s). The stall weight
+iteration weight at `jsq`'s capacity on 8, 16 and 32 workers of the conversation trace,
+where it matters: from 0.5 up Switchyard met more objectives than `jsq` at every size,
+0.2 and 0.3 fell short at 8 workers, and above 0.5 the P99 TTFT rose toward `jsq`'s). The stall weight
 trades the newcomer's first token against the running requests' pace: at 10, a long
 prompt went to the worker with the fewest running requests whatever prompts waited
 there, and on the conversation trace the P99 TTFT at `jsq`'s capacity was 0.94 and 1.00
