@@ -27,9 +27,10 @@ For each worker the cost, in seconds, is the sum of five terms:
   running. The prompt's compute pauses some batch wherever it goes; the base is the part
   of the pause only a prompt that goes alone imposes. Without the term the policy all
   but never joined a waiting prompt (1.01 prompts a prefill iteration on the
-  conversation trace at `jsq`'s capacity on 8 workers, against `jsq`'s 1.18): it paused
-  its decodes for about 570 more iterations of 4,000 and met fewer end-to-end
-  objectives than `jsq` there (88.7 % against 91.8 %; 92.5 % with the term). With the
+  conversation trace at 25.5 requests/s on 8 workers, `jsq`'s capacity, against `jsq`'s
+  1.18): it paused its decodes for about 570 more iterations of 4,000 and met fewer
+  end-to-end objectives than `jsq` there (88.7 % against 91.8 %; 92.5 % with the term,
+  though at 25.45 requests/s `jsq` meets 92.5 % and Switchyard 92.0 %). With the
   iteration's cost but not the first tokens a join delays, long prompts joined short
   ones waiting and held their first tokens back a third of a second.
 - **Memory**: the share of the worker's KV cache in use, ``kv_weight`` seconds when full
