@@ -120,25 +120,25 @@ class CacheAwareRouter:
         def cost(worker: WorkerView) -> float:
             hit = cached.get(worker.worker_id, 0)
             own_s = worker.uncached_prefill_s(prompt, hit)
-            stall_s = (
-                own_s
-                if worker.chunk_budget_tokens is None
-                else worker.prefill_compute_s(prompt, hit)
-            )
             slots = worker.max_slots if worker.max_slots > 0 else 1
             waiting_tokens = worker.waiting_prompt_tokens
             ahead_s = worker.prefill_per_token_s * (
                 waiting_tokens + PREFILL_IN_PROGRESS_LEFT * worker.prefilling_tokens
             )
             whole_s = 0.0
-            if worker.chunk_budget_tokens is None and hit < prompt:
-                # A whole prompt joins the next prefill iteration: the first tokens of
-                # those waiting for it come its own prefill later; with none waiting it
-                # opens an iteration of its own, whose fixed cost pauses every decode.
-                if waiting_tokens > 0:
-                    whole_s = own_s * worker.waiting
-                else:
-                    whole_s = iteration_weight * worker.prefill_base_s * worker.running
+            if worker.chunk_budget_tokens is None:
+                stall_s = own_s
+                if hit < prompt:
+                    # A whole prompt joins the next prefill iteration: the first tokens
+                    # of those waiting for it come its own prefill later; with none
+                    # waiting it opens an iteration of its own, whose fixed cost pauses
+                    # every decode.
+                    if waiting_tokens > 0:
+                        whole_s = own_s * worker.waiting
+                    else:
+                        whole_s = iteration_weight * worker.prefill_base_s * worker.running
+            else:
+                stall_s = worker.prefill_compute_s(prompt, hit)
             capacity = worker.kv_capacity_tokens
             kv_share = worker.kv_used_tokens / capacity if capacity > 0 else 0.0
             slowdown = 1.0 if slowdowns is None else slowdowns[worker.worker_id]
