@@ -49,10 +49,13 @@ class Case:
     requests: int | None = None
     """Only the first this-many requests of the trace (None: the whole sample)."""
     train_requests: int = 2000
+    chunked_prefill_tokens: int | None = None
+    prefill_workers: int | None = None
 
 
 CONV = "azure-conv-sample"
 CODE = "azure-code-sample"
+MOONCAKE = "mooncake-sample"
 
 CASES: dict[str, Case] = {
     # GAPS above u_th (least work plus s~), with rebalancing rounds on long queues.
@@ -79,6 +82,18 @@ CASES: dict[str, Case] = {
     "power-of-two-conv-x6": Case("power-of-two", CONV, 6.0, 4),
     "least-work-code-x6": Case("least-work", CODE, 6.0, 4),
     "flashgen-conv-x6": Case("flashgen", CONV, 6.0, 4),
+    # Switchyard's own policy: its first-token, stall and prefill-iteration terms.
+    "switchyard-conv-x6": Case("switchyard", CONV, 6.0, 4),
+    "switchyard-mixed": Case("switchyard", CONV, 6.0, 4, (A100, H100)),
+    # Shared prefixes (the trace's hash_ids): per-worker prefix caches and cache-aware
+    # placement, Switchyard's and llm-d's.
+    # At this load Switchyard's admission refuses 434 of the 1,000; llm-d admits all but
+    # one 134,773-token prompt, which no worker's KV cache holds.
+    "switchyard-mooncake": Case("switchyard", MOONCAKE, 1.0, 4),
+    "llm-d-mooncake": Case("llm-d", MOONCAKE, 1.0, 4),
+    # Chunked prefill, and prefill/decode pools any policy places over.
+    "switchyard-chunked": Case("switchyard", CONV, 6.0, 4, chunked_prefill_tokens=512),
+    "switchyard-disaggregated": Case("switchyard", CONV, 6.0, 4, prefill_workers=1),
 }
 
 # sha256 of each case's outcome (see the module docstring to regenerate deliberately).
@@ -103,6 +118,12 @@ GOLDEN: dict[str, str] = {
     "power-of-two-conv-x6": "302b695ac2a2f917ff76a6aba74f5c43574a881a3026d8447d23b46372d3887f",
     "least-work-code-x6": "eb394b84db30f676cd55a116c4a3f7e450a6dabf30834829156d4e47c03a1c8b",
     "flashgen-conv-x6": "814cc23b8668d291cdc956fe9bf76c543bf2d631fa94628b0df2f44b0823c40b",
+    "switchyard-conv-x6": "4bd6c857cf93089e922f9643a2d31445edbefbd4c32f4b0ac366662d0a219842",
+    "switchyard-mixed": "75bcee077c66de274e1b13c4905a63ec52c6772d922573e91a2ef8e0a331533c",
+    "switchyard-mooncake": "6c82e2896d24e99723ce454248140038eabe52ea2ea2ffda3b21bb16dabb3a25",
+    "llm-d-mooncake": "16ab6d5d2e87cc31adc6b4da776edc55678e3753e2acd5849277e9d0e4b5e88b",
+    "switchyard-chunked": "cc4b0c8d600231e3824362e65687c2c62beccefb7835723cbc93bbb9c1dc97ee",
+    "switchyard-disaggregated": "6ee290a1041f7595eab2592beceb0045c4d66e07f9858c3d57ab1eae4d1f2fb6",
 }
 
 
@@ -135,6 +156,8 @@ def outcome(case: Case) -> tuple[str, str]:
             predictor=case.predictor,
             predictor_error=case.predictor_error,
             train_requests=case.train_requests,
+            chunked_prefill_tokens=case.chunked_prefill_tokens,
+            prefill_workers=case.prefill_workers,
             seed=3,
         ),
     )
