@@ -8,10 +8,11 @@ INFRA := deploy/local/infra.sh
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k bus"`.
 PYTEST_ARGS ?=
 
-.PHONY: help deps demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-disaggregation bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-pipeline-agreement bench-pipeline-admission bench-guidellm dashboard-snapshot bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
+.PHONY: help deps native demo demo-bus simulate-demo test test-fast lint format bench bench-sim bench-eval bench-capacity bench-chunked bench-disaggregation bench-paper-regime bench-estimator bench-selection bench-selection-eval bench-multimodel bench-stack bench-recovery bench-agreement bench-pipeline-agreement bench-pipeline-admission bench-guidellm dashboard-snapshot bench-worker-stream bench-bus-overhead bench-embedded bench-memory faults infra-up infra-down infra-status clean compose-test
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
+	@echo "make native       compile the simulator's hot modules with mypyc (test, simulate-demo and the simulator's benchmarks do)"
 	@echo "make demo         start the embedded stack and replay the bundled trace through its HTTP API"
 	@echo "make simulate-demo compare every LLM scheduling policy on the bundled trace in the simulator"
 	@echo "make demo-bus     replay the bundled sample through the embedded bus and state store"
@@ -47,6 +48,9 @@ help:
 deps:
 	@deploy/local/bootstrap.sh
 
+native: deps
+	@$(BIN)/python -m research.native build
+
 # The embedded stack (every service in one process, in-memory bus and state) and 1,200
 # requests of the bundled Azure samples, 30 % of them turned into classification
 # requests, replayed through its HTTP API once per policy (GAPS, then JSQ): under a minute.
@@ -56,7 +60,7 @@ demo: deps
 demo-bus: deps
 	$(BIN)/switchyard demo-bus
 
-simulate-demo: deps
+simulate-demo: deps native
 	$(BIN)/switchyard simulate --trace azure-mix-sample --workers 4 --load-scale 1.5
 
 lint: deps
@@ -75,7 +79,7 @@ format: deps
 # up; the Docker engine stays, as a system service would: `deploy/local/docker.sh stop`),
 # even when tests fail or make is interrupted; exits with pytest's status. pytest runs in the background and is waited
 # for, so that a SIGTERM sent to make reaches the cleanup at once.
-test: deps lint
+test: deps native lint
 	@start=$$(date +%s); started=$$(mktemp); status=1; \
 	finish() { \
 	  $(INFRA) down --started "$$started" || true; rm -f "$$started"; \
@@ -103,13 +107,13 @@ with_infra = @started=$$(mktemp); \
 bench: deps
 	$(call with_infra,$(BIN)/python -m bench.bus_bench --json bench/results/bus.json)
 
-bench-sim: deps
+bench-sim: deps native
 	$(BIN)/python -m bench.sim_bench --json bench/results/sim.json
 
-bench-eval: deps
+bench-eval: deps native
 	$(BIN)/python -m bench.gaps_eval --json bench/results/gaps_eval.json
 
-bench-capacity: deps
+bench-capacity: deps native
 	$(BIN)/python -m bench.capacity_eval --with-admission ttft-feasible --json bench/results/capacity_eval.json
 	$(BIN)/python -m bench.ttft_at_capacity
 	$(BIN)/python -m bench.goodput_ceiling
@@ -123,26 +127,26 @@ bench-selection: deps
 bench-selection-eval: deps
 	$(BIN)/python -m bench.selection_eval
 
-bench-multimodel: deps
+bench-multimodel: deps native
 	$(BIN)/python -m bench.multimodel_eval
 	$(BIN)/python -m bench.multimodel_policy_bench
 
 # The GAPS paper's regime (one request at a time per worker, 85 % load) and the
 # continuous-batching one, every LLM policy, the paper's claims side by side; about 6
 # minutes. Figures in docs/benchmarks.md, "The GAPS paper's regime".
-bench-paper-regime: deps
+bench-paper-regime: deps native
 	$(BIN)/python -m bench.paper_regime
 
 # Chunked prefill as a simulator option: capacity, TTFT and TPOT of switchyard and jsq on
 # the Azure code and Mooncake traces with it off and at 512 and 2,048 tokens, and the
 # simulator's speed with it; under a minute. Figures in docs/benchmarks.md, "Capacity".
-bench-chunked: deps
+bench-chunked: deps native
 	$(BIN)/python -m bench.chunked_prefill_eval --json bench/results/chunked_prefill_eval.json
 
 # Prefill/decode disaggregation as a simulator option: capacity, TTFT and TPOT of
 # switchyard, jsq and splitwise with the pools off and split 4, 6 and 8 of 16 on the
 # Azure and Mooncake traces; about 3 minutes. Figures in docs/benchmarks.md, "Capacity".
-bench-disaggregation: deps
+bench-disaggregation: deps native
 	$(BIN)/python -m bench.disaggregation_eval --json bench/results/disaggregation_eval.json
 
 # The live stack on the local Kafka and Redis: CPU per request by process, overhead and
@@ -186,7 +190,7 @@ bench-recovery: deps
 
 # Sim-to-live agreement: 2,000 rows of each Azure trace under GAPS and JSQ, through the
 # live stack (services as processes) and the simulator; about 40 minutes.
-bench-agreement: deps
+bench-agreement: deps native
 	$(call with_infra,$(BIN)/python -m bench.agreement_bench \
 	  && $(BIN)/python -m bench.agreement_bench --sensitivity)
 

@@ -7,7 +7,9 @@ with more; the difference, divided by the work of the extra passes, leaves out
 start-up, imports and warm-up:
 
 - ``simulator``: ``Simulator.run`` over the whole Azure conversation trace on 8
-  A100 workers (``--policy``, ``--load-scale``); per simulated request.
+  A100 workers (``--policy``, ``--load-scale``); per simulated request, and whether the
+  compiled simulator ran (:mod:`research.native`; ``SWITCHYARD_SIM_NATIVE=0`` counts the
+  pure-Python one).
 - ``window``: ``bench.selection_bench``'s 200 synthetic windows (24 requests, 5
   applications), each planned by ``--scheduler`` with the collector paused as the
   scheduler service plans; per plan.
@@ -31,13 +33,14 @@ from pathlib import Path
 
 _SIMULATOR = """
 import sys
+import research.llm
 from switchyard.policies import make_llm_policy
 from switchyard.traces import resolve_trace, scale_load
 from research.llm import SimulationConfig, Simulator
 rows = scale_load(resolve_trace("azure-conv"), float(sys.argv[2])).requests
 for _ in range(int(sys.argv[3])):
     Simulator(make_llm_policy(sys.argv[1]), SimulationConfig(workers=8, seed=0)).run(rows)
-print(len(rows))
+print("compiled" if getattr(research.llm, "NATIVE", False) else "pure", len(rows))
 """
 
 _WINDOW = """
@@ -62,8 +65,9 @@ print(len(windows))
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
-def count(tree: Path, code: str, args: list[str], passes: int) -> tuple[int, int]:
-    """Instructions of one run of ``code`` with ``passes`` passes, and its units a pass."""
+def count(tree: Path, code: str, args: list[str], passes: int) -> tuple[int, int, str]:
+    """Instructions of one run of ``code`` with ``passes`` passes, its units a pass, and
+    what else it printed (the simulator: which build ran)."""
     env = {**os.environ, "PYTHONPATH": f"{tree / 'shared'}{os.pathsep}{tree}"}
     run = subprocess.run(
         [
@@ -85,7 +89,8 @@ def count(tree: Path, code: str, args: list[str], passes: int) -> tuple[int, int
     found = _COLLECTED.search(run.stderr)
     if found is None:
         raise SystemExit(f"instruction_count: valgrind reported no count:\n{run.stderr[-2000:]}")
-    return int(found.group(1)), int(run.stdout.split()[-1])
+    *said, units = run.stdout.split()
+    return int(found.group(1)), int(units), " ".join(said)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,9 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         code, inner, extra, unit = _WINDOW, [args.scheduler, "0"], 2, "plan"
     tree = args.tree.resolve()
-    once, units = count(tree, code, inner, 1)
-    more, _ = count(tree, code, inner, 1 + extra)
-    what = inner[0] if args.workload == "window" else f"{inner[0]} at load {inner[1]}"
+    once, units, said = count(tree, code, inner, 1)
+    more, _, _ = count(tree, code, inner, 1 + extra)
+    what = inner[0] if args.workload == "window" else f"{inner[0]} at load {inner[1]}, {said}"
     print(
         f"{args.workload} {what} ({tree}): "
         f"{(more - once) / (extra * units):,.0f} instructions a {unit}"

@@ -13,16 +13,22 @@
 Run ``make bench-sim`` or ``python -m bench.sim_bench [--repeats N] [--json OUT]``
 (``--policies jsq,gaps`` for some of the simulator's policies, ``--decisions 0`` to leave
 out the policy speed). Figures are medians over the repeats and go to stdout as Markdown
-tables.
+tables. The simulator runs compiled when ``make deps`` has built its hot modules
+(:mod:`research.native`); ``--builds compiled,pure`` times both in one sitting, each
+repeat a child process per build, the builds alternating.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,7 @@ from switchyard.policies.base import DecisionContext
 from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerView
 from switchyard.traces import resolve_trace, scale_load
 
+import research.llm
 from research.llm import SimulationConfig, Simulator
 
 SIM_POLICIES = ("round-robin", "jsq", "llumnix", "splitwise", "gaps", "oracle")
@@ -58,6 +65,7 @@ def simulator_speed(
     load_scales: tuple[float, ...],
     repeats: int,
     policies: tuple[str, ...] = SIM_POLICIES,
+    first_seed: int = 0,
 ) -> list[dict[str, Any]]:
     base = resolve_trace(trace)
     figures: list[dict[str, Any]] = []
@@ -67,7 +75,7 @@ def simulator_speed(
             policy = make_llm_policy(name)
             rates: list[float] = []
             utilization = 0.0
-            for repeat in range(repeats):
+            for repeat in range(first_seed, first_seed + repeats):
                 simulator = Simulator(policy, SimulationConfig(workers=8, seed=repeat))
                 started = time.perf_counter()
                 metrics = simulator.run(rows)
@@ -79,15 +87,53 @@ def simulator_speed(
                     "requests": len(rows),
                     "load_scale": scale,
                     "policy": name,
+                    "build": _build(),
                     "simulated_rps_median": statistics.median(rates),
                     "simulated_rps_runs": rates,
                     "mean_utilization": utilization,
                 }
             )
             print(
-                f"  {base.name} x{scale:g} {name}: {statistics.median(rates):,.0f} req/s",
+                f"  {base.name} x{scale:g} {name} ({_build()}): "
+                f"{statistics.median(rates):,.0f} req/s",
                 flush=True,
             )
+    return figures
+
+
+def _build() -> str:
+    return "compiled" if research.llm.NATIVE else "pure"
+
+
+def simulator_speed_by_build(
+    args: argparse.Namespace, builds: tuple[str, ...], policies: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """Each repeat runs every build in a child process of its own, the builds in turn."""
+    runs: dict[tuple[str, float, str], list[float]] = {}
+    firsts: dict[tuple[str, float, str], dict[str, Any]] = {}
+    for repeat in range(args.repeats):
+        for build in builds:
+            with tempfile.TemporaryDirectory() as scratch:
+                out = Path(scratch) / "figures.json"
+                child = [
+                    *(sys.executable, "-m", "bench.sim_bench", "--trace", args.trace),
+                    *("--load-scales", args.load_scales, "--policies", ",".join(policies)),
+                    *("--repeats", "1", "--first-seed", str(repeat), "--decisions", "0"),
+                    *("--json", str(out), "--expect-build", build),
+                ]
+                env = dict(os.environ, SWITCHYARD_SIM_NATIVE="0" if build == "pure" else "1")
+                subprocess.run(child, env=env, check=True, stdout=subprocess.DEVNULL)
+                for figure in json.loads(out.read_text())["simulator"]:
+                    key = (build, figure["load_scale"], figure["policy"])
+                    runs.setdefault(key, []).extend(figure["simulated_rps_runs"])
+                    firsts.setdefault(key, figure)
+            print(f"  repeat {repeat + 1} of {args.repeats}, {build}: done", flush=True)
+    figures = []
+    for key, rates in runs.items():
+        figure = dict(firsts[key])
+        figure["simulated_rps_runs"] = rates
+        figure["simulated_rps_median"] = statistics.median(rates)
+        figures.append(figure)
     return figures
 
 
@@ -179,23 +225,41 @@ def main() -> None:
         "--decisions", type=int, default=20_000, help="per policy; 0 skips the decision speed"
     )
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    parser.add_argument(
+        "--builds",
+        help="compiled,pure: time both builds of the simulator (default: the one that loads)",
+    )
+    parser.add_argument("--first-seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--expect-build", choices=("compiled", "pure"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     scales = tuple(float(s) for s in args.load_scales.split(","))
+    if args.expect_build is not None and args.expect_build != _build():
+        parser.error(f"the {args.expect_build} simulator was asked for; run make native")
+    builds = tuple(b for b in (args.builds or "").split(",") if b)
+    if any(b not in ("compiled", "pure") for b in builds):
+        parser.error(f"--builds takes compiled and/or pure, got {args.builds}")
 
     machine = (
         f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}"
     )
     print(f"Simulator speed ({machine}); medians of {args.repeats} runs", flush=True)
     policies = tuple(p for p in args.policies.split(",") if p)
-    sim = simulator_speed(args.trace, scales, args.repeats, policies)
+    if builds:
+        sim = simulator_speed_by_build(args, builds, policies)
+    else:
+        sim = simulator_speed(args.trace, scales, args.repeats, policies, args.first_seed)
     decisions = decision_speed(32, args.decisions, args.repeats) if args.decisions > 0 else []
 
-    print("\n| trace | requests | load scale | policy | simulated requests/s | utilisation |")
-    print("|---|---:|---:|---|---:|---:|")
-    for f in sim:
+    print(
+        "\n| trace | requests | load scale | policy | simulator | simulated requests/s "
+        "| utilisation |"
+    )
+    print("|---|---:|---:|---|---|---:|---:|")
+    order = {name: i for i, name in enumerate(policies)}
+    for f in sorted(sim, key=lambda f: (f["load_scale"], order[f["policy"]], f["build"])):
         print(
             f"| {f['trace']} | {f['requests']:,} | {f['load_scale']:g} | {f['policy']} "
-            f"| {f['simulated_rps_median']:,.0f} | {f['mean_utilization']:.2f} |"
+            f"| {f['build']} | {f['simulated_rps_median']:,.0f} | {f['mean_utilization']:.2f} |"
         )
     if decisions:
         print("\n| policy | workers | decisions/s | P99 decision time |")

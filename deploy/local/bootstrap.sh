@@ -34,6 +34,7 @@ command -v openssl >/dev/null || apt_install openssl  # the TLS Redis of the con
 command -v prometheus >/dev/null || apt_install prometheus
 command -v java >/dev/null || apt_install openjdk-17-jre-headless
 command -v mvn >/dev/null || apt_install maven
+command -v gcc >/dev/null || apt_install gcc  # mypyc compiles the simulator's hot modules
 command -v java >/dev/null || die "java is still missing after the install; Java 17 is needed for the Kafka broker"
 command -v mvn >/dev/null || die "mvn is still missing after the install; Maven fetches the Kafka broker jars"
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol, cast
 
+from mypy_extensions import mypyc_attr
 from switchyard.contracts.messages import WorkloadType
 from switchyard.perf import PerformanceModel, performance_model
 from switchyard.perf.prefix_cache import cached_tokens
@@ -80,8 +81,13 @@ _Event = tuple[float, int, int, SimInstance | None, SimRequest | None, int]
 """(time, tie-breaker, kind, instance, request, wake version)."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Simulator:
-    """Runs one policy over one trace on one simulated cluster."""
+    """Runs one policy over one trace on one simulated cluster.
+
+    Compiled (:mod:`research.native`) it may still be subclassed, as tests and probes do
+    to watch hand-offs and migrations; its own classes' methods cannot be replaced.
+    """
 
     def __init__(
         self,
