@@ -42,7 +42,7 @@ from switchyard.traces import head, resolve_trace, scale_load
 from bench.capacity_eval import A100, TTFT_OBJECTIVE_S, Search, _run
 from research.llm.capacity_run import capacity_cell, held_rps
 from research.llm.experiment import ExperimentConfig, TraceForScale, run_experiment
-from research.llm.simulator import LlmTraceRequest
+from research.llm.request import LlmTraceRequest
 
 TRACES = ("azure-conv", "azure-code", "mooncake")
 POLICIES = ("switchyard", "jsq", "splitwise")

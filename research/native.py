@@ -2,16 +2,17 @@
 exists.
 
 The simulator spends its time in a few modules of plain, strictly typed Python
-(``COMPILED``): the event loop, the instances' batching arithmetic and the request
-record. ``python -m research.native build`` (``make native``, which ``make test``,
-``make simulate-demo`` and the benchmarks run first)
+(``COMPILED``): the event loop, the instances' batching arithmetic, the request record
+and the requests' predictions. ``python -m research.native build`` (``make native``,
+which ``make test``, ``make simulate-demo`` and the simulator's benchmarks run first)
 compiles them with mypyc into a cache outside the repository, in a directory named by a
 digest of the sources it was compiled against (``key_files``: those modules and the
 shared package they read types and constants from) and the interpreter, and
 ``research.llm`` imports the compiled modules from there when one matches. An edit of
 any of those sources changes the digest, so a stale build is never used: the
 pure-Python modules run, slower and with the same outcomes
-(``tests/unit/test_simulator_golden.py`` pins both), until the next build.
+(``tests/unit/test_native_simulator.py`` checks the golden digests both ways), until
+the next build.
 
 ``SWITCHYARD_SIM_NATIVE=0`` runs the pure-Python modules even where a build exists (a
 compiled class's methods cannot be replaced at run time, as a probe that wraps one
@@ -44,6 +45,7 @@ __all__ = [
 REPO = Path(__file__).resolve().parent.parent
 COMPILED = (
     "research/llm/request.py",
+    "research/llm/predictions.py",
     "research/llm/instance.py",
     "research/llm/chunked.py",
     "research/llm/simulator.py",
@@ -99,8 +101,8 @@ def activate(package_path: list[str], root: Path = REPO) -> bool:
         return False
     try:
         found = build_dir(root)
-    except OSError:
-        return False  # a source unreadable: the import of it will say so
+    except (OSError, RuntimeError):
+        return False  # a source unreadable (its import will say so), or no home directory
     modules = found / "research" / "llm"
     if not modules.is_dir():
         return False

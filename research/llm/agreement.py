@@ -53,7 +53,8 @@ from switchyard.stats import quantile
 
 from loadgen.replay_records import OK, RequestRecord
 from research.llm.config import SimulationConfig
-from research.llm.simulator import LlmTraceRequest, Simulator
+from research.llm.request import LlmTraceRequest
+from research.llm.simulator import Simulator
 
 __all__ = [
     "DEFAULT_TOLERANCE",

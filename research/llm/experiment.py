@@ -19,7 +19,8 @@ from switchyard.prediction import CalibrationConfig
 from switchyard.slo import DEFAULT_TOKEN_SLOS, TokenSlo
 
 from research.llm.config import SimulationConfig
-from research.llm.simulator import LlmTraceRequest, Simulator
+from research.llm.request import LlmTraceRequest
+from research.llm.simulator import Simulator
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

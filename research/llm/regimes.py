@@ -34,8 +34,8 @@ from switchyard.policies.registry import LlmPolicy
 from switchyard.traces import Trace, TraceRequest, head, resolve_trace, scale_load
 
 from research.llm.config import SimulationConfig, SimulationError
-from research.llm.request import SimRequest
-from research.llm.simulator import LlmTraceRequest, Simulator
+from research.llm.request import LlmTraceRequest, SimRequest
+from research.llm.simulator import Simulator
 
 __all__ = [
     "CONTINUOUS_BATCHING",

@@ -1,10 +1,28 @@
-"""A request as the simulator tracks it: mutable, one per trace row."""
+"""A request as the simulator reads it from a trace row, and as it tracks it: mutable,
+one per row."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from switchyard.contracts.messages import WorkloadType
 from switchyard.policies.snapshot import RequestView
 from switchyard.prediction import ServiceTimeFeatures
+
+
+class LlmTraceRequest(Protocol):
+    """What the simulator reads of a trace row (``loadgen``'s ``TraceRequest`` has it)."""
+
+    @property
+    def arrival_s(self) -> float: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def workload(self) -> WorkloadType: ...
+    @property
+    def prefix_blocks(self) -> tuple[int, ...]: ...
 
 
 class SimRequest:

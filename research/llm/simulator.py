@@ -6,8 +6,9 @@ trace (they never enter the heap); the heap holds instance wake-ups, migrations 
 hand-offs in flight, and rebalancing ticks. Everything random draws from generators
 seeded from ``config.seed``, so one seed gives one result.
 
-The clock, randomness and predictions all live here, in the shell: a policy receives a
-frozen :class:`ClusterSnapshot` and a :class:`DecisionContext` and returns a decision.
+The clock, randomness and predictions (:mod:`research.llm.predictions`) all live in
+this shell: a policy receives a frozen :class:`ClusterSnapshot` and a
+:class:`DecisionContext` and returns a decision.
 With prefill and decode pools, which pool's snapshot it gets is
 :mod:`research.llm.disaggregation`'s.
 """
@@ -21,33 +22,22 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Protocol, cast
+from typing import cast
 
 from mypy_extensions import mypyc_attr
-from switchyard.contracts.messages import WorkloadType
 from switchyard.perf import PerformanceModel, performance_model
 from switchyard.perf.prefix_cache import cached_tokens
 from switchyard.policies.base import DecisionContext, MigrationPlan
-from switchyard.policies.registry import LlmPolicy, PredictionUse
+from switchyard.policies.registry import LlmPolicy
 from switchyard.policies.snapshot import (
     ClusterSnapshot,
     QueuedRequestView,
     RebalanceSnapshot,
-    RequestView,
     WorkerRole,
     WorkerView,
 )
 from switchyard.policies.view_builders import (
     new_cluster_snapshot,
-    new_request_view,
-)
-from switchyard.prediction import (
-    CalibrationState,
-    NoisyPredictor,
-    ServiceTimeFeatures,
-    ServiceTimePredictor,
-    calibrated_s,
-    make_predictor,
 )
 
 from research.llm.chunked import ChunkedInstance
@@ -55,23 +45,8 @@ from research.llm.config import SimulationConfig, SimulationError
 from research.llm.disaggregation import Pools, worker_roles
 from research.llm.instance import Phase, SimInstance, worker_view
 from research.llm.metrics import RunMetrics, RunTotals, summarise
-from research.llm.request import SimRequest
-
-
-class LlmTraceRequest(Protocol):
-    """What the simulator reads of a trace row (``loadgen``'s ``TraceRequest`` has it)."""
-
-    @property
-    def arrival_s(self) -> float: ...
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def output_tokens(self) -> int: ...
-    @property
-    def workload(self) -> WorkloadType: ...
-    @property
-    def prefix_blocks(self) -> tuple[int, ...]: ...
-
+from research.llm.predictions import RequestPredictions
+from research.llm.request import LlmTraceRequest, SimRequest
 
 _WAKE = 0
 _ARRIVE = 1  # a migrated request or a KV hand-off reaches its new worker
@@ -110,7 +85,6 @@ class Simulator:
                 "every profile of one cluster must serve the same model, got "
                 + ", ".join(m.name for m in models)
             )
-        self.model_name = models[0].model
         self.reference = models[0]
         roles = worker_roles(config.workers, config.prefill_workers, policy.prefill_fraction)
         # Instances list themselves here when their view goes stale; all start stale.
@@ -160,7 +134,6 @@ class Simulator:
         self._heap: list[_Event] = []
         self._tick_due = False  # a rebalancing tick is on the heap
         self._tie = 0
-        self._calibration = {name: CalibrationState() for name in self.types}
         self._recent: deque[bool] = deque(maxlen=config.violation_window)
         self._violations = 0
         # A spike may trigger a round early, but not more often than this.
@@ -169,101 +142,10 @@ class Simulator:
         self.migrations = 0
         self.migration_cost_s = 0.0
         self.decisions = 0
-        self.predictor: ServiceTimePredictor | None = None
-        self._constant_s: dict[str, float] = {}
+        self.predictions = RequestPredictions(policy.prediction, config, self.types, self.reference)
         self._reads_cache = policy.reads_cached_tokens
 
-    # -- set-up ----------------------------------------------------------------------
-
-    def _features(self, row: LlmTraceRequest, gpu: str) -> ServiceTimeFeatures:
-        return ServiceTimeFeatures(
-            prompt_tokens=row.prompt_tokens, workload=row.workload, model=self.model_name, gpu=gpu
-        )
-
-    def _train(self, trace: Sequence[LlmTraceRequest]) -> None:
-        """Offline training on a random sample of the trace, labelled by the profiles."""
-        use = self.policy.prediction
-        if use in (PredictionUse.NONE, PredictionUse.EXACT):
-            return
-        rng = random.Random(self.config.seed * 31 + 7)
-        sample = (
-            rng.sample(list(trace), self.config.train_requests)
-            if len(trace) > self.config.train_requests
-            else list(trace)
-        )
-        if use is PredictionUse.CONSTANT:
-            for name, perf in self.types.items():
-                times = [perf.idle_service_s(r.prompt_tokens, r.output_tokens) for r in sample]
-                self._constant_s[name] = sum(times) / len(times)
-            return
-        predictor = make_predictor(self.config.predictor, seed=self.config.seed)
-        features: list[ServiceTimeFeatures] = []
-        labels: list[float] = []
-        for row in sample:
-            for name, perf in self.types.items():
-                features.append(self._features(row, name))
-                labels.append(perf.idle_service_s(row.prompt_tokens, row.output_tokens))
-        predictor.fit(features, labels)
-        if self.config.predictor_error > 0:
-            predictor = NoisyPredictor(
-                predictor, error=self.config.predictor_error, seed=self.config.seed
-            )
-        self.predictor = predictor
-
-    def _view(
-        self, index: int, row: LlmTraceRequest
-    ) -> tuple[RequestView, dict[str, float], dict[str, ServiceTimeFeatures] | None]:
-        """The request as policies see it, its raw predictions, and the predictor's
-        features per worker type (kept for its update on completion)."""
-        use = self.policy.prediction
-        raw: dict[str, float] = {}
-        cal: dict[str, float] = {}
-        true_s: dict[str, float] | None = None
-        deadline_s: float | None = None
-        features: dict[str, ServiceTimeFeatures] | None = None
-        predictor = self.predictor
-        if use is PredictionUse.CALIBRATED and predictor is not None:
-            config = self.config.calibration
-            calibration = self._calibration
-            features = {}
-            for name in self.types:
-                features[name] = row_features = ServiceTimeFeatures(
-                    row.prompt_tokens, row.workload, self.model_name, name
-                )
-                predicted = predictor.predict_s(row_features)
-                raw[name] = predicted
-                cal[name] = calibrated_s(predicted, calibration[name], config)
-            # adaptive_deadline_s of the reference type, from the s~ just computed.
-            deadline_s = row.arrival_s + (1.0 + config.eps) * cal[self.reference.name]
-        elif use is PredictionUse.CONSTANT:
-            raw = dict(self._constant_s)
-            cal = raw
-            deadline_s = (
-                row.arrival_s + (1 + self.config.calibration.eps) * raw[self.reference.name]
-            )
-        elif use is PredictionUse.EXACT:
-            true_s = {
-                name: perf.idle_service_s(row.prompt_tokens, row.output_tokens)
-                for name, perf in self.types.items()
-            }
-            raw = cal = true_s
-            deadline_s = row.arrival_s + true_s[self.reference.name]
-        # RequestView's fields in order (see view_builders: the same object, built faster).
-        view = new_request_view(
-            f"r{index}",
-            row.arrival_s,
-            row.prompt_tokens,
-            row.workload,
-            self.model_name,
-            None,  # output_tokens_hint: the trace's output length is not told
-            raw,  # predicted_s
-            cal,  # calibrated_s
-            deadline_s,
-            true_s,  # true_service_s
-            self._cached_tokens(row) if self._reads_cache and row.prefix_blocks else {},
-            self.config.token_slos[row.workload].ttft_s,
-        )
-        return view, raw, features
+    # -- snapshots ---------------------------------------------------------------------
 
     def _cached_tokens(self, row: LlmTraceRequest) -> dict[str, int]:
         """Per instance, the prompt tokens of ``row`` its prefix cache holds (as vLLM's KV
@@ -274,8 +156,6 @@ class Simulator:
             if matched:
                 found[inst.worker_id] = cached_tokens(matched, row.prompt_tokens)
         return found
-
-    # -- snapshots ---------------------------------------------------------------------
 
     def _cluster(self, now_s: float) -> ClusterSnapshot:
         changed = self._changed
@@ -418,25 +298,7 @@ class Simulator:
         self._violations += violated
         if self._on_progress is not None and len(self.completed) % 500 == 0:
             self._on_progress(len(self.completed))
-        if not self.config.online_updates or self.predictor is None:
-            return
-        inst_type = request.served_by
-        observed_s = request.finished_s - request.started_s
-        predicted = request.predicted_s.get(inst_type)
-        if predicted is not None:
-            self._calibration[inst_type] = self._calibration[inst_type].observe(
-                predicted, observed_s, self.config.calibration
-            )
-        known = request.features
-        features = known.get(inst_type) if known is not None else None
-        if features is None:
-            features = ServiceTimeFeatures(
-                prompt_tokens=request.prompt_tokens,
-                workload=request.workload,
-                model=self.model_name,
-                gpu=inst_type,
-            )
-        self.predictor.update(features, observed_s)
+        self.predictions.learn(request)
 
     def _rebalance(self, now_s: float) -> None:
         rebalancer = self.policy.rebalancer
@@ -500,7 +362,7 @@ class Simulator:
     def _run(self, trace: Sequence[LlmTraceRequest]) -> RunMetrics:
         if not trace:
             raise SimulationError("the trace has no requests")
-        self._train(trace)
+        self.predictions.train(trace)
         reference = self.reference
         capacity = min(inst.perf.kv_capacity_tokens for inst in self.instances)
         self.completed: list[SimRequest] = []
@@ -522,7 +384,11 @@ class Simulator:
                 if event[2] == _WAKE and event[5] != event[3].wake_version:  # type: ignore[union-attr]
                     continue  # a wake-up superseded by a later reschedule
                 pending = self._dispatch(event, pending, period_s)
-            view, raw, features = self._view(index, row)
+            view, raw, features = self.predictions.view(
+                index,
+                row,
+                self._cached_tokens(row) if self._reads_cache and row.prefix_blocks else {},
+            )
             slo_s = self.config.slo_scale * reference.idle_service_s(
                 row.prompt_tokens, row.output_tokens
             )
