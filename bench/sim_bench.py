@@ -13,7 +13,7 @@
 Run ``make bench-sim`` or ``python -m bench.sim_bench [--repeats N] [--json OUT]``
 (``--policies jsq,gaps`` for some of the simulator's policies, ``--decisions 0`` to leave
 out the policy speed). Figures are medians over the repeats and go to stdout as Markdown
-tables. The simulator runs compiled when ``make deps`` has built its hot modules
+tables. The simulator runs compiled when ``make native`` has built its hot modules
 (:mod:`research.native`); ``--builds compiled,pure`` times both in one sitting, each
 repeat a child process per build, the builds alternating.
 """

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
@@ -34,6 +35,7 @@ from pathlib import Path
 __all__ = [
     "COMPILED",
     "DISABLE_ENV",
+    "BuildError",
     "activate",
     "build",
     "build_dir",
@@ -125,23 +127,39 @@ setup(
 """
 
 
+class BuildError(RuntimeError):
+    """A build that could not be made; the message says why."""
+
+
 def build(root: Path = REPO, *, force: bool = False) -> Path:
     """Compile ``COMPILED`` (a few minutes of gcc) unless a build of them exists."""
-    target = build_dir(root)
+    key = build_key(root)
+    target = cache_root() / f"sim-{key}"
     if target.is_dir() and not force:
         return target
+    if importlib.util.find_spec("mypyc") is None:
+        raise BuildError("mypyc is missing: `make deps` installs it (mypy, the dev extra)")
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        raise BuildError("no C compiler (cc or gcc) on PATH: `make deps` installs gcc")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".building-") as scratch:
         env = dict(os.environ, MYPYPATH=str(root / "shared"))
         # Run from the root: mypy reads the project's settings (pyproject.toml) there
         # and names the modules from their paths.
-        subprocess.run(
+        run = subprocess.run(
             [sys.executable, "-c", _SETUP, scratch, GROUP, *COMPILED],
             cwd=root,
             env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
         )
+        if run.returncode != 0:
+            said = "\n".join((run.stdout + run.stderr).strip().splitlines()[-30:])
+            raise BuildError(f"mypyc or the C compiler failed:\n{said}")
+        if build_key(root) != key:
+            # A source was edited while it compiled: the build may hold either version.
+            raise BuildError("a source changed during the build; run it again")
         staged = Path(scratch) / "lib"
         if force and target.is_dir():
             shutil.rmtree(target)
@@ -172,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "build":
-        print(f"compiled simulator: {build(force=args.force)}")
+        try:
+            print(f"compiled simulator: {build(force=args.force)}")
+        except BuildError as exc:
+            print(f"research.native: {exc}", file=sys.stderr)
+            return 1
         return 0
     found = build_dir()
     if args.quiet:

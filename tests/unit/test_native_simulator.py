@@ -3,6 +3,7 @@ exists, never when they changed since, and the same outcomes as the pure-Python 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -122,3 +123,20 @@ def test_status_says_which_runs(
     assert native.main(["status", "--quiet"]) == 1
     native.main(["status"])
     assert "run make native" in capsys.readouterr().out
+
+
+def test_a_build_without_mypyc_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SWITCHYARD_CACHE_DIR", str(tmp_path))  # no build there
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "mypyc" else real_find_spec(name, *a),
+    )
+    assert native.main(["build"]) == 1
+    assert capsys.readouterr().err == (
+        "research.native: mypyc is missing: `make deps` installs it (mypy, the dev extra)\n"
+    )
+    assert not any(tmp_path.rglob("*"))  # nothing half-built left behind
