@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
-	@echo "make native       compile the simulator's hot modules with mypyc (test, simulate-demo and the simulator's benchmarks do)"
+	@echo "make native       compile the simulator's hot modules with mypyc (test, test-fast, simulate-demo and the simulator's benchmarks do)"
 	@echo "make demo         start the embedded stack and replay the bundled trace through its HTTP API"
 	@echo "make simulate-demo compare every LLM scheduling policy on the bundled trace in the simulator"
 	@echo "make demo-bus     replay the bundled sample through the embedded bus and state store"
@@ -93,7 +93,7 @@ test: deps native lint
 	wait $$pid && status=0 || status=$$?; \
 	exit $$status
 
-test-fast: deps
+test-fast: deps native
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
 # $(call with_infra,COMMANDS): COMMANDS with Kafka and Redis up, then stops what this run

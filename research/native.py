@@ -4,13 +4,13 @@ exists.
 The simulator spends its time in a few modules of plain, strictly typed Python
 (``COMPILED``): the event loop, the instances' batching arithmetic, the request record
 and the requests' predictions. ``python -m research.native build`` (``make native``,
-which ``make test``, ``make simulate-demo`` and the simulator's benchmarks run first)
-compiles them with mypyc into a cache outside the repository, in a directory named by a
-digest of the sources it was compiled against (``key_files``: those modules and the
-shared package they read types and constants from) and the interpreter, and
-``research.llm`` imports the compiled modules from there when one matches. An edit of
-any of those sources changes the digest, so a stale build is never used: the
-pure-Python modules run, slower and with the same outcomes
+which ``make test``, ``make test-fast``, ``make simulate-demo`` and the simulator's
+benchmarks run first) compiles them with mypyc into a cache outside the repository, in
+a directory named by a digest of the sources it was compiled against (``key_files``:
+those modules and the shared package they read types and constants from) and the
+interpreter, and ``research.llm`` imports the compiled modules from there when one
+matches. An edit of any of those sources changes the digest, so a stale build is never
+used: the pure-Python modules run, slower and with the same outcomes
 (``tests/unit/test_native_simulator.py`` checks the golden digests both ways), until
 the next build.
 

@@ -34,7 +34,7 @@ def _copy_sources(root: Path) -> None:
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("*.pyc"))
 
 
-def test_make_deps_built_the_simulator_this_suite_runs() -> None:
+def test_make_test_runs_the_compiled_simulator() -> None:
     # `make test` runs `make native`, which compiles the current sources: the tests below
     # (and every simulator test of the suite) then run the compiled modules.
     assert research.llm.NATIVE, (
