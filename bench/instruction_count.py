@@ -1,6 +1,6 @@
-"""Interpreter instructions per unit of work, counted by valgrind: a figure that does
-not move with the machine, where wall-clock runs on a shared 2-core machine spread by
-tens of percent.
+"""Machine instructions per unit of work (the interpreter's and any compiled module's),
+counted by valgrind: a figure that does not move with the machine, where wall-clock runs
+on a shared 2-core machine spread by tens of percent.
 
 Two workloads, each run under ``valgrind --tool=callgrind`` twice, with one pass and
 with more; the difference, divided by the work of the extra passes, leaves out
