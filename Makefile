@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make deps         install what is missing: redis-server, .venv, the Kafka jars"
-	@echo "make native       compile the simulator's hot modules with mypyc (test, test-fast, simulate-demo and the simulator's benchmarks do)"
+	@echo "make native       compile the hot modules (simulator, GAPS, the window search) with mypyc; test, test-fast, simulate-demo and the benchmarks that run them do"
 	@echo "make demo         start the embedded stack and replay the bundled trace through its HTTP API"
 	@echo "make simulate-demo compare every LLM scheduling policy on the bundled trace in the simulator"
 	@echo "make demo-bus     replay the bundled sample through the embedded bus and state store"
@@ -121,10 +121,10 @@ bench-capacity: deps native
 bench-estimator: deps
 	$(BIN)/python -m bench.estimator_bench --json bench/results/estimator.json
 
-bench-selection: deps
+bench-selection: deps native
 	$(BIN)/python -m bench.selection_bench
 
-bench-selection-eval: deps
+bench-selection-eval: deps native
 	$(BIN)/python -m bench.selection_eval
 
 bench-multimodel: deps native

@@ -8,7 +8,7 @@ start-up, imports and warm-up:
 
 - ``simulator``: ``Simulator.run`` over the whole Azure conversation trace on 8
   A100 workers (``--policy``, ``--load-scale``); per simulated request, and whether the
-  compiled simulator ran (:mod:`research.native`; ``SWITCHYARD_SIM_NATIVE=0`` counts the
+  compiled simulator ran (:mod:`switchyard.native`; ``SWITCHYARD_NATIVE=0`` counts the
   pure-Python one).
 - ``window``: ``bench.selection_bench``'s 200 synthetic windows (24 requests, 5
   applications), each planned by ``--scheduler`` with the collector paused as the

@@ -18,6 +18,11 @@ made with the collector paused, its youngest generation collected right after
 scheduler service before 2026-11-29); ``--collector default`` leaves CPython's collector
 as it is, as the figures before 2026-11-29 were taken.
 
+The window search runs compiled when ``make native`` has built the hot modules
+(:mod:`switchyard.native`), and the table says which build ran; ``--builds
+compiled,pure`` times both in one sitting, each repeat a child process per build, the
+builds alternating, and shows every repeat's P99 besides the medians.
+
 Run ``python -m bench.selection_bench [--schedulers a,b] [--json OUT]``. Needs the
 scheduler registry (``switchyard.selection.registry``). Figures are not asserted.
 """
@@ -27,15 +32,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from switchyard import native
 from switchyard.apps.penalty import Penalty
 from switchyard.heap import collector_paused, settle_heap
 from switchyard.policies.base import DecisionContext
@@ -134,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     as_service = args.collector == "service"
     if args.collector != "default":
         settle_heap()
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, Any]] = {}
     for name in names:
         scheduler = make_window_scheduler(name)
         p50s: list[float] = []
@@ -159,6 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results[name] = {
             "p50_ms": statistics.median(p50s),
             "p99_ms": statistics.median(p99s),
+            "p99_ms_runs": p99s,
             "collection_after_p99_ms": statistics.median(collect_p99s) if as_service else 0.0,
             "data_aware": float(scheduler.data_aware),
         }
@@ -171,6 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "repeats": args.repeats,
             "seed": args.seed,
             "collector": args.collector,
+            "build": _build(),
             "python": platform.python_version(),
             "machine": platform.machine(),
         },
@@ -178,21 +189,73 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _build() -> str:
+    from switchyard.selection import grouped
+
+    return "compiled" if native.compiled(grouped) else "pure"
+
+
+def run_by_build(args: argparse.Namespace, builds: list[str]) -> dict[str, Any]:
+    """Each repeat runs every build in a child process of its own, the builds in turn."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    config: dict[str, Any] = {}
+    for repeat in range(args.repeats):
+        for build in builds:
+            with tempfile.TemporaryDirectory() as scratch:
+                out = Path(scratch) / "figures.json"
+                child = [
+                    *(sys.executable, "-m", "bench.selection_bench", "--repeats", "1"),
+                    *("--requests", str(args.requests), "--apps", str(args.apps)),
+                    *("--windows", str(args.windows), "--warmup", str(args.warmup)),
+                    *("--seed", str(args.seed), "--collector", args.collector),
+                    *("--json", str(out)),
+                    *(("--schedulers", args.schedulers) if args.schedulers else ()),
+                ]
+                env = dict(os.environ, **{native.DISABLE_ENV: "0" if build == "pure" else "1"})
+                subprocess.run(child, env=env, check=True, stdout=subprocess.DEVNULL)
+                document = json.loads(out.read_text())
+            if document["config"]["build"] != build:
+                raise SystemExit(
+                    f"selection_bench: asked for the {build} build, "
+                    f"{document['config']['build']} ran (make native builds it)"
+                )
+            config = document["config"]
+            for name, row in document["schedulers"].items():
+                kept = rows.setdefault((name, build), {"data_aware": row["data_aware"]})
+                for field in ("p50_ms", "p99_ms", "collection_after_p99_ms"):
+                    kept.setdefault(field + "_runs", []).append(row[field])
+            print(f"  repeat {repeat + 1} of {args.repeats}, {build}: done", file=sys.stderr)
+    schedulers: dict[str, dict[str, Any]] = {}
+    for (name, build), kept in rows.items():
+        schedulers[f"{name} ({build})"] = {
+            "p50_ms": statistics.median(kept["p50_ms_runs"]),
+            "p99_ms": statistics.median(kept["p99_ms_runs"]),
+            "p99_ms_runs": kept["p99_ms_runs"],
+            "collection_after_p99_ms": statistics.median(kept["collection_after_p99_ms_runs"]),
+            "data_aware": kept["data_aware"],
+        }
+    config = dict(config, repeats=args.repeats, build=",".join(builds))
+    return {"config": config, "schedulers": schedulers}
+
+
 def markdown(document: dict[str, Any]) -> str:
     config = document["config"]
     lines = [
         f"schedule() wall time, {config['requests']} requests, {config['apps']} applications x "
         f"{config['variants_per_app']} variants, 1 worker; medians over {config['repeats']} "
-        f"repeats of {config['windows']} windows; collector: {config['collector']}",
+        f"repeats of {config['windows']} windows; collector: {config['collector']}; "
+        f"build: {config['build']}",
         "",
-        "| scheduler | data-aware | P50 ms | P99 ms | collection after, P99 ms |",
-        "|---|---|---:|---:|---:|",
+        "| scheduler | data-aware | P50 ms | P99 ms | P99 ms of each repeat | "
+        "collection after, P99 ms |",
+        "|---|---|---:|---:|---|---:|",
     ]
-    for name, row in document["schedulers"].items():
+    for name, row in sorted(document["schedulers"].items()):
         aware = "yes" if row["data_aware"] else "no"
         after = row["collection_after_p99_ms"] if config["collector"] == "service" else None
+        each = ", ".join(f"{p99:.2f}" for p99 in row["p99_ms_runs"])
         lines.append(
-            f"| {name} | {aware} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | "
+            f"| {name} | {aware} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} | {each} | "
             f"{'-' if after is None else f'{after:.3f}'} |"
         )
     return "\n".join(lines)
@@ -214,9 +277,21 @@ def main(argv: list[str] | None = None) -> None:
         help="the garbage collector as the scheduler service runs it, the heap settled "
         "without the pause, or CPython's default (default: %(default)s)",
     )
+    parser.add_argument(
+        "--builds",
+        default=None,
+        help="compiled,pure: time both builds of the hot modules, alternating "
+        "(default: whichever runs here)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    document = run(args)
+    if args.builds:
+        builds = [b.strip() for b in args.builds.split(",") if b.strip()]
+        if not builds or any(b not in ("compiled", "pure") for b in builds):
+            parser.error(f"--builds: compiled and/or pure, got {args.builds!r}")
+        document = run_by_build(args, builds)
+    else:
+        document = run(args)
     print(markdown(document))
     if args.json is not None:
         args.json.write_text(json.dumps(document, indent=2) + "\n")

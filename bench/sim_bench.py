@@ -14,7 +14,7 @@ Run ``make bench-sim`` or ``python -m bench.sim_bench [--repeats N] [--json OUT]
 (``--policies jsq,gaps`` for some of the simulator's policies, ``--decisions 0`` to leave
 out the policy speed). Figures are medians over the repeats and go to stdout as Markdown
 tables. The simulator runs compiled when ``make native`` has built its hot modules
-(:mod:`research.native`); ``--builds compiled,pure`` times both in one sitting, each
+(:mod:`switchyard.native`); ``--builds compiled,pure`` times both in one sitting, each
 repeat a child process per build, the builds alternating.
 """
 
@@ -121,7 +121,7 @@ def simulator_speed_by_build(
                     *("--repeats", "1", "--first-seed", str(repeat), "--decisions", "0"),
                     *("--json", str(out), "--expect-build", build),
                 ]
-                env = dict(os.environ, SWITCHYARD_SIM_NATIVE="0" if build == "pure" else "1")
+                env = dict(os.environ, SWITCHYARD_NATIVE="0" if build == "pure" else "1")
                 subprocess.run(child, env=env, check=True, stdout=subprocess.DEVNULL)
                 for figure in json.loads(out.read_text())["simulator"]:
                     key = (build, figure["load_scale"], figure["policy"])

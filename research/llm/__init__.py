@@ -1,12 +1,13 @@
 """The discrete-event simulator: the registered policies over simulated instances."""
 
-from research.native import activate
+from switchyard.native import compiled
 
-NATIVE = activate(__path__)
-"""Whether the simulator's hot modules run compiled (:mod:`research.native`)."""
+from research.llm import simulator as _simulator
+from research.llm.config import SimulationConfig, SimulationError
+from research.llm.metrics import RunMetrics
+from research.llm.simulator import Simulator
 
-from research.llm.config import SimulationConfig, SimulationError  # noqa: E402
-from research.llm.metrics import RunMetrics  # noqa: E402
-from research.llm.simulator import Simulator  # noqa: E402
+NATIVE = compiled(_simulator)
+"""Whether the simulator's hot modules run compiled (:mod:`switchyard.native`)."""
 
 __all__ = ["NATIVE", "RunMetrics", "SimulationConfig", "SimulationError", "Simulator"]

@@ -7,3 +7,9 @@ them, never here.
 """
 
 __version__ = "0.1.0"
+
+from switchyard.native import install as _install_native_finder
+
+# Before any submodule: the compiled forms of the hot modules load from a build of
+# these very sources when one exists (switchyard.native).
+_install_native_finder()

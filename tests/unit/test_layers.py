@@ -35,7 +35,20 @@ PACKAGES = {
 # The library's tiers, by its top-level packages and modules (a name missing here is an
 # error, so a new package must be placed).
 LIBRARY_TIERS: tuple[frozenset[str], ...] = (
-    frozenset({"", "errors", "config", "contracts", "stats", "slo", "progress", "figures", "heap"}),
+    frozenset(
+        {
+            "",
+            "errors",
+            "config",
+            "contracts",
+            "stats",
+            "slo",
+            "progress",
+            "figures",
+            "heap",
+            "native",
+        }
+    ),
     frozenset(
         {
             "policies",
