@@ -12,7 +12,7 @@ start-up, imports and warm-up:
   pure-Python one).
 - ``window``: ``bench.selection_bench``'s 200 synthetic windows (24 requests, 5
   applications), each planned by ``--scheduler`` with the collector paused as the
-  scheduler service plans; per plan.
+  scheduler service plans; per plan, and whether the window search ran compiled.
 
 ``--tree PATH`` counts another checkout of Switchyard (a ``git worktree`` of an older
 commit), so two versions are compared in one sitting.
@@ -59,7 +59,13 @@ for _ in range(int(sys.argv[3])):
     for i, window in enumerate(windows):
         with collector_paused():
             scheduler.schedule(window, DecisionContext(random.Random(i), sequence=i))
-print(len(windows))
+try:
+    from switchyard.native import compiled
+    from switchyard.selection import grouped
+    build = "compiled" if compiled(grouped) else "pure"
+except ImportError:  # a tree from before the window search could be compiled
+    build = "pure"
+print(build, len(windows))
 """
 
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
@@ -67,7 +73,7 @@ _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 def count(tree: Path, code: str, args: list[str], passes: int) -> tuple[int, int, str]:
     """Instructions of one run of ``code`` with ``passes`` passes, its units a pass, and
-    what else it printed (the simulator: which build ran)."""
+    what else it printed (which build ran)."""
     env = {**os.environ, "PYTHONPATH": f"{tree / 'shared'}{os.pathsep}{tree}"}
     run = subprocess.run(
         [
@@ -110,9 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     tree = args.tree.resolve()
     once, units, said = count(tree, code, inner, 1)
     more, _, _ = count(tree, code, inner, 1 + extra)
-    what = inner[0] if args.workload == "window" else f"{inner[0]} at load {inner[1]}, {said}"
+    what = inner[0] if args.workload == "window" else f"{inner[0]} at load {inner[1]}"
     print(
-        f"{args.workload} {what} ({tree}): "
+        f"{args.workload} {what}, {said} ({tree}): "
         f"{(more - once) / (extra * units):,.0f} instructions a {unit}"
     )
 

@@ -105,10 +105,14 @@ def build(root: Path = REPO, *, force: bool = False) -> Path:
 
 
 def _prune(root: Path, keep: int) -> None:
-    """Remove all but the ``keep`` newest builds (several checkouts may share the cache),
-    and the simulator-only builds of before (``sim-*``)."""
-    builds = sorted(root.glob("build-*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in [*builds[keep:], *root.glob("sim-*")]:
+    """Remove all but the ``keep`` newest builds (several checkouts may share the cache,
+    and the simulator-only builds of before, ``sim-*``, count among them)."""
+    builds = sorted(
+        [*root.glob("build-*"), *root.glob("sim-*")],
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in builds[keep:]:
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -60,7 +60,7 @@ _Event = tuple[float, int, int, SimInstance | None, SimRequest | None, int]
 class Simulator:
     """Runs one policy over one trace on one simulated cluster.
 
-    Compiled (:mod:`research.native`) it may still be subclassed, as tests and probes do
+    Compiled (:mod:`switchyard.native`) it may still be subclassed, as tests and probes do
     to watch hand-offs and migrations; its own classes' methods cannot be replaced.
     """
 

@@ -2,8 +2,9 @@
 
 A few modules of plain, strictly typed Python hold most of the time of the simulator
 and of the window scheduler (``COMPILED``): the simulator's event loop, batching
-arithmetic, request record and predictions; the LLM performance model and the GAPS
-policy it calls on every request; the window search and the lateness penalty it sums.
+arithmetic, request record, predictions and summary; the LLM performance model, the GAPS
+policy, the calibration and the latency objectives it calls on every request; the
+window search and the lateness penalty it sums.
 ``python -m research.native build`` (``make native``, which ``make test``, ``make
 test-fast``, ``make simulate-demo`` and the simulator's and scheduler's benchmarks run
 first) compiles them, as one mypyc group, into a cache outside the repository, in a
@@ -58,8 +59,11 @@ COMPILED = (
     "research.llm.instance",
     "research.llm.chunked",
     "research.llm.simulator",
+    "research.llm.metrics",
     "switchyard.perf.model",
     "switchyard.policies.gaps",
+    "switchyard.prediction.calibration",
+    "switchyard.slo",
     "switchyard.apps.penalty",
     "switchyard.selection.snapshot",
     "switchyard.selection.base",
