@@ -212,7 +212,11 @@ def run_by_build(args: argparse.Namespace, builds: list[str]) -> dict[str, Any]:
                     *(("--schedulers", args.schedulers) if args.schedulers else ()),
                 ]
                 env = dict(os.environ, **{native.DISABLE_ENV: "0" if build == "pure" else "1"})
-                subprocess.run(child, env=env, check=True, stdout=subprocess.DEVNULL)
+                done = subprocess.run(child, env=env, check=False, stdout=subprocess.DEVNULL)
+                if done.returncode != 0:
+                    raise SystemExit(
+                        f"selection_bench: the {build} run failed (exit {done.returncode})"
+                    )
                 document = json.loads(out.read_text())
             if document["config"]["build"] != build:
                 raise SystemExit(

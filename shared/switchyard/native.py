@@ -42,6 +42,9 @@ from types import ModuleType
 __all__ = [
     "COMPILED",
     "DISABLE_ENV",
+    "GROUP",
+    "KEYED",
+    "REPO",
     "build_dir",
     "build_key",
     "cache_root",
@@ -49,6 +52,7 @@ __all__ = [
     "install",
     "key_files",
     "served_from",
+    "source_path",
 ]
 
 REPO = Path(__file__).resolve().parents[2]

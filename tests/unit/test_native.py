@@ -187,3 +187,26 @@ def test_a_build_without_mypyc_says_what_is_missing(
         "research.native: mypyc is missing: `make deps` installs it (mypy, the dev extra)\n"
     )
     assert not any(tmp_path.rglob("*"))  # nothing half-built left behind
+
+
+def test_the_selection_benchmark_times_both_builds_in_one_sitting(tmp_path: Path) -> None:
+    # Each repeat runs a child process per build; a row names the build it timed.
+    out = tmp_path / "figures.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "shared"), str(REPO)]))
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "bench.selection_bench", "--builds", "compiled,pure"),
+            *("--schedulers", "sneakpeek", "--windows", "10", "--warmup", "2"),
+            *("--repeats", "2", "--json", str(out)),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=300,
+    )
+    document = json.loads(out.read_text())
+    assert document["config"]["build"] == "compiled,pure"
+    rows = document["schedulers"]
+    assert set(rows) == {"sneakpeek (compiled)", "sneakpeek (pure)"}
+    assert all(len(row["p99_ms_runs"]) == 2 for row in rows.values())
