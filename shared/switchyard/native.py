@@ -122,17 +122,20 @@ def build_dir(root: Path = REPO) -> Path:
 
 def served_from(root: Path = REPO) -> Path | None:
     """The build the finder loads the compiled modules from, or ``None``: switched off,
-    no checkout, or no complete build of these sources."""
+    no checkout, no complete build of these sources, or one this process cannot read.
+    Never raises: whatever stands in the way, the pure-Python modules run."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None
-    if not all(source_path(module, root).is_file() for module in COMPILED):
-        return None  # not a source checkout (an installed package, an image)
     try:
+        if not all(source_path(module, root).is_file() for module in COMPILED):
+            return None  # not a source checkout (an installed package, an image)
         found = build_dir(root)
+        binaries = [found / f"{GROUP}__mypyc{_SUFFIX}", *(_binary(found, m) for m in COMPILED)]
+        if not all(binary.is_file() for binary in binaries):
+            return None
     except (OSError, RuntimeError):
-        return None  # a source unreadable (its import will say so), or no home directory
-    shared = found / f"{GROUP}__mypyc{_SUFFIX}"
-    if not shared.is_file() or not all(_binary(found, m).is_file() for m in COMPILED):
+        # A source unreadable (its import will say so), no home directory, or a cache this
+        # process may not read (a service run as another user than the one who built it).
         return None
     return found
 

@@ -210,3 +210,20 @@ def test_the_selection_benchmark_times_both_builds_in_one_sitting(tmp_path: Path
     rows = document["schedulers"]
     assert set(rows) == {"sneakpeek (compiled)", "sneakpeek (pure)"}
     assert all(len(row["p99_ms_runs"]) == 2 for row in rows.values())
+
+
+def test_a_build_this_process_cannot_read_leaves_the_pure_modules_running(
+    checkout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A service run as another user than the one who built (a fault harness's cut-off
+    # worker) may not read the cache: it runs the pure-Python modules, it does not fail.
+    root, built = checkout
+    real_is_file = Path.is_file
+
+    def refused(path: Path) -> bool:
+        if path.is_relative_to(built):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_is_file(path)
+
+    monkeypatch.setattr(Path, "is_file", refused)
+    assert native.served_from(root) is None
