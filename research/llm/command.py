@@ -111,6 +111,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its prefill worker (Splitwise, llm-d and the live stack do), not when its prefill "
         "ends",
     )  # fmt: skip
+    parser.add_argument(
+        "--heartbeat-s", type=float, default=None, metavar="S",
+        help="policies decide on each worker as its last heartbeat (every S seconds) showed "
+        "it, plus the requests sent to it since, as the live stack's placer does; default "
+        "off (they see every worker's state at that instant)",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (default 1)")
     parser.add_argument("--requests", type=int, default=None, help="use the first N requests")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write runs here")
@@ -133,6 +139,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise ValueError(f"--workers must be at least 1, got {workers}")
     if args.decode_at_arrival and args.prefill_workers is None:
         raise ValueError("--decode-at-arrival needs --prefill-workers")
+    beat = args.heartbeat_s
+    if beat is not None and not (math.isfinite(beat) and beat > 0):
+        raise ValueError(f"--heartbeat-s must be a positive number of seconds, got {beat:g}")
     if args.prefill_workers is not None:
         for workers in args.workers:
             problem = pool_problem(workers, args.prefill_workers)
@@ -205,7 +214,14 @@ def _run(args: argparse.Namespace) -> int:
         chunked_prefill_tokens=args.chunked_prefill,
         prefill_workers=args.prefill_workers,
         decode_at_arrival=args.decode_at_arrival,
+        heartbeat_s=args.heartbeat_s,
     )
+    if args.heartbeat_s is not None:
+        print(
+            f"heartbeats: policies see each worker as of its last heartbeat, every "
+            f"{args.heartbeat_s:g} s, plus what was sent to it since",
+            file=sys.stderr,
+        )
     if args.chunked_prefill is not None:
         print(
             f"chunked prefill: {args.chunked_prefill} tokens per iteration on every worker",

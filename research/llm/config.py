@@ -3,6 +3,7 @@ judged; checked when made, so a bad one fails before any run."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -64,6 +65,11 @@ class SimulationConfig:
     prefill worker (Splitwise's cluster scheduler, llm-d's P/D profile, and the live
     placer do), instead of when its prefill ends; the chosen worker counts it as
     waiting, with its predicted work, until it arrives there."""
+    heartbeat_s: float | None = None
+    """Policies decide on each worker as its last heartbeat showed it, every this-many
+    seconds, plus the requests sent to it since (counted as waiting), as the live
+    placer does (:mod:`research.llm.heard`). None: on every worker's state at that
+    instant (the default)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -84,6 +90,9 @@ class SimulationConfig:
             raise SimulationError(
                 f"chunked-prefill must be a positive number of tokens, got {chunked!r}"
             )
+        beat = self.heartbeat_s
+        if beat is not None and not (isinstance(beat, float | int) and 0 < beat < math.inf):
+            raise SimulationError(f"heartbeat must be a positive number of seconds, got {beat!r}")
         if self.prefill_workers is not None:
             problem = pool_problem(self.workers, self.prefill_workers)
             if problem is not None:

@@ -46,6 +46,9 @@ class ExperimentConfig:
     see SimulationConfig)."""
     decode_at_arrival: bool = False
     """With ``prefill_workers``: decode workers chosen on arrival (see SimulationConfig)."""
+    heartbeat_s: float | None = None
+    """Policies decide on heartbeats this often (None: on the instant's state; see
+    SimulationConfig)."""
 
     def runs(self) -> int:
         return (
@@ -93,6 +96,7 @@ def run_experiment(
             chunked_prefill_tokens=config.chunked_prefill_tokens,
             prefill_workers=config.prefill_workers,
             decode_at_arrival=config.decode_at_arrival,
+            heartbeat_s=config.heartbeat_s,
         )
     runs: list[dict[str, Any]] = []
     for load_scale in config.load_scales:
@@ -141,6 +145,7 @@ def simulate_one(
         chunked_prefill_tokens=config.chunked_prefill_tokens,
         prefill_workers=config.prefill_workers,
         decode_at_arrival=config.decode_at_arrival,
+        heartbeat_s=config.heartbeat_s,
     )
     simulator = Simulator(policy, sim_config, on_progress=on_requests)
     started = time.perf_counter()

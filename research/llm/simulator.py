@@ -43,6 +43,7 @@ from switchyard.policies.view_builders import (
 from research.llm.chunked import ChunkedInstance
 from research.llm.config import SimulationConfig, SimulationError
 from research.llm.disaggregation import Pools, worker_roles
+from research.llm.heard import HeardCluster
 from research.llm.instance import Phase, SimInstance, worker_view
 from research.llm.metrics import RunMetrics, RunTotals, summarise
 from research.llm.predictions import RequestPredictions
@@ -51,6 +52,7 @@ from research.llm.request import LlmTraceRequest, SimRequest
 _WAKE = 0
 _ARRIVE = 1  # a migrated request or a KV hand-off reaches its new worker
 _REBALANCE = 2
+_HEARTBEAT = 3  # a worker reports its state (SimulationConfig.heartbeat_s)
 
 _Event = tuple[float, int, int, SimInstance | None, SimRequest | None, int]
 """(time, tie-breaker, kind, instance, request, wake version)."""
@@ -124,6 +126,9 @@ class Simulator:
         self._decode_early = self._pools is not None and config.decode_at_arrival
         """Decode workers chosen on arrival (``SimulationConfig.decode_at_arrival``)."""
         self._views: list[WorkerView | None] = [None] * config.workers
+        self._heard: HeardCluster | None = None
+        """With ``heartbeat_s``: the workers as their heartbeats showed them."""
+        self._arrivals_left = False
         self._workers: tuple[WorkerView, ...] = ()
         """The views of the last snapshot, reused until an instance changes."""
         self.by_id = {inst.worker_id: inst for inst in self.instances}
@@ -159,6 +164,9 @@ class Simulator:
 
     def _cluster(self, now_s: float) -> ClusterSnapshot:
         changed = self._changed
+        if self._heard is not None:
+            changed.clear()  # views are built at heartbeats (_fresh_view)
+            return new_cluster_snapshot(now_s, self._heard.workers())
         if changed:
             # Only the instances that changed since the last snapshot get a new view.
             views = self._views
@@ -170,6 +178,13 @@ class Simulator:
             changed.clear()
             self._workers = tuple(views)  # type: ignore[arg-type]
         return new_cluster_snapshot(now_s, self._workers)
+
+    def _fresh_view(self, inst: SimInstance) -> WorkerView:
+        """``inst`` as of its last change (what its heartbeat reports)."""
+        view = inst.view
+        if view is None:
+            view = inst.view = worker_view(inst, self.config.chunked_prefill_tokens)
+        return view
 
     def _entry(self, now_s: float) -> ClusterSnapshot:
         """The workers a new request may go to: all, or the prefill pool."""
@@ -223,6 +238,8 @@ class Simulator:
         placement = self.policy.assignment.assign(request.view, self._entry(now_s), self._context())
         self.decisions += 1
         inst = self.by_id[placement.worker_id]
+        if self._heard is not None:
+            self._heard.sent(inst.index, request.view.calibrated_s, request.prompt_tokens)
         if self._decode_early and inst.role is WorkerRole.PREFILL:
             self._choose_decode(request, now_s)
         inst.enqueue(request, now_s)
@@ -261,6 +278,8 @@ class Simulator:
             request.view, request.prompt_tokens + 1, self._cluster(now_s), self._context()
         )
         target = self.by_id[placement.worker_id]
+        if self._heard is not None:
+            self._heard.sent(target.index, request.view.calibrated_s, request.prompt_tokens)
         work_s = request.service_estimate_s(target.worker_type)
         target.expect(work_s, 1)
         request.decode_to = (target, work_s)
@@ -376,6 +395,13 @@ class Simulator:
         if period_s > 0:
             self._push(start_s + period_s, _REBALANCE)
         heap = self._heap
+        heartbeat_s = self.config.heartbeat_s
+        if heartbeat_s is not None:
+            self._heard = HeardCluster([self._fresh_view(inst) for inst in self.instances])
+            spacing_s = heartbeat_s / len(self.instances)
+            for inst in self.instances:
+                self._push(start_s + (inst.index + 1) * spacing_s, _HEARTBEAT, inst)
+        self._arrivals_left = True
         pending = 0
         for index, row in enumerate(trace):
             now_s = row.arrival_s
@@ -419,10 +445,11 @@ class Simulator:
                 periods = math.floor((now_s - start_s) / period_s) + 1
                 self._push(start_s + periods * period_s, _REBALANCE)
             self._on_arrival(request, now_s)
+        self._arrivals_left = False
         while heap:
             pending = self._dispatch(heapq.heappop(heap), pending, period_s)
-            if pending == 0 and all(e[2] == _REBALANCE for e in heap):
-                break
+            if pending == 0 and all(e[2] >= _REBALANCE for e in heap):
+                break  # only ticks and heartbeats left
         end_s = max((r.finished_s for r in self.completed), default=start_s)
         for inst in self.instances:
             inst.account(end_s)
@@ -462,6 +489,13 @@ class Simulator:
                 request.decode_to = None
                 cast(SimInstance, chosen[0]).expect(chosen[1], -1)
             self._place(request, inst, now_s)
+            return pending
+        if kind == _HEARTBEAT:
+            assert inst is not None
+            assert self._heard is not None
+            self._heard.beat(inst.index, self._fresh_view(inst), now_s)
+            if pending > 0 or self._arrivals_left:
+                self._push(now_s + cast(float, self.config.heartbeat_s), _HEARTBEAT, inst)
             return pending
         # A rebalancing tick; the next one only while work is outstanding (the next
         # arrival starts them again).

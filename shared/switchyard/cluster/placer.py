@@ -6,8 +6,7 @@ request, predicted in-process with the predictor's latest published model
 (:class:`~switchyard.prediction.snapshot.FittedPredictor`: no round trip per request),
 build the same frozen views the simulator builds (:mod:`switchyard.policies.snapshot`),
 ask the policy, and account for the decision locally until the worker's next heartbeat
-reflects it. Without this accounting, a burst decided between two heartbeats would all
-go to the worker that looked idlest.
+reflects it (:class:`~switchyard.policies.sent_since_heartbeat.SentSinceHeartbeat`).
 
 Worker types are ``GPU/model`` names (the performance profile of an emulated worker,
 ``cpu/tiny-lm`` for the torch language model), the keys of the predictions.
@@ -51,6 +50,7 @@ from switchyard.perf.prefix_cache import PrefixCache, cached_tokens
 from switchyard.policies.base import DecisionContext, NoWorkerError, Placement, Refusal
 from switchyard.policies.disaggregation import decode_pool, place_decode, prefill_pool
 from switchyard.policies.registry import LlmPolicy
+from switchyard.policies.sent_since_heartbeat import SentSinceHeartbeat
 from switchyard.policies.snapshot import ClusterSnapshot, RequestView, WorkerRole, WorkerView
 from switchyard.prediction.snapshot import FittedPredictor
 from switchyard.prediction.views import LlmRequestFacts, predict, request_view
@@ -118,39 +118,6 @@ class Placed:
         )
 
 
-@dataclass(slots=True)
-class _Pending:
-    """What this scheduler sent a worker since the heartbeat it last saw, and the
-    worker's view with it added (built again only after it or the base view changed)."""
-
-    since_sent_at_s: float
-    waiting: int = 0
-    work_s: float = 0.0
-    tokens: int = 0
-    base: WorkerView | None = None
-    view: WorkerView | None = None
-
-    def add(self, work_s: float, tokens: int) -> None:
-        self.waiting += 1
-        self.work_s += work_s
-        self.tokens += tokens
-        self.view = None
-
-    def applied_to(self, view: WorkerView) -> WorkerView:
-        if self.view is None or self.base is not view:
-            self.base = view
-            self.view = replace(
-                view,
-                waiting=view.waiting + self.waiting,
-                queued_work_s=view.queued_work_s + self.work_s,
-                queued_tokens=view.queued_tokens + self.tokens,
-                utilization=1.0
-                if self.waiting and view.running >= view.max_slots
-                else view.utilization,
-            )
-        return self.view
-
-
 class LlmPlacer:
     """Decides LLM placements over the latest heartbeats plus its own recent decisions.
 
@@ -169,7 +136,7 @@ class LlmPlacer:
         self._sequence = 0
         self._heartbeats: dict[str, Heartbeat] = {}
         self._alive: dict[str, bool] = {}
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, SentSinceHeartbeat] = {}
         # (worker, model) -> the heartbeat and liveness a view was built from, and the
         # view: a heartbeat is read ten times a second and decided on per request.
         self._views: dict[tuple[str, str], tuple[Heartbeat, bool, WorkerView]] = {}
@@ -329,7 +296,9 @@ class LlmPlacer:
         heartbeat = self._heartbeats[worker_id]
         pending = self._pending.get(worker_id)
         if pending is None:
-            pending = self._pending[worker_id] = _Pending(since_sent_at_s=heartbeat.sent_at_s)
+            pending = self._pending[worker_id] = SentSinceHeartbeat(
+                since_sent_at_s=heartbeat.sent_at_s
+            )
         worker_type = llm_worker_type(heartbeat, view.model)
         pending.add(view.calibrated_s.get(worker_type, 0.0), view.prompt_tokens)
 
