@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
+from switchyard.contracts.messages import WorkloadType
 from switchyard.perf import PerformanceModel
 from switchyard.policies.registry import PredictionUse
 from switchyard.policies.snapshot import RequestView
@@ -69,14 +70,7 @@ class RequestPredictions:
         labels: list[float] = []
         for row in sample:
             for name, perf in self.types.items():
-                features.append(
-                    ServiceTimeFeatures(
-                        prompt_tokens=row.prompt_tokens,
-                        workload=row.workload,
-                        model=self.model_name,
-                        gpu=name,
-                    )
-                )
+                features.append(self._features(row.prompt_tokens, row.workload, name))
                 labels.append(perf.idle_service_s(row.prompt_tokens, row.output_tokens))
         predictor.fit(features, labels)
         if self.config.predictor_error > 0:
@@ -102,8 +96,8 @@ class RequestPredictions:
             calibration = self._calibration
             features = {}
             for name in self.types:
-                features[name] = row_features = ServiceTimeFeatures(
-                    row.prompt_tokens, row.workload, self.model_name, name
+                features[name] = row_features = self._features(
+                    row.prompt_tokens, row.workload, name
                 )
                 predicted = predictor.predict_s(row_features)
                 raw[name] = predicted
@@ -155,10 +149,12 @@ class RequestPredictions:
         known = request.features
         features = known.get(inst_type) if known is not None else None
         if features is None:
-            features = ServiceTimeFeatures(
-                prompt_tokens=request.prompt_tokens,
-                workload=request.workload,
-                model=self.model_name,
-                gpu=inst_type,
-            )
+            features = self._features(request.prompt_tokens, request.workload, inst_type)
         self.predictor.update(features, observed_s)
+
+    def _features(
+        self, prompt_tokens: int, workload: WorkloadType, worker_type: str
+    ) -> ServiceTimeFeatures:
+        """What the predictor knows of a request on ``worker_type``: its prompt and
+        class, never its output length (the trace's is not told)."""
+        return ServiceTimeFeatures(prompt_tokens, workload, self.model_name, worker_type)

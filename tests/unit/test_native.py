@@ -26,13 +26,14 @@ from tests.unit import test_simulator_golden as golden
 
 REPO = Path(__file__).resolve().parents[2]
 # Cases of every kind the golden tests pin: a rebalancer, a mixed cluster, prefixes,
-# chunked prefill, prefill/decode pools.
+# chunked prefill, prefill/decode pools, decisions on heartbeats.
 CASES = (
     "gaps-conv-x6",
     "llumnix-mixed",
     "switchyard-mooncake",
     "switchyard-chunked",
     "switchyard-disaggregated",
+    "switchyard-heartbeats",
 )
 WINDOW_SCHEDULERS = ("grouped", "grouped-da", "sneakpeek")
 

@@ -51,6 +51,7 @@ class Case:
     train_requests: int = 2000
     chunked_prefill_tokens: int | None = None
     prefill_workers: int | None = None
+    heartbeat_s: float | None = None
 
 
 CONV = "azure-conv-sample"
@@ -94,6 +95,9 @@ CASES: dict[str, Case] = {
     # Chunked prefill, and prefill/decode pools any policy places over.
     "switchyard-chunked": Case("switchyard", CONV, 6.0, 4, chunked_prefill_tokens=512),
     "switchyard-disaggregated": Case("switchyard", CONV, 6.0, 4, prefill_workers=1),
+    # Deciding on heartbeats plus what was sent since, as the live placer does.
+    "switchyard-heartbeats": Case("switchyard", CONV, 6.0, 4, heartbeat_s=0.25),
+    "jsq-heartbeats": Case("jsq", CONV, 6.0, 4, heartbeat_s=0.25),
 }
 
 # sha256 of each case's outcome (see the module docstring to regenerate deliberately).
@@ -124,6 +128,8 @@ GOLDEN: dict[str, str] = {
     "llm-d-mooncake": "16ab6d5d2e87cc31adc6b4da776edc55678e3753e2acd5849277e9d0e4b5e88b",
     "switchyard-chunked": "cc4b0c8d600231e3824362e65687c2c62beccefb7835723cbc93bbb9c1dc97ee",
     "switchyard-disaggregated": "6ee290a1041f7595eab2592beceb0045c4d66e07f9858c3d57ab1eae4d1f2fb6",
+    "switchyard-heartbeats": "4cf593ba10e3f68fd8b82e8e6aaa7f2cf51343bb9459d12a9eaed4abed8e596b",
+    "jsq-heartbeats": "64660e7f10d32abbcef415c3acd2bc1825d96c853016dbdfaa833b274635555a",
 }
 
 
@@ -158,6 +164,7 @@ def outcome(case: Case) -> tuple[str, str]:
             train_requests=case.train_requests,
             chunked_prefill_tokens=case.chunked_prefill_tokens,
             prefill_workers=case.prefill_workers,
+            heartbeat_s=case.heartbeat_s,
             seed=3,
         ),
     )
