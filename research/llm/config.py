@@ -91,7 +91,9 @@ class SimulationConfig:
                 f"chunked-prefill must be a positive number of tokens, got {chunked!r}"
             )
         beat = self.heartbeat_s
-        if beat is not None and not (isinstance(beat, float | int) and 0 < beat < math.inf):
+        if beat is not None and (
+            isinstance(beat, bool) or not (isinstance(beat, float | int) and 0 < beat < math.inf)
+        ):
             raise SimulationError(f"heartbeat must be a positive number of seconds, got {beat!r}")
         if self.prefill_workers is not None:
             problem = pool_problem(self.workers, self.prefill_workers)

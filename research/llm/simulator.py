@@ -299,6 +299,8 @@ class Simulator:
                 request.view, kv_tokens, self._cluster(now_s), self._context()
             )
             target = self.by_id[placement.worker_id]
+            if self._heard is not None:
+                self._heard.sent(target.index, request.view.calibrated_s, request.prompt_tokens)
         transfer_s = source.perf.kv_transfer_s(kv_tokens)
         self._push(now_s + transfer_s, _ARRIVE, target, request)
 

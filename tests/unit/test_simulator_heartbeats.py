@@ -82,16 +82,16 @@ def test_every_kind_of_policy_runs_on_heartbeats(
     assert metrics.completed == 300
 
 
-def test_heartbeats_with_prefill_and_decode_pools() -> None:
+@pytest.mark.parametrize("decode_at_arrival", [True, False])
+def test_heartbeats_with_prefill_and_decode_pools(decode_at_arrival: bool) -> None:
     rows = scale_load(resolve_trace("azure-conv-sample"), 10.0).requests[:200]
-    simulator = Simulator(
-        make_llm_policy("jsq"),
-        SimulationConfig(workers=4, prefill_workers=1, decode_at_arrival=True, heartbeat_s=0.25),
+    config = SimulationConfig(
+        workers=4, prefill_workers=1, decode_at_arrival=decode_at_arrival, heartbeat_s=0.25
     )
-    assert simulator.run(rows).completed == 200
+    assert Simulator(make_llm_policy("jsq"), config).run(rows).completed == 200
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan, True])
 def test_a_heartbeat_that_is_not_a_positive_period_is_refused(bad: float) -> None:
     with pytest.raises(SimulationError, match="heartbeat must be a positive number"):
         SimulationConfig(workers=2, heartbeat_s=bad)
