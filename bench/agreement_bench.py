@@ -24,6 +24,10 @@ hand each request with its KV cache to one of the others (the workers'
 the decode worker when the request arrives, so the simulator does too
 (``--decode-at-arrival``).
 
+The simulated policy decides on heartbeats as the live placer does: every
+``DEFAULT_HEARTBEAT_INTERVAL_S`` (0.25 s) of the stack's wall time, so every 0.25 times
+the speed-up trace seconds (``SimulationConfig.heartbeat_s``).
+
 ``--sensitivity`` runs the simulator alone: the same slices with every arrival delayed by
 an exponential jitter of mean ``--jitter-ms`` (six seeds), to show how far the simulated
 P50 and P99 move with timing differences smaller than the live control plane's.
@@ -50,6 +54,7 @@ from switchyard.stats import quantile
 from switchyard.traces import resolve_trace
 from switchyard.traces.transform import head
 
+from loadgen.harness.process_stack import DEFAULT_HEARTBEAT_INTERVAL_S
 from loadgen.replay_records import OK
 from research.llm.agreement import DEFAULT_TOLERANCE, Agreement, format_table, simulate
 from research.llm.agreement_stack import measure
@@ -72,8 +77,10 @@ def sensitivity(args: argparse.Namespace, profiles: list[str], seeds: int = 6) -
     print(f"simulator only; arrivals jittered by Exp(mean {args.jitter_ms:g} ms), {seeds} seeds")
     print("| trace | policy | P50 plain | P50 jittered (min-max) | P99 plain | P99 jittered |")
     print("|---|---|---:|---:|---:|---:|")
+    speedups = _speedups(args.speedups)
     for trace in args.traces.split(","):
         rows = head(resolve_trace(trace), args.limit).requests
+        heartbeat_s = DEFAULT_HEARTBEAT_INTERVAL_S * speedups.get(trace, 1.0)
         for policy in args.policies.split(","):
             runs = [list(rows)]
             for seed in range(seeds):
@@ -95,6 +102,7 @@ def sensitivity(args: argparse.Namespace, profiles: list[str], seeds: int = 6) -
                         chunked_prefill_tokens=args.chunked_prefill,
                         prefill_workers=args.prefill_workers,
                         decode_at_arrival=args.prefill_workers is not None,
+                        heartbeat_s=heartbeat_s,
                     ).values()
                 )
                 p50.append(quantile(latencies, 0.5))
@@ -183,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         **agreement.to_json(),
                         "chunked_prefill_tokens": args.chunked_prefill,
                         "prefill_workers": args.prefill_workers,
+                        "sim_heartbeat_s": DEFAULT_HEARTBEAT_INTERVAL_S * speedup,
                         "replay": result.config(),
                     }
                 )
@@ -197,7 +206,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     chunking = "off" if args.chunked_prefill is None else f"{args.chunked_prefill} tokens"
     print(
         f"first {args.limit} rows; workers {', '.join(profiles)}; chunked prefill "
-        f"{chunking}; prefill workers {args.prefill_workers or 'none'}; trace seconds"
+        f"{chunking}; prefill workers {args.prefill_workers or 'none'}; trace seconds; the "
+        f"simulated policy decides on heartbeats every {DEFAULT_HEARTBEAT_INTERVAL_S:g} s "
+        "times the speed-up, as the live one"
     )
     print(format_table(rows))
     name = "agreement"

@@ -102,6 +102,7 @@ def simulate(
     chunked_prefill_tokens: int | None = None,
     prefill_workers: int | None = None,
     decode_at_arrival: bool = False,
+    heartbeat_s: float | None = None,
 ) -> dict[int, SimulatedLatency]:
     """Simulate ``rows`` under ``policy`` on one worker per entry of ``profiles`` (in that
     order, as the live stack's workers are started), with chunked prefill at
@@ -125,6 +126,7 @@ def simulate(
             chunked_prefill_tokens=chunked_prefill_tokens,
             prefill_workers=prefill_workers,
             decode_at_arrival=decode_at_arrival,
+            heartbeat_s=heartbeat_s,
         ),
     )
     simulator.run(rows)

@@ -7,8 +7,11 @@ the scheduler running ``policy`` and the workers' time scale equal to the replay
 speed-up; with a chunked-prefill budget, the workers and the simulator both prefill in
 chunks of it; with ``prefill_workers``, the first that many workers only prefill and
 the others only decode (``SWITCHYARD_WORKER_ROLE``; the simulator's option of the same
-name, its decode workers chosen on arrival as the live placer chooses them). Admission control is off: the simulator has none, and a refusal would
-take a request out of one side of the comparison only.
+name, its decode workers chosen on arrival as the live placer chooses them). The
+simulated policy decides on heartbeats, as the live placer does, at the stack's interval
+in trace seconds (``SimulationConfig.heartbeat_s``: the interval times the speed-up).
+Admission control is off: the simulator has none, and a refusal would take a request
+out of one side of the comparison only.
 """
 
 from __future__ import annotations
@@ -107,6 +110,9 @@ async def measure(
         redis=redis or os.environ.get("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/0"),
         chunked_prefill_tokens=chunked_prefill_tokens,
     )
+    # The live placer sees the workers through heartbeats, which in trace seconds come
+    # ``speedup`` times further apart; the simulated side decides the same way.
+    heartbeat_s = stack.heartbeat_interval_s * speedup
     try:
         result = await run_live(
             stack,
@@ -127,6 +133,7 @@ async def measure(
         prefill_workers=prefill_workers,
         # The live placer chooses the decode worker with the prefill worker.
         decode_at_arrival=prefill_workers is not None,
+        heartbeat_s=heartbeat_s,
     )
     agreement = compare(
         result.records,
