@@ -1,7 +1,7 @@
 """What deciding on heartbeats costs each policy, in the simulator.
 
-The live placer sees each worker as its last heartbeat showed it (every 0.25 s by
-default, ``SWITCHYARD_HEARTBEAT_S``) plus the requests it sent there since; the
+The live placer sees each worker as its last heartbeat showed it (every 0.5 s by
+default, ``SWITCHYARD_HEARTBEAT_INTERVAL_S``; 0.25 s on the benchmarks' stacks) plus the requests it sent there since; the
 simulator, by default, lets a policy see every worker's state at the instant it
 decides. ``SimulationConfig.heartbeat_s`` (``switchyard simulate --heartbeat-s``) runs
 the simulator the live way. This sweeps the heartbeat period for several policies on one
@@ -13,7 +13,7 @@ training sample and the policies' randomness, not the arrivals).
 Defaults: the whole Azure conversation trace at 4.6 times its rate (25.4 requests/s,
 about ``jsq``'s capacity at 90 % attainment on these workers) on 8 A100 workers.
 
-Run ``python -m bench.heartbeat_sweep [--policies ...] [--heartbeats none,0.05,0.25,1]
+Run ``python -m bench.heartbeat_sweep [--policies ...] [--heartbeats none,0.05,0.25,0.5,1]
 [--seeds N] [--json OUT]``. Every figure is the simulator's (a performance model's
 output), not a measurement.
 """
@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--gpu", default="a100-80gb/llama-2-7b")
     parser.add_argument("--policies", default="jsq,llm-d,gaps,switchyard")
-    parser.add_argument("--heartbeats", default="none,0.05,0.25,1")
+    parser.add_argument("--heartbeats", default="none,0.05,0.25,0.5,1")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, metavar="OUT")
     args = parser.parse_args()

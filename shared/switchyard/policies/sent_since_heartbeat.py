@@ -1,8 +1,8 @@
 """A worker as its last heartbeat showed it, plus what was sent to it since.
 
-A live placer sees each worker through its latest heartbeat (every 0.25 s by default),
-so without its own accounting a burst decided between two heartbeats would all go to
-the worker that looked idlest. :class:`SentSinceHeartbeat` is that accounting: every
+A live placer sees each worker through its latest heartbeat (every 0.5 s by default,
+``SWITCHYARD_HEARTBEAT_INTERVAL_S``), so without its own accounting a burst decided
+between two heartbeats would all go to the worker that looked idlest. :class:`SentSinceHeartbeat` is that accounting: every
 request sent to the worker since the heartbeat counts as waiting there, with its
 predicted work and its prompt tokens, until the next heartbeat replaces the view.
 
