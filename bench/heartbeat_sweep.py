@@ -11,7 +11,8 @@ met every objective and the goodput (means over the seeds; a seed draws the pred
 training sample and the policies' randomness, not the arrivals).
 
 Defaults: the whole Azure conversation trace at 4.6 times its rate (25.4 requests/s,
-about ``jsq``'s capacity at 90 % attainment on these workers) on 8 A100 workers.
+just past ``jsq``'s capacity at 90 % attainment on these workers, 24.4) on 8 A100
+workers.
 
 Run ``python -m bench.heartbeat_sweep [--policies ...] [--heartbeats none,0.05,0.25,0.5,1]
 [--seeds N] [--json OUT]``. Every figure is the simulator's (a performance model's
