@@ -24,9 +24,9 @@ hand each request with its KV cache to one of the others (the workers'
 the decode worker when the request arrives, so the simulator does too
 (``--decode-at-arrival``).
 
-The simulated policy decides on heartbeats as the live placer does: every
-``DEFAULT_HEARTBEAT_INTERVAL_S`` (0.25 s) of the stack's wall time, so every 0.25 times
-the speed-up trace seconds (``SimulationConfig.heartbeat_s``).
+The simulated policy decides on heartbeats as the live placer does: every 0.25 s of the
+stack's wall time, so every 0.25 times the speed-up in trace seconds
+(:func:`research.llm.agreement_stack.sim_heartbeat_s`).
 
 ``--sensitivity`` runs the simulator alone: the same slices with every arrival delayed by
 an exponential jitter of mean ``--jitter-ms`` (six seeds), to show how far the simulated
@@ -54,10 +54,9 @@ from switchyard.stats import quantile
 from switchyard.traces import resolve_trace
 from switchyard.traces.transform import head
 
-from loadgen.harness.process_stack import DEFAULT_HEARTBEAT_INTERVAL_S
 from loadgen.replay_records import OK
 from research.llm.agreement import DEFAULT_TOLERANCE, Agreement, format_table, simulate
-from research.llm.agreement_stack import measure
+from research.llm.agreement_stack import measure, sim_heartbeat_s
 
 RESULTS = Path(__file__).parent / "results" / "agreement"
 DEFAULT_WORKERS = "a100-80gb/llama-2-7b,l40s-48gb/llama-2-7b,a100-80gb/llama-2-7b"
@@ -80,7 +79,7 @@ def sensitivity(args: argparse.Namespace, profiles: list[str], seeds: int = 6) -
     speedups = _speedups(args.speedups)
     for trace in args.traces.split(","):
         rows = head(resolve_trace(trace), args.limit).requests
-        heartbeat_s = DEFAULT_HEARTBEAT_INTERVAL_S * speedups.get(trace, 1.0)
+        heartbeat_s = sim_heartbeat_s(speedups.get(trace, 1.0))
         for policy in args.policies.split(","):
             runs = [list(rows)]
             for seed in range(seeds):
@@ -191,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         **agreement.to_json(),
                         "chunked_prefill_tokens": args.chunked_prefill,
                         "prefill_workers": args.prefill_workers,
-                        "sim_heartbeat_s": DEFAULT_HEARTBEAT_INTERVAL_S * speedup,
+                        "sim_heartbeat_s": sim_heartbeat_s(speedup),
                         "replay": result.config(),
                     }
                 )
@@ -207,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"first {args.limit} rows; workers {', '.join(profiles)}; chunked prefill "
         f"{chunking}; prefill workers {args.prefill_workers or 'none'}; trace seconds; the "
-        f"simulated policy decides on heartbeats every {DEFAULT_HEARTBEAT_INTERVAL_S:g} s "
+        f"simulated policy decides on heartbeats every {sim_heartbeat_s(1.0):g} s "
         "times the speed-up, as the live one"
     )
     print(format_table(rows))

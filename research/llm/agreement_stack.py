@@ -26,7 +26,7 @@ from switchyard.perf import performance_model
 from switchyard.traces import resolve_trace
 from switchyard.traces.transform import head
 
-from loadgen.harness.process_stack import ProcessStack
+from loadgen.harness.process_stack import DEFAULT_HEARTBEAT_INTERVAL_S, ProcessStack
 from loadgen.mixes import build_plan
 from loadgen.replay import replay
 from loadgen.replay_records import ReplayResult
@@ -64,6 +64,13 @@ async def run_live(
         resolve_trace(trace), "llm", limit, 0, app_map=dict.fromkeys(WorkloadType, model)
     )
     return await replay(plan, stack.url, speedup=speedup, timeout_s=timeout_s, progress=False)
+
+
+def sim_heartbeat_s(speedup: float) -> float:
+    """How often the simulated side hears from each worker, in trace seconds: the live
+    placer hears every ``DEFAULT_HEARTBEAT_INTERVAL_S`` of the stack's wall time, which
+    is ``speedup`` times that in trace seconds."""
+    return DEFAULT_HEARTBEAT_INTERVAL_S * speedup
 
 
 def agreement_stack(
@@ -110,9 +117,6 @@ async def measure(
         redis=redis or os.environ.get("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/0"),
         chunked_prefill_tokens=chunked_prefill_tokens,
     )
-    # The live placer sees the workers through heartbeats, which in trace seconds come
-    # ``speedup`` times further apart; the simulated side decides the same way.
-    heartbeat_s = stack.heartbeat_interval_s * speedup
     try:
         result = await run_live(
             stack,
@@ -133,7 +137,7 @@ async def measure(
         prefill_workers=prefill_workers,
         # The live placer chooses the decode worker with the prefill worker.
         decode_at_arrival=prefill_workers is not None,
-        heartbeat_s=heartbeat_s,
+        heartbeat_s=sim_heartbeat_s(speedup),
     )
     agreement = compare(
         result.records,
